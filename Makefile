@@ -1,0 +1,111 @@
+# coli: top-level build.
+#   make                 libraries, tools, tests (CUDA if nvcc is found)
+#   make test            build and run the GoogleTest suites
+#   make run             build and run coli-run on the embedded tiny model
+#   make CUDA=0|1|auto   force CUDA off / on, or detect nvcc (default)
+#   make install PREFIX=/usr/local
+# Objects and binaries go to $(BUILD) (default build/).
+
+BUILD   ?= build
+PREFIX  ?= /usr/local
+CXX     ?= g++
+CUDA    ?= auto
+CUDA_HOME ?= /usr/local/cuda
+NVCC    ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+# sm_90a machine code for Hopper, plus PTX that older GPUs JIT-compile.
+CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_75,code=compute_75
+
+ifeq ($(CUDA),auto)
+  CUDA_ON := $(if $(NVCC),1,0)
+else
+  CUDA_ON := $(CUDA)
+endif
+ifeq ($(CUDA_ON),1)
+  ifeq ($(NVCC),)
+    $(error CUDA=1 but no nvcc found; set NVCC or CUDA_HOME)
+  endif
+endif
+
+INCLUDES  := -Ilibcore -Ilibcpu -Ilibcuda
+WARN      := -Wall -Wextra -Wshadow -Wno-unused-parameter
+CXXFLAGS  ?= -O2 -g
+CXXFLAGS  += -std=c++20 $(WARN) $(INCLUDES) -MMD -MP -pthread
+NVCCFLAGS ?= -O2
+NVCCFLAGS += -std=c++20 $(CUDA_ARCH) $(INCLUDES) -MMD -MP -Xcompiler -Wall
+# Static Boost and CUDA runtime: the binaries run on machines without them.
+LDLIBS    := -Wl,-Bstatic -lboost_program_options -Wl,-Bdynamic -pthread -ldl -lrt
+ifeq ($(CUDA_ON),1)
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static
+endif
+
+CORE_SRC := $(shell find libcore -name '*.cpp' | sort)
+CPU_SRC  := $(shell find libcpu -name '*.cpp' | sort)
+ifeq ($(CUDA_ON),1)
+  CUDA_SRC := $(shell find libcuda -name '*.cu' | sort)
+else
+  CUDA_SRC := libcuda/cuda_stub.cpp
+endif
+TEST_SRC := $(shell find tests -name '*.cpp' | sort)
+TOOLS    := $(notdir $(wildcard tools/coli-*))
+
+obj = $(patsubst %,$(BUILD)/obj/%.o,$(1))
+CORE_LIB := $(BUILD)/lib/libcolicore.a
+CPU_LIB  := $(BUILD)/lib/libcolicpu.a
+CUDA_LIB := $(BUILD)/lib/libcolicuda.a
+LIBS     := $(CPU_LIB) $(CUDA_LIB) $(CORE_LIB)
+BINS     := $(addprefix $(BUILD)/bin/,$(TOOLS))
+TEST_BIN := $(BUILD)/bin/coli-tests
+
+.PHONY: all libs tools tests test run install clean
+all: tools tests
+libs: $(LIBS)
+tools: $(BINS)
+tests: $(TEST_BIN)
+
+$(BUILD)/obj/%.cpp.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(CORE_LIB): $(call obj,$(CORE_SRC))
+$(CPU_LIB): $(call obj,$(CPU_SRC))
+$(CUDA_LIB): $(call obj,$(CUDA_SRC)) $(BUILD)/cuda-$(CUDA_ON).stamp
+$(LIBS):
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $(filter %.o,$^)
+
+# Switching CUDA on/off must rebuild libcuda.
+$(BUILD)/cuda-$(CUDA_ON).stamp:
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/cuda-*.stamp && touch $@
+
+# One link rule per tool folder: tools/coli-x/*.cpp -> $(BUILD)/bin/coli-x.
+define TOOL_RULE
+$(BUILD)/bin/$(1): $(call obj,$(wildcard tools/$(1)/*.cpp)) $(LIBS)
+	@mkdir -p $$(dir $$@)
+	$$(CXX) $$(CXXFLAGS) -o $$@ $$(filter %.o,$$^) $$(LIBS) $$(LDLIBS)
+endef
+$(foreach t,$(TOOLS),$(eval $(call TOOL_RULE,$(t))))
+
+$(TEST_BIN): $(call obj,$(TEST_SRC)) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $(filter %.o,$^) $(LIBS) -Wl,-Bstatic -lgtest -Wl,-Bdynamic $(LDLIBS)
+
+test: $(TEST_BIN) $(BINS)
+	COLI_BIN_DIR=$(BUILD)/bin $(TEST_BIN)
+
+run: $(BUILD)/bin/coli-run
+	$(BUILD)/bin/coli-run --model tests/data/tiny-qwen35moe-text --prompt-ids 1,2,3,4,5 -n 16 --temp 0
+
+install: tools
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1/
+	$(if $(wildcard man/*.5),install -m 644 $(wildcard man/*.5) $(DESTDIR)$(PREFIX)/share/man/man5/)
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

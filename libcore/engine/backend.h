@@ -1,0 +1,54 @@
+// Backend: the coarse per-layer operations the engine schedules.
+//
+// One call per layer step, so a backend can fuse inside a step and a
+// scheduler can split work between backends. Activations are row-major
+// float32 [T, hidden] host arrays at this interface. A backend owns the
+// memory of the weights it was given and the per-session state it creates.
+// The CPU backend implements every operation; it is the reference the others
+// are tested against.
+#pragma once
+#include <memory>
+#include <string>
+
+namespace coli {
+
+// Per-session state a backend keeps for the model: KV cache of attention
+// layers, conv and recurrent state of Gated DeltaNet layers.
+class BackendState {
+ public:
+  virtual ~BackendState() = default;
+};
+
+// One routed (token, expert) assignment with its renormalised router weight.
+struct ExpertPair {
+  int token;
+  int expert;
+  float weight;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::unique_ptr<BackendState> new_state() const = 0;
+
+  // x[T, H] = embedding rows of ids.
+  virtual void embed(const int* ids, int T, float* x) = 0;
+  // Trunk step: x += mixer(input_norm(x)) for tokens at positions
+  // pos0 .. pos0+T-1, where the mixer is gated attention or Gated DeltaNet
+  // by the layer's kind. Appends to / advances the layer's state.
+  virtual void trunk_step(int layer, BackendState& state, int pos0, int T, float* x) = 0;
+  // hn[T, H] = post_attention_norm(x).
+  virtual void ffn_norm(int layer, int T, const float* x, float* hn) = 0;
+  // Router: softmax over experts, top-k (most probable first, ties to the
+  // lower index), weights renormalised to sum to 1. idx, w: [T, k].
+  virtual void route(int layer, int T, const float* hn, int* idx, float* w) = 0;
+  // out[T, H] = sigmoid(shared_gate . hn) * SwiGLU_shared(hn).
+  virtual void shared_expert(int layer, int T, const float* hn, float* out) = 0;
+  // For each pair p: out[p.token] += p.weight * SwiGLU_expert(hn[p.token]).
+  virtual void routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) = 0;
+  // logits[T, V] = lm_head(final_norm(x)).
+  virtual void logits(int T, const float* x, float* out) = 0;
+};
+
+}  // namespace coli

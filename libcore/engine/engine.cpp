@@ -1,0 +1,57 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace coli {
+
+Engine::Engine(const ModelSpec& spec, Backend& backend, int prefill_chunk)
+    : spec_(spec), backend_(backend), prefill_chunk_(std::max(1, prefill_chunk)) {}
+
+Session Engine::new_session() const { return Session{backend_.new_state(), 0}; }
+
+std::vector<float> Engine::forward(Session& s, std::span<const int> tokens, const RouteObserver& observe) {
+  if (tokens.empty()) throw Error("forward: no tokens");
+  for (int id : tokens)
+    if (id < 0 || id >= spec_.vocab_size)
+      throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(spec_.vocab_size) + ")");
+  std::vector<float> logits;
+  for (std::size_t i = 0; i < tokens.size(); i += prefill_chunk_) {
+    const int T = static_cast<int>(std::min<std::size_t>(prefill_chunk_, tokens.size() - i));
+    const bool last = i + T == tokens.size();
+    auto l = forward_chunk(s, tokens.data() + i, T, last, observe);
+    if (last) logits = std::move(l);
+  }
+  return logits;
+}
+
+std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, bool want_logits, const RouteObserver& observe) {
+  const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
+  std::vector<float> x(static_cast<std::size_t>(T) * H), hn(x.size()), shared(x.size()), routed(x.size());
+  std::vector<int> idx(static_cast<std::size_t>(T) * K);
+  std::vector<float> w(idx.size());
+  std::vector<ExpertPair> pairs(idx.size());
+
+  backend_.embed(ids, T, x.data());
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    backend_.trunk_step(l, *s.state, s.n_past, T, x.data());
+    backend_.ffn_norm(l, T, x.data(), hn.data());
+    backend_.route(l, T, hn.data(), idx.data(), w.data());
+    if (observe) observe(l, T, idx.data(), w.data());
+    backend_.shared_expert(l, T, hn.data(), shared.data());
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
+    std::fill(routed.begin(), routed.end(), 0.0f);
+    backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
+    // Combine: the MoE output is routed + shared, added to the residual.
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += routed[i] + shared[i];
+  }
+  s.n_past += T;
+  if (!want_logits) return {};
+  std::vector<float> logits(spec_.vocab_size);
+  backend_.logits(1, x.data() + static_cast<std::size_t>(T - 1) * H, logits.data());
+  return logits;
+}
+
+}  // namespace coli

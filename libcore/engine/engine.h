@@ -1,0 +1,47 @@
+// Engine: the forward pass as a schedule of per-layer steps over a Backend.
+//
+// Per layer: trunk step (norm + attention or Gated DeltaNet + residual),
+// post-attention norm, router, shared expert, routed experts, combine
+// (x += shared + routed). Prompts are processed in chunks; decoding is the
+// same path with one token. Feeding a prompt at once or token by token gives
+// the same logits (up to float rounding).
+#pragma once
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/backend.h"
+#include "model/model_spec.h"
+
+namespace coli {
+
+struct Session {
+  std::unique_ptr<BackendState> state;
+  int n_past = 0;  // tokens already in the state
+};
+
+// Called once per layer per chunk with the chunk's router choices:
+// idx and w are [T, k], most probable first.
+using RouteObserver = std::function<void(int layer, int T, const int* idx, const float* w)>;
+
+class Engine {
+ public:
+  Engine(const ModelSpec& spec, Backend& backend, int prefill_chunk = 512);
+
+  Session new_session() const;
+  // Appends `tokens` to the session and returns the logits of the last one.
+  std::vector<float> forward(Session& s, std::span<const int> tokens, const RouteObserver& observe = {});
+
+  const ModelSpec& spec() const { return spec_; }
+
+ private:
+  // One chunk; returns last-row logits.
+  std::vector<float> forward_chunk(Session& s, const int* ids, int T, bool want_logits, const RouteObserver& observe);
+
+  const ModelSpec& spec_;
+  Backend& backend_;
+  int prefill_chunk_;
+};
+
+}  // namespace coli

@@ -1,0 +1,160 @@
+#include "model/model_spec.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace coli {
+
+using nlohmann::json;
+
+int ModelSpec::num_attention_layers() const {
+  int n = 0;
+  for (auto k : layer_kinds) n += k == LayerKind::kFullAttention;
+  return n;
+}
+
+namespace {
+
+struct Reader {
+  const json& j;
+  std::string where;  // "config.json" or "config.json: text_config"
+
+  Error err(const std::string& key, const std::string& why) const { return Error(where + ": '" + key + "' " + why); }
+  const json& need(const char* key) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) throw err(key, "is missing");
+    return *it;
+  }
+  int pos_int(const char* key) const {
+    const json& v = need(key);
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 30)) throw err(key, "must be a positive integer");
+    return v.get<int>();
+  }
+  int int_or(const char* key, int def) const { return j.contains(key) && !j[key].is_null() ? pos_int(key) : def; }
+  double num_or(const char* key, double def) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return def;
+    if (!it->is_number()) throw err(key, "must be a number");
+    return it->get<double>();
+  }
+  bool bool_or(const char* key, bool def) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return def;
+    if (!it->is_boolean()) throw err(key, "must be true or false");
+    return it->get<bool>();
+  }
+};
+
+}  // namespace
+
+ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  if (!root.is_object()) throw Error(path + ": not a JSON object");
+  ModelSpec s;
+  if (!root.contains("model_type") || !root["model_type"].is_string()) throw Error(path + ": 'model_type' is missing");
+  s.model_type = root["model_type"].get<std::string>();
+  if (s.model_type != "qwen3_5_moe" && s.model_type != "qwen3_5_moe_text")
+    throw Error(path + ": model_type '" + s.model_type + "' is not supported (expected qwen3_5_moe or qwen3_5_moe_text)");
+
+  const json* tc = &root;
+  std::string where = path;
+  if (root.contains("text_config") && root["text_config"].is_object()) {
+    tc = &root["text_config"];
+    where = path + ": text_config";
+    s.multimodal = true;
+    if (tc->contains("model_type") && (*tc)["model_type"] != "qwen3_5_moe_text" && (*tc)["model_type"] != "qwen3_5_moe")
+      throw Error(where + ": model_type '" + (*tc)["model_type"].dump() + "' is not supported (expected qwen3_5_moe_text)");
+  }
+  s.tensor_prefix = s.multimodal ? "model.language_model." : "model.";
+  Reader r{*tc, where};
+
+  s.vocab_size = r.pos_int("vocab_size");
+  s.hidden_size = r.pos_int("hidden_size");
+  s.num_layers = r.pos_int("num_hidden_layers");
+  s.rms_norm_eps = static_cast<float>(r.num_or("rms_norm_eps", 1e-6));
+  // tie_word_embeddings may sit at the top level of a multimodal config.
+  s.tie_word_embeddings = r.bool_or("tie_word_embeddings", Reader{root, path}.bool_or("tie_word_embeddings", false));
+  if (r.bool_or("attention_bias", false)) throw r.err("attention_bias", "= true is not supported");
+
+  s.num_heads = r.pos_int("num_attention_heads");
+  s.num_kv_heads = r.pos_int("num_key_value_heads");
+  s.head_dim = r.int_or("head_dim", s.hidden_size / s.num_heads);
+  if (s.num_heads % s.num_kv_heads) throw r.err("num_key_value_heads", "must divide num_attention_heads");
+
+  // Rotary embedding: rope_parameters (transformers >= 5) or the older flat keys.
+  double factor = r.num_or("partial_rotary_factor", 1.0);
+  s.rope_theta = r.num_or("rope_theta", 10000.0);
+  if (tc->contains("rope_parameters") && (*tc)["rope_parameters"].is_object()) {
+    Reader rp{(*tc)["rope_parameters"], where + ": rope_parameters"};
+    s.rope_theta = rp.num_or("rope_theta", s.rope_theta);
+    factor = rp.num_or("partial_rotary_factor", factor);
+    auto rt = rp.j.find("rope_type");
+    if (rt != rp.j.end() && *rt != "default") throw rp.err("rope_type", rt->dump() + " is not supported (only \"default\")");
+  }
+  if (tc->contains("rope_scaling") && !(*tc)["rope_scaling"].is_null()) {
+    const json& rs = (*tc)["rope_scaling"];
+    if (!rs.is_object() || (rs.contains("rope_type") && rs["rope_type"] != "default") || (rs.contains("type") && rs["type"] != "default"))
+      throw r.err("rope_scaling", "is not supported");
+  }
+  if (!(factor > 0 && factor <= 1)) throw r.err("partial_rotary_factor", "must be in (0, 1]");
+  s.rotary_dim = static_cast<int>(s.head_dim * factor);
+  if (s.rotary_dim % 2) throw r.err("partial_rotary_factor", "gives an odd rotary dimension");
+
+  s.linear_num_key_heads = r.pos_int("linear_num_key_heads");
+  s.linear_num_value_heads = r.pos_int("linear_num_value_heads");
+  s.linear_key_head_dim = r.pos_int("linear_key_head_dim");
+  s.linear_value_head_dim = r.pos_int("linear_value_head_dim");
+  s.linear_conv_kernel = r.pos_int("linear_conv_kernel_dim");
+  if (s.linear_num_value_heads % s.linear_num_key_heads) throw r.err("linear_num_key_heads", "must divide linear_num_value_heads");
+
+  s.num_experts = r.pos_int("num_experts");
+  s.num_experts_per_tok = r.pos_int("num_experts_per_tok");
+  s.moe_intermediate_size = r.pos_int("moe_intermediate_size");
+  s.shared_expert_intermediate_size = r.pos_int("shared_expert_intermediate_size");
+  if (s.num_experts_per_tok > s.num_experts) throw r.err("num_experts_per_tok", "exceeds num_experts");
+  if (tc->contains("norm_topk_prob") && !r.bool_or("norm_topk_prob", true)) throw r.err("norm_topk_prob", "= false is not supported");
+
+  if (tc->contains("layer_types") && !(*tc)["layer_types"].is_null()) {
+    const json& lt = (*tc)["layer_types"];
+    if (!lt.is_array() || static_cast<int>(lt.size()) != s.num_layers) throw r.err("layer_types", "must list num_hidden_layers entries");
+    for (const auto& k : lt) {
+      if (k == "linear_attention") s.layer_kinds.push_back(LayerKind::kLinearAttention);
+      else if (k == "full_attention") s.layer_kinds.push_back(LayerKind::kFullAttention);
+      else throw r.err("layer_types", "has unknown kind " + k.dump());
+    }
+  } else {
+    const int interval = r.int_or("full_attention_interval", 4);
+    for (int i = 0; i < s.num_layers; ++i)
+      s.layer_kinds.push_back((i + 1) % interval ? LayerKind::kLinearAttention : LayerKind::kFullAttention);
+  }
+
+  for (const json* src : std::initializer_list<const json*>{tc, &root}) {
+    auto e = src->find("eos_token_id");
+    if (e == src->end() || e->is_null() || !s.eos_token_ids.empty()) continue;
+    if (e->is_number_integer()) s.eos_token_ids.push_back(e->get<int>());
+    else if (e->is_array())
+      for (const auto& x : *e)
+        if (x.is_number_integer()) s.eos_token_ids.push_back(x.get<int>());
+  }
+  return s;
+}
+
+ModelSpec load_model_spec(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_model_spec(ss.str(), path);
+}
+
+}  // namespace coli

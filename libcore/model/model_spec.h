@@ -1,0 +1,62 @@
+// ModelSpec: what a Hugging Face config.json says about the network.
+//
+// Supported: qwen3_5_moe in both layouts real checkpoints use:
+//   - text-only Qwen3_5MoeForCausalLM: flat config (model_type
+//     "qwen3_5_moe_text" or "qwen3_5_moe"), tensors under "model.";
+//   - multimodal Qwen3_5MoeForConditionalGeneration: model_type
+//     "qwen3_5_moe" with a nested text_config, tensors under
+//     "model.language_model." (model.visual.* and mtp.* are ignored).
+// Anything else throws coli::Error naming config.json and the key.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace coli {
+
+enum class LayerKind { kLinearAttention, kFullAttention };
+
+struct ModelSpec {
+  std::string model_type;     // as written in config.json (top level)
+  std::string tensor_prefix;  // "model." or "model.language_model."
+  bool multimodal = false;    // nested text_config layout
+
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int num_layers = 0;
+  std::vector<LayerKind> layer_kinds;
+  float rms_norm_eps = 1e-6f;
+  bool tie_word_embeddings = false;
+  std::vector<int> eos_token_ids;
+
+  // Gated full attention.
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int rotary_dim = 0;  // head_dim * partial_rotary_factor, even
+  double rope_theta = 10000.0;
+
+  // Gated DeltaNet.
+  int linear_num_key_heads = 0;
+  int linear_num_value_heads = 0;
+  int linear_key_head_dim = 0;
+  int linear_value_head_dim = 0;
+  int linear_conv_kernel = 0;
+
+  // MoE.
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;
+
+  int linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+  int linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
+  int num_attention_layers() const;
+};
+
+// Parses config.json text; `path` is used in messages.
+ModelSpec parse_model_spec(const std::string& json_text, const std::string& path);
+// Reads DIR/config.json.
+ModelSpec load_model_spec(const std::string& dir);
+
+}  // namespace coli

@@ -1,0 +1,55 @@
+// Gated full attention (Qwen3.5): q_proj yields query and output gate per
+// head; per-head RMSNorm on q and k; rotary embedding on the first
+// rotary_dim dims; GQA over the KV cache; sigmoid(gate) on the output.
+#include <cmath>
+
+#include "cpu_backend.h"
+#include "ref_kernels.h"
+
+namespace coli::cpu {
+
+void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out) {
+  const AttentionWeights& a = lw.attn;
+  const int hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
+  const int qg_w = nh * hd * 2, kv_w = nkv * hd, group = nh / nkv;
+  std::vector<float> qg(static_cast<std::size_t>(T) * qg_w), k(static_cast<std::size_t>(T) * kv_w), v(k.size());
+  matmul(a.q_proj, hn, T, qg.data());
+  matmul(a.k_proj, hn, T, k.data());
+  matmul(a.v_proj, hn, T, v.data());
+
+  // Normalise and rotate the new keys, then append them to the cache.
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < nkv; ++h) {
+      float* kh = k.data() + t * kv_w + h * hd;
+      rms_norm_1p(kh, a.k_norm.data(), hd, s_.rms_norm_eps, kh);
+      rope(kh, s_.rotary_dim, pos0 + t, s_.rope_theta);
+    }
+  st.k.insert(st.k.end(), k.begin(), k.end());
+  st.v.insert(st.v.end(), v.begin(), v.end());
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> q(hd), scores(pos0 + T), attn(static_cast<std::size_t>(nh) * hd);
+  std::vector<float> gated(static_cast<std::size_t>(T) * nh * hd);
+  for (int t = 0; t < T; ++t) {
+    const int n_ctx = pos0 + t + 1;  // causal: positions 0 .. pos0+t
+    for (int h = 0; h < nh; ++h) {
+      const float* qsrc = qg.data() + t * qg_w + h * 2 * hd;  // query, then gate
+      rms_norm_1p(qsrc, a.q_norm.data(), hd, s_.rms_norm_eps, q.data());
+      rope(q.data(), s_.rotary_dim, pos0 + t, s_.rope_theta);
+      const int kvh = h / group;
+      for (int j = 0; j < n_ctx; ++j) scores[j] = dot(q.data(), st.k.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd, hd) * scale;
+      softmax(scores.data(), n_ctx);
+      float* o = attn.data() + h * hd;
+      std::fill(o, o + hd, 0.0f);
+      for (int j = 0; j < n_ctx; ++j) {
+        const float* vj = st.v.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd;
+        for (int d = 0; d < hd; ++d) o[d] += scores[j] * vj[d];
+      }
+      const float* gate = qsrc + hd;
+      for (int d = 0; d < hd; ++d) gated[static_cast<std::size_t>(t) * nh * hd + h * hd + d] = o[d] * sigmoid(gate[d]);
+    }
+  }
+  matmul(a.o_proj, gated.data(), T, out);
+}
+
+}  // namespace coli::cpu

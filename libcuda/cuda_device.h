@@ -1,0 +1,24 @@
+// The CUDA side as the rest of the toolkit sees it: whether this build has
+// CUDA, whether a device is usable, and (for tests) small kernels checked
+// against the CPU reference. Plain C++ header: callers need no CUDA headers.
+// In a build without CUDA every function reports "no device".
+#pragma once
+#include <string>
+
+namespace coli::cuda {
+
+// True when the library was compiled with nvcc.
+bool compiled_with_cuda();
+
+// Number of usable CUDA devices; when 0, *why (if given) says why, e.g.
+// "built without CUDA" or the driver's error string.
+int device_count(std::string* why = nullptr);
+
+// "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB" for device i.
+std::string describe_device(int i);
+
+// y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (1 + w) on device 0,
+// host pointers in and out. Throws coli::Error if no device is usable.
+void rms_norm_1p_rows(const float* x, const float* w, int rows, int n, float eps, float* y);
+
+}  // namespace coli::cuda

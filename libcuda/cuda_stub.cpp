@@ -1,0 +1,20 @@
+// Built instead of the .cu files when the toolkit is built without CUDA.
+#include "cuda_device.h"
+#include "util/error.h"
+
+namespace coli::cuda {
+
+bool compiled_with_cuda() { return false; }
+
+int device_count(std::string* why) {
+  if (why) *why = "built without CUDA";
+  return 0;
+}
+
+std::string describe_device(int) { return "none (built without CUDA)"; }
+
+void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {
+  throw Error("CUDA: no usable device: built without CUDA");
+}
+
+}  // namespace coli::cuda

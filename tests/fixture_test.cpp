@@ -1,0 +1,147 @@
+// The CPU reference forward pass against goldens computed by transformers
+// (float32, from the same stored bf16 weights) on the tiny qwen3_5_moe
+// checkpoints, in both naming layouts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+using namespace coli;
+
+namespace {
+
+const nlohmann::json& goldens() {
+  static const nlohmann::json g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-qwen35moe.json"));
+  return g;
+}
+
+// Logits of the tiny model are O(1) (max |logit| about 1.7), so an absolute
+// 1e-3 is a relative error below 1e-3; float32 reordering gives ~1e-5.
+constexpr float kLogitTol = 1e-3f;
+
+float max_abs_diff(const std::vector<float>& a, const nlohmann::json& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i].get<float>()));
+  return m;
+}
+
+class Fixture : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    model_ = Model::load(test::data_dir() + "/" + GetParam());
+    backend_ = std::make_unique<cpu::CpuBackend>(*model_);
+    engine_ = std::make_unique<Engine>(model_->spec(), *backend_);
+  }
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<cpu::CpuBackend> backend_;
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace
+
+TEST_P(Fixture, ExpertLayoutIsTheOneStored) {
+  // The text fixture stores per-expert tensors, the multimodal one fused 3-D tensors.
+  EXPECT_EQ(model_->layer(0).moe.fused_layout, GetParam() == "tiny-qwen35moe-vl");
+}
+
+TEST_P(Fixture, PromptLogitsAndRouterMatchTransformers) {
+  for (const auto& p : goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    Session s = engine_->new_session();
+    std::vector<std::vector<std::vector<int>>> topk(model_->spec().num_layers);
+    const int K = model_->spec().num_experts_per_tok;
+    auto logits = engine_->forward(s, ids, [&](int layer, int T, const int* idx, const float*) {
+      for (int t = 0; t < T; ++t) topk[layer].emplace_back(idx + t * K, idx + (t + 1) * K);
+    });
+    const float err = max_abs_diff(logits, p["last_logits"]);
+    EXPECT_LT(err, kLogitTol) << "prompt of " << ids.size() << " tokens";
+    std::printf("[ info     ] %s, %zu-token prompt: max |logit - golden| = %.3g\n", GetParam().c_str(), ids.size(), err);
+    for (int l = 0; l < model_->spec().num_layers; ++l)
+      EXPECT_EQ(topk[l], p["router_topk"][l].get<std::vector<std::vector<int>>>()) << "layer " << l << ", prompt of " << ids.size();
+  }
+}
+
+TEST_P(Fixture, HiddenStatesAfterEmbeddingMatch) {
+  // hidden_states[0] of transformers is the embedding: checks the row lookup and dtype path.
+  const auto& p = goldens()["prompts"][1];
+  const std::vector<int> ids = p["ids"];
+  const int H = model_->spec().hidden_size;
+  std::vector<float> x(ids.size() * H);
+  backend_->embed(ids.data(), static_cast<int>(ids.size()), x.data());
+  for (std::size_t t = 0; t < ids.size(); ++t)
+    for (int i = 0; i < H; ++i) ASSERT_EQ(x[t * H + i], p["hidden_states"][0][t][i].get<float>());
+}
+
+TEST_P(Fixture, GreedyTokensMatchTransformers) {
+  for (const auto& p : goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    Session s = engine_->new_session();
+    GenerateOptions opt;
+    opt.n_predict = 16;
+    opt.ignore_eos = true;
+    std::vector<int> got;
+    generate(*engine_, s, ids, opt, [&](const TokenEvent& ev) { got.push_back(ev.id); });
+    EXPECT_EQ(got, p["greedy"].get<std::vector<int>>()) << "prompt of " << ids.size() << " tokens";
+  }
+}
+
+TEST_P(Fixture, DecodeStepLogitsMatchTransformers) {
+  const auto& p = goldens()["prompts"][1];
+  const std::vector<int> ids = p["ids"];
+  const std::vector<int> greedy = p["greedy"];
+  Session s = engine_->new_session();
+  auto logits = engine_->forward(s, ids);
+  float worst = 0;
+  for (std::size_t i = 0; i < greedy.size(); ++i) {
+    worst = std::max(worst, max_abs_diff(logits, p["step_logits"][i]));
+    logits = engine_->forward(s, std::vector<int>{greedy[i]});
+  }
+  EXPECT_LT(worst, kLogitTol);
+}
+
+TEST_P(Fixture, PrefillThenDecodeEqualsAllAtOnce) {
+  const std::vector<int> ids = goldens()["prompts"][2]["ids"];
+  Session all = engine_->new_session();
+  auto l_all = engine_->forward(all, ids);
+  // Token by token.
+  Session one = engine_->new_session();
+  std::vector<float> l_one;
+  for (int id : ids) l_one = engine_->forward(one, std::vector<int>{id});
+  // Split prefill: 25 tokens, then chunks of 7 via a small prefill chunk.
+  Engine chunky(model_->spec(), *backend_, 7);
+  Session split = chunky.new_session();
+  chunky.forward(split, std::span<const int>(ids.data(), 25));
+  auto l_split = chunky.forward(split, std::span<const int>(ids.data() + 25, ids.size() - 25));
+  ASSERT_EQ(l_all.size(), l_one.size());
+  for (std::size_t i = 0; i < l_all.size(); ++i) {
+    ASSERT_NEAR(l_all[i], l_one[i], 1e-5f) << "logit " << i;
+    ASSERT_NEAR(l_all[i], l_split[i], 1e-5f) << "logit " << i;
+  }
+}
+
+TEST_P(Fixture, StateSizeIsConstantExceptTheKvCache) {
+  // Decode cost per token grows only with the attention layers' KV reads:
+  // the Gated DeltaNet state has a fixed size, the KV cache one row per token.
+  const auto& spec = model_->spec();
+  Session s = engine_->new_session();
+  auto& st = static_cast<cpu::CpuState&>(*s.state);
+  std::vector<std::size_t> gdn0;
+  for (const auto& l : st.layers) gdn0.push_back(l.S.size() + l.conv.size());
+  const std::vector<int> ids = goldens()["prompts"][2]["ids"];
+  engine_->forward(s, ids);
+  for (int l = 0; l < spec.num_layers; ++l) {
+    const auto& ls = st.layers[l];
+    EXPECT_EQ(ls.S.size() + ls.conv.size(), gdn0[l]);
+    const std::size_t kv_row = spec.layer_kinds[l] == LayerKind::kFullAttention ? std::size_t(spec.num_kv_heads) * spec.head_dim : 0;
+    EXPECT_EQ(ls.k.size(), ids.size() * kv_row);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothLayouts, Fixture, ::testing::Values("tiny-qwen35moe-text", "tiny-qwen35moe-vl"));

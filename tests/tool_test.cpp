@@ -1,0 +1,99 @@
+// coli-run as a user runs it: output format and exit status.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_util.h"
+
+namespace {
+
+std::string coli_run() { return coli::test::bin_dir() + "/coli-run"; }
+std::string text_model() { return coli::test::data_dir() + "/tiny-qwen35moe-text"; }
+
+std::string join_ids(const std::vector<int>& v, const char* sep) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
+  return s;
+}
+
+const nlohmann::json& prompt(int i) {
+  static const nlohmann::json g = nlohmann::json::parse(coli::test::read_file(coli::test::data_dir() + "/goldens/tiny-qwen35moe.json"));
+  return g["prompts"][i];
+}
+
+}  // namespace
+
+TEST(ColiRun, GreedyIdsOnOneLine) {
+  const auto& p = prompt(1);
+  std::string out;
+  const int rc = coli::test::run_command(
+      coli_run() + " --model " + text_model() + " --prompt-ids " + join_ids(p["ids"], ",") + " -n 16 --temp 0 --ignore-eos 2>/dev/null", &out);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out, join_ids(p["greedy"], " ") + "\n");
+}
+
+TEST(ColiRun, JsonWithTopLogprobs) {
+  const auto& p = prompt(0);
+  std::string out;
+  const int rc = coli::test::run_command(coli_run() + " --model " + text_model() + " --prompt-ids " + join_ids(p["ids"], ",") +
+                                             " -n 3 --json --top-logprobs 5 --ignore-eos 2>/dev/null",
+                                         &out);
+  ASSERT_EQ(rc, 0);
+  std::istringstream in(out);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["id"].get<int>(), p["greedy"][n].get<int>());
+    ASSERT_EQ(j["top_logprobs"].size(), 5u);
+    EXPECT_EQ(j["top_logprobs"][0]["id"], j["id"]);  // greedy picks the most likely
+    EXPECT_LE(j["top_logprobs"][1]["logprob"].get<float>(), j["top_logprobs"][0]["logprob"].get<float>());
+    EXPECT_LT(j["logprob"].get<float>(), 0.0f);
+    ++n;
+  }
+  EXPECT_EQ(n, 3);
+}
+
+TEST(ColiRun, StatsLineOnStderr) {
+  std::string out;
+  coli::test::run_command(coli_run() + " --model " + text_model() + " --prompt-ids 1,2,3 -n 2 2>&1 >/dev/null", &out);
+  EXPECT_NE(out.find("prompt 3 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("prefill"), std::string::npos);
+  EXPECT_NE(out.find("decode"), std::string::npos);
+}
+
+TEST(ColiRun, UsageErrorsExit2) {
+  std::string out;
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --prompt-ids 1 2>&1", &out), 2);
+  EXPECT_NE(out.find("--model"), std::string::npos) << out;
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model x --prompt-ids 1,,2 2>&1", &out), 2);
+  EXPECT_NE(out.find("--prompt-ids"), std::string::npos) << out;
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --bogus 2>&1", &out), 2);
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --help", &out), 0);
+  EXPECT_NE(out.find("--prompt-ids"), std::string::npos);
+}
+
+TEST(ColiRun, BadInputExits1WithOneLine) {
+  coli::test::TempDir d;
+  std::string out;
+  // Another model_type.
+  coli::test::write_file(d / "config.json", R"({"model_type":"llama"})");
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+  EXPECT_NE(out.find("model_type 'llama'"), std::string::npos) << out;
+  // Truncated safetensors.
+  std::filesystem::copy_file(text_model() + "/config.json", d / "config.json", std::filesystem::copy_options::overwrite_existing);
+  const std::string st = coli::test::read_file(text_model() + "/model.safetensors");
+  coli::test::write_file(d / "model.safetensors", st.substr(0, st.size() / 2));
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+  EXPECT_NE(out.find("truncated"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  // Corrupt header.
+  coli::test::write_file(d / "model.safetensors", std::string("\x10\0\0\0\0\0\0\0{garbage!!!!!!!}", 24));
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+  EXPECT_NE(out.find("corrupt safetensors header"), std::string::npos) << out;
+  // Token id outside the vocabulary.
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + text_model() + " --prompt-ids 1,99999 2>&1", &out), 1);
+  EXPECT_NE(out.find("99999"), std::string::npos) << out;
+}
