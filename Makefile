@@ -45,7 +45,10 @@ ifeq ($(CUDA_ON),1)
 else
   CUDA_SRC := libcuda/cuda_stub.cpp
 endif
-TEST_SRC := $(shell find tests -name '*.cpp' | sort)
+TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/fuzz/*' | sort)
+FUZZ_SRC := $(wildcard tests/fuzz/*.cpp)
+FUZZ_CXX ?= clang++
+FUZZ_SECONDS ?= 20
 TOOLS    := $(notdir $(wildcard tools/coli-*))
 
 obj = $(patsubst %,$(BUILD)/obj/%.o,$(1))
@@ -56,7 +59,7 @@ LIBS     := $(CPU_LIB) $(CUDA_LIB) $(CORE_LIB)
 BINS     := $(addprefix $(BUILD)/bin/,$(TOOLS))
 TEST_BIN := $(BUILD)/bin/coli-tests
 
-.PHONY: all libs tools tests test run install clean
+.PHONY: all libs tools tests test check fuzz fuzz-run run install clean
 all: tools tests
 libs: $(LIBS)
 tools: $(BINS)
@@ -95,6 +98,24 @@ $(TEST_BIN): $(call obj,$(TEST_SRC)) $(LIBS)
 
 test: $(TEST_BIN) $(BINS)
 	COLI_BIN_DIR=$(BUILD)/bin $(TEST_BIN)
+
+# The README's test command: unit and fixture tests, then a bounded fuzz run.
+check: test fuzz-run
+
+# libFuzzer targets over the parsers of untrusted files (clang required).
+FUZZ_BINS := $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzz/%,$(FUZZ_SRC))
+FUZZ_CORE := $(filter-out libcore/engine/%,$(CORE_SRC))
+fuzz: $(FUZZ_BINS)
+$(BUILD)/fuzz/%: tests/fuzz/%.cpp $(FUZZ_CORE) $(shell find libcore -name '*.h')
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INCLUDES) -o $@ $< $(FUZZ_CORE)
+fuzz-run: $(FUZZ_BINS)
+	@for f in $(FUZZ_BINS); do n=$$(basename $$f); c=tests/fuzz/corpus/$${n#fuzz_}; \
+	  mkdir -p $(BUILD)/fuzz/work-$$n; \
+	  echo "fuzz: $$n for $(FUZZ_SECONDS) s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/work-$$n $$c >$(BUILD)/fuzz/$$n.log 2>&1; \
+	  rc=$$?; tail -n 1 $(BUILD)/fuzz/$$n.log; [ $$rc -eq 0 ] || { tail -n 40 $(BUILD)/fuzz/$$n.log; exit 1; }; \
+	done
 
 run: $(BUILD)/bin/coli-run
 	$(BUILD)/bin/coli-run --model tests/data/tiny-qwen35moe-text --prompt-ids 1,2,3,4,5 -n 16 --temp 0

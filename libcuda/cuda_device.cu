@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <vector>
 
@@ -37,7 +39,10 @@ int device_count(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    if (why) *why = cudaGetErrorString(e);
+    // Without libcuda the runtime reports an "insufficient driver": say what is really missing.
+    const bool has_driver = e != cudaErrorInsufficientDriver || dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD) ||
+                            dlopen("libcuda.so.1", RTLD_LAZY);
+    if (why) *why = has_driver ? cudaGetErrorString(e) : "no NVIDIA driver (libcuda.so.1) on this machine";
     cudaGetLastError();  // clear the sticky error
     return 0;
   }

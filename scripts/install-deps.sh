@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages coli builds with (run as root or via sudo).
+# CUDA is optional: the build uses nvcc when /usr/local/cuda/bin/nvcc or an
+# nvcc on PATH exists, and builds a CPU-only toolkit otherwise.
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends \
+  g++ make ca-certificates \
+  libboost-program-options-dev libboost-dev \
+  nlohmann-json3-dev \
+  libgtest-dev \
+  clang libclang-rt-14-dev
