@@ -93,6 +93,13 @@ TEST(ColiRun, BadInputExits1WithOneLine) {
   coli::test::write_file(d / "model.safetensors", std::string("\x10\0\0\0\0\0\0\0{garbage!!!!!!!}", 24));
   EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
   EXPECT_NE(out.find("corrupt safetensors header"), std::string::npos) << out;
+  // A missing tensor: a checkpoint holding only the embedding.
+  std::vector<uint16_t> emb(512 * 64, 0x3f80);
+  coli::test::write_file(d / "model.safetensors",
+                         coli::test::safetensors_bytes({{"model.embed_tokens.weight", "BF16", {512, 64}, coli::test::pod_bytes(emb)}}));
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+  EXPECT_NE(out.find("missing tensor 'model.norm.weight'"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   // Token id outside the vocabulary.
   EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + text_model() + " --prompt-ids 1,99999 2>&1", &out), 1);
   EXPECT_NE(out.find("99999"), std::string::npos) << out;
