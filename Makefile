@@ -33,7 +33,7 @@ CXXFLAGS  += -std=c++20 $(WARN) $(INCLUDES) -MMD -MP -pthread
 NVCCFLAGS ?= -O2
 NVCCFLAGS += -std=c++20 $(CUDA_ARCH) $(INCLUDES) -MMD -MP -Xcompiler -Wall
 # Static Boost and CUDA runtime: the binaries run on machines without them.
-LDLIBS    := -Wl,-Bstatic -lboost_program_options -Wl,-Bdynamic -pthread -ldl -lrt
+LDLIBS    := -Wl,-Bstatic -lboost_program_options -lpcre2-8 -lutf8proc -Wl,-Bdynamic -pthread -ldl -lrt
 ifeq ($(CUDA_ON),1)
   LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static
 endif
@@ -105,10 +105,11 @@ check: test fuzz-run
 # libFuzzer targets over the parsers of untrusted files (clang required).
 FUZZ_BINS := $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 FUZZ_CORE := $(filter-out libcore/engine/%,$(CORE_SRC))
+FUZZ_LIBS := -lpcre2-8 -lutf8proc
 fuzz: $(FUZZ_BINS)
 $(BUILD)/fuzz/%: tests/fuzz/%.cpp $(FUZZ_CORE) $(shell find libcore -name '*.h')
 	@mkdir -p $(dir $@)
-	$(FUZZ_CXX) -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INCLUDES) -o $@ $< $(FUZZ_CORE)
+	$(FUZZ_CXX) -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INCLUDES) -o $@ $< $(FUZZ_CORE) $(FUZZ_LIBS)
 fuzz-run: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); c=tests/fuzz/corpus/$${n#fuzz_}; \
 	  mkdir -p $(BUILD)/fuzz/work-$$n; \

@@ -1,0 +1,40 @@
+// Sampler: logits -> next token id, the llama.cpp chain in its order:
+// repetition and presence penalties over the last `penalty_last_n` ids,
+// then top-k, top-p (nucleus), min-p, temperature, and a draw from a seeded
+// RNG. Temperature <= 0 is greedy (argmax after penalties, ties to the lower
+// id). A disabled stage: top_k <= 0, top_p >= 1, min_p <= 0, penalty 1 / 0.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace coli {
+
+struct SamplingParams {
+  float temperature = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;    // > 1 discourages repeats: logit / p if > 0, logit * p otherwise
+  float presence_penalty = 0.0f;  // subtracted once from every id seen
+  int penalty_last_n = 64;        // ids of the history the penalties look at (-1: all)
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  // history: prompt and generated ids so far (for the penalties).
+  int sample(std::span<const float> logits, std::span<const int> history);
+  // The probability of each candidate left after the filters, for tests:
+  // (id, p) sorted by p descending; empty when greedy.
+  std::vector<std::pair<int, float>> distribution(std::span<const float> logits, std::span<const int> history) const;
+
+ private:
+  std::vector<float> penalised(std::span<const float> logits, std::span<const int> history) const;
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace coli
