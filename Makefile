@@ -45,7 +45,9 @@ ifeq ($(CUDA_ON),1)
 else
   CUDA_SRC := libcuda/cuda_stub.cpp
 endif
-TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/fuzz/*' | sort)
+TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/fuzz/*' -not -path 'tests/bench/*' | sort)
+BENCH_SRC := $(wildcard tests/bench/*.cpp)
+BENCH_BIN := $(BUILD)/bin/coli-microbench
 FUZZ_SRC := $(wildcard tests/fuzz/*.cpp)
 FUZZ_CXX ?= clang++
 FUZZ_SECONDS ?= 20
@@ -59,7 +61,7 @@ LIBS     := $(CPU_LIB) $(CUDA_LIB) $(CORE_LIB)
 BINS     := $(addprefix $(BUILD)/bin/,$(TOOLS))
 TEST_BIN := $(BUILD)/bin/coli-tests
 
-.PHONY: all libs tools tests test check fuzz fuzz-run run install clean
+.PHONY: all libs tools tests test check bench fuzz fuzz-run run install clean
 all: tools tests
 libs: $(LIBS)
 tools: $(BINS)
@@ -98,6 +100,12 @@ $(TEST_BIN): $(call obj,$(TEST_SRC)) $(LIBS)
 
 test: $(TEST_BIN) $(BINS)
 	COLI_BIN_DIR=$(BUILD)/bin $(TEST_BIN)
+
+# Google Benchmark microbenchmarks (kernels, tokenizer); drivers in scripts/.
+bench: $(BENCH_BIN)
+$(BENCH_BIN): $(call obj,$(BENCH_SRC)) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $(filter %.o,$^) $(LIBS) -lbenchmark $(LDLIBS)
 
 # The README's test command: unit and fixture tests, then a bounded fuzz run.
 check: test fuzz-run

@@ -86,6 +86,7 @@ TEST_P(Fixture, GreedyTokensMatchTransformers) {
     GenerateOptions opt;
     opt.n_predict = 16;
     opt.ignore_eos = true;
+    opt.sampling.temperature = 0;  // greedy
     std::vector<int> got;
     generate(*engine_, s, ids, opt, [&](const TokenEvent& ev) { got.push_back(ev.id); });
     EXPECT_EQ(got, p["greedy"].get<std::vector<int>>()) << "prompt of " << ids.size() << " tokens";

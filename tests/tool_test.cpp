@@ -38,7 +38,7 @@ TEST(ColiRun, JsonWithTopLogprobs) {
   const auto& p = prompt(0);
   std::string out;
   const int rc = coli::test::run_command(coli_run() + " --model " + text_model() + " --prompt-ids " + join_ids(p["ids"], ",") +
-                                             " -n 3 --json --top-logprobs 5 --ignore-eos 2>/dev/null",
+                                             " -n 3 --temp 0 --json --top-logprobs 5 --ignore-eos 2>/dev/null",
                                          &out);
   ASSERT_EQ(rc, 0);
   std::istringstream in(out);

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
-#include <random>
 
 #include "util/error.h"
 
@@ -20,35 +19,25 @@ std::vector<float> log_softmax(const std::vector<float>& logits) {
   return out;
 }
 
-namespace {
-
-int pick(const std::vector<float>& logits, float temperature, std::mt19937_64& rng) {
-  if (temperature <= 0) return static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  const float m = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(logits.size());
-  for (std::size_t i = 0; i < p.size(); ++i) p[i] = std::exp((double(logits[i]) - m) / temperature);
-  std::discrete_distribution<int> d(p.begin(), p.end());
-  return d(rng);
-}
-
-}  // namespace
-
 GenerateStats generate(Engine& engine, Session& session, std::span<const int> prompt, const GenerateOptions& opt,
                        const std::function<void(const TokenEvent&)>& on_token) {
   if (prompt.empty()) throw Error("the prompt is empty");
   using clock = std::chrono::steady_clock;
   GenerateStats st;
   st.n_prompt = static_cast<int>(prompt.size());
-  std::mt19937_64 rng(opt.seed);
-  const auto& eos = engine.spec().eos_token_ids;
+  Sampler sampler(opt.sampling);
+  std::vector<int> stops = engine.spec().eos_token_ids;
+  stops.insert(stops.end(), opt.stop_ids.begin(), opt.stop_ids.end());
+  std::vector<int> history(prompt.begin(), prompt.end());
 
   auto t0 = clock::now();
   std::vector<float> logits = engine.forward(session, prompt);
   st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  st.fed = history;
 
   for (int i = 0; i < opt.n_predict; ++i) {
     TokenEvent ev;
-    ev.id = pick(logits, opt.temperature, rng);
+    ev.id = sampler.sample(logits, history);
     const std::vector<float> lp = log_softmax(logits);
     ev.logprob = lp[ev.id];
     if (opt.top_logprobs > 0) {
@@ -58,15 +47,17 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
       std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
       for (int j = 0; j < k; ++j) ev.top.emplace_back(ids[j], lp[ids[j]]);
     }
+    ev.is_stop = !opt.ignore_eos && std::find(stops.begin(), stops.end(), ev.id) != stops.end();
     on_token(ev);
     ++st.n_generated;
-    const bool is_eos = std::find(eos.begin(), eos.end(), ev.id) != eos.end();
-    if ((is_eos && !opt.ignore_eos) || i + 1 == opt.n_predict) break;
+    history.push_back(ev.id);
+    if (ev.is_stop || i + 1 == opt.n_predict) break;
     const int tok = ev.id;
     auto t1 = clock::now();
     logits = engine.forward(session, std::span<const int>(&tok, 1));
     st.decode_seconds += std::chrono::duration<double>(clock::now() - t1).count();
     ++st.n_decode_steps;
+    st.fed.push_back(tok);
   }
   return st;
 }

@@ -1,8 +1,9 @@
 // generate(): prompt in, tokens out, through an Engine session.
 //
 // Token 1 comes from the prompt's logits; each later token costs one decode
-// step. Temperature 0 is greedy (argmax, ties to the lower id). Stops after
-// n_predict tokens, or at an end-of-sequence id unless ignore_eos.
+// step. The Sampler picks tokens (temperature 0 = greedy). Stops after
+// n_predict tokens or at a stop id (end-of-sequence ids of the model and the
+// tokenizer) unless ignore_eos; the stop id is reported but not fed back.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,21 +12,23 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "sampling/sampler.h"
 
 namespace coli {
 
 struct GenerateOptions {
   int n_predict = 16;
-  float temperature = 0.0f;
-  uint64_t seed = 0;
+  SamplingParams sampling;
   int top_logprobs = 0;  // report this many most likely ids per step
   bool ignore_eos = false;
+  std::vector<int> stop_ids;  // in addition to the model's eos ids
 };
 
 struct TokenEvent {
   int id = 0;
-  float logprob = 0;                        // of the chosen id, under the raw logits
-  std::vector<std::pair<int, float>> top;   // (id, logprob), most likely first
+  float logprob = 0;                       // of the chosen id, under the raw logits
+  std::vector<std::pair<int, float>> top;  // (id, logprob), most likely first
+  bool is_stop = false;                    // an end-of-sequence id that ends generation
 };
 
 struct GenerateStats {
@@ -34,6 +37,7 @@ struct GenerateStats {
   double prefill_seconds = 0;  // prompt forward pass
   double decode_seconds = 0;   // all later steps
   int n_decode_steps = 0;
+  std::vector<int> fed;  // ids fed to the session by this call (prompt + generated but the last)
 };
 
 GenerateStats generate(Engine& engine, Session& session, std::span<const int> prompt, const GenerateOptions& opt,

@@ -4,7 +4,6 @@
 #pragma once
 #include <cstdint>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace coli {
@@ -15,7 +14,7 @@ class Bpe {
   void set_byte_ids(const std::vector<int>& byte_ids) { byte_ids_ = byte_ids; }
   // Merge of (left, right) into `merged` with priority `rank` (lower first).
   void add_merge(int left, int right, int merged, int rank);
-  std::size_t num_merges() const { return merges_.size(); }
+  std::size_t num_merges() const { return count_; }
 
   // Appends the ids of `word` (raw bytes) to out. Returns false if a byte has
   // no single-byte token.
@@ -26,7 +25,17 @@ class Bpe {
     int rank, id;
   };
   static uint64_t key(int a, int b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
-  std::unordered_map<uint64_t, Merge> merges_;
+  // Open addressing, linear probing, power-of-two size: merge lookups are the
+  // hot loop of encoding, and a flat table keeps them to one or two cache lines.
+  struct Slot {
+    uint64_t key = kEmpty;
+    Merge m{};
+  };
+  static constexpr uint64_t kEmpty = ~uint64_t(0);
+  const Merge* find(int a, int b) const;
+  void grow();
+  std::vector<Slot> table_;
+  std::size_t count_ = 0;
   std::vector<int> byte_ids_;
 };
 

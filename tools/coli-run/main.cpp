@@ -1,16 +1,22 @@
-// coli-run: generate from a model. Thin: parses flags, calls libcore.
+// coli-run: generate from a model. Thin: parses flags, wires libcore.
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <random>
 
 #include "cpu_backend.h"
 #include "cuda_device.h"
+#include "engine/chat_session.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/io.h"
 #include "util/parse.h"
 
 namespace po = boost::program_options;
@@ -18,82 +24,229 @@ namespace po = boost::program_options;
 namespace {
 
 const char* kUsage =
-    "usage: coli-run --model DIR --prompt-ids 7,8,9 [-n 16] [--temp 0] [--json [--top-logprobs K]]\n"
+    "usage: coli-run --model DIR [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3 | --messages F.json | -i] [options]\n"
+    "       coli-run --tokenizer PATH --tokenize [--messages F.json]   (text on stdin -> ids)\n"
+    "       coli-run --tokenizer PATH --detokenize                      (ids on stdin -> text)\n"
     "\n"
-    "Generates tokens from a Hugging Face qwen3_5_moe checkpoint directory.\n"
-    "Generated ids go to stdout on one line (or one JSON object per token with\n"
-    "--json); a stats line goes to stderr.\n";
+    "Generates from a Hugging Face qwen3_5_moe checkpoint directory. Text is\n"
+    "streamed to stdout; with --prompt-ids the output stays ids. A stats line\n"
+    "goes to stderr. Without a prompt option the prompt is read from stdin.\n"
+    "--messages, --system, --chat and -i render a chat with the model's template.\n";
+
+struct Flags {
+  po::variables_map vm;
+  bool has(const char* k) const { return vm.count(k) && !vm[k].defaulted(); }
+  template <class T>
+  T get(const char* k) const { return vm[k].as<T>(); }
+};
+
+coli::GenerateOptions generate_options(const Flags& f) {
+  coli::GenerateOptions g;
+  g.n_predict = f.get<int>("n-predict");
+  if (g.n_predict < 1) throw coli::UsageError("--n-predict must be at least 1");
+  auto& s = g.sampling;
+  s.temperature = f.get<float>("temp");
+  s.top_k = f.get<int>("top-k");
+  s.top_p = f.get<float>("top-p");
+  s.min_p = f.get<float>("min-p");
+  s.repeat_penalty = f.get<float>("repeat-penalty");
+  s.penalty_last_n = f.get<int>("repeat-last-n");
+  s.presence_penalty = f.get<float>("presence-penalty");
+  s.seed = f.has("seed") ? f.get<uint64_t>("seed") : std::random_device{}();
+  if (s.temperature < 0) throw coli::UsageError("--temp must be >= 0");
+  if (s.top_p <= 0 || s.top_p > 1) throw coli::UsageError("--top-p must be in (0, 1]");
+  if (s.min_p < 0 || s.min_p > 1) throw coli::UsageError("--min-p must be in [0, 1]");
+  if (s.repeat_penalty <= 0) throw coli::UsageError("--repeat-penalty must be > 0");
+  g.top_logprobs = f.get<int>("top-logprobs");
+  if (g.top_logprobs < 0) throw coli::UsageError("--top-logprobs must be >= 0");
+  g.ignore_eos = f.get<bool>("ignore-eos");
+  return g;
+}
+
+void print_stats(const char* backend, const coli::GenerateStats& st, uint64_t seed) {
+  std::fprintf(stderr, "coli-run: backend %s, prompt %d tokens, prefill %.1f tok/s, decode %.1f tok/s (%d tokens), seed %llu\n", backend,
+               st.n_prompt, st.n_prompt / std::max(st.prefill_seconds, 1e-9),
+               st.n_decode_steps ? st.n_decode_steps / std::max(st.decode_seconds, 1e-9) : 0.0, st.n_generated,
+               static_cast<unsigned long long>(seed));
+}
+
+std::string prompt_text(const Flags& f) {
+  if (f.has("prompt")) return f.get<std::string>("prompt");
+  if (f.has("prompt-file")) return coli::read_text_file(f.get<std::string>("prompt-file"));
+  return coli::read_stdin();
+}
+
+std::unique_ptr<coli::Tokenizer> load_tokenizer(const Flags& f, bool required) {
+  std::string path;
+  if (f.has("tokenizer")) path = f.get<std::string>("tokenizer");
+  else if (f.has("model") && std::filesystem::exists(f.get<std::string>("model") + "/tokenizer.json")) path = f.get<std::string>("model");
+  if (path.empty()) {
+    if (required) throw coli::UsageError("this needs a tokenizer: --tokenizer PATH, or a --model directory with tokenizer.json");
+    return nullptr;
+  }
+  return coli::Tokenizer::load(path);
+}
+
+std::vector<coli::ChatMessage> chat_messages(const Flags& f) {
+  std::vector<coli::ChatMessage> m;
+  if (f.has("messages")) m = coli::parse_chat_messages(coli::read_text_file(f.get<std::string>("messages")), f.get<std::string>("messages"));
+  if (f.has("system")) m.insert(m.begin(), {"system", f.get<std::string>("system"), {}});
+  return m;
+}
+
+coli::ChatOptions chat_options(const Flags& f) {
+  coli::ChatOptions c;
+  if (f.get<bool>("think")) c.enable_thinking = true;
+  if (f.get<bool>("no-think")) c.enable_thinking = false;
+  return c;
+}
+
+int tokenizer_only(const Flags& f) {
+  auto tok = load_tokenizer(f, true);
+  if (f.get<bool>("tokenize")) {
+    std::vector<int> ids;
+    if (f.has("messages")) {
+      coli::ChatOptions c = chat_options(f);
+      ids = tok->encode(coli::render_chat(chat_messages(f), c, coli::chat_style_of(tok->chat_template())));
+    } else {
+      ids = tok->encode(prompt_text(f));
+    }
+    for (std::size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %d" : "%d", ids[i]);
+    std::printf("\n");
+    return 0;
+  }
+  std::string text = f.has("prompt-ids") ? f.get<std::string>("prompt-ids") : coli::read_stdin();
+  for (char& c : text)
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r') c = ',';
+  while (!text.empty() && text.back() == ',') text.pop_back();
+  while (!text.empty() && text.front() == ',') text.erase(0, 1);
+  std::vector<int> ids = text.empty() ? std::vector<int>{} : coli::parse_id_list(text, "--detokenize input");
+  const std::string out = tok->decode(ids);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
 
 int run(int argc, char** argv) {
   po::options_description opts("options");
   opts.add_options()
       ("help,h", "show this help and exit")
       ("model,m", po::value<std::string>(), "checkpoint directory (config.json + safetensors)")
-      ("prompt-ids", po::value<std::string>(), "prompt as comma-separated token ids")
-      ("n-predict,n", po::value<int>()->default_value(16), "number of tokens to generate")
-      ("temp", po::value<float>()->default_value(0.0f), "sampling temperature; 0 = greedy")
-      ("seed", po::value<uint64_t>()->default_value(0), "random seed for sampling")
+      ("tokenizer", po::value<std::string>(), "tokenizer.json or its directory (default: the model directory)")
+      ("prompt,p", po::value<std::string>(), "prompt text")
+      ("prompt-file,f", po::value<std::string>(), "read the prompt text from a file")
+      ("prompt-ids", po::value<std::string>(), "prompt as comma-separated token ids (output stays ids)")
+      ("messages", po::value<std::string>(), "chat: OpenAI-style JSON list of {role, content}")
+      ("system", po::value<std::string>(), "chat: system message")
+      ("chat", po::bool_switch(), "chat: send the prompt as a user turn through the chat template")
+      ("interactive,i", po::bool_switch(), "chat interactively, one user turn per stdin line")
+      ("think", po::bool_switch(), "chat: enable_thinking = true")
+      ("no-think", po::bool_switch(), "chat: enable_thinking = false (an empty think block)")
+      ("n-predict,n", po::value<int>()->default_value(256), "maximum number of tokens to generate")
+      ("temp", po::value<float>()->default_value(0.8f), "temperature; 0 = greedy")
+      ("top-k", po::value<int>()->default_value(40), "top-k sampling (0 = off)")
+      ("top-p", po::value<float>()->default_value(0.95f), "top-p sampling (1 = off)")
+      ("min-p", po::value<float>()->default_value(0.05f), "min-p sampling (0 = off)")
+      ("repeat-penalty", po::value<float>()->default_value(1.0f), "repetition penalty (1 = off)")
+      ("repeat-last-n", po::value<int>()->default_value(64), "ids the penalties look back over (-1 = all)")
+      ("presence-penalty", po::value<float>()->default_value(0.0f), "presence penalty (0 = off)")
+      ("seed", po::value<uint64_t>(), "sampler seed (default: random, printed in the stats line)")
       ("json", po::bool_switch(), "one JSON object per generated token")
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
-      ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk");
-  po::variables_map vm;
+      ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
+      ("tokenize", po::bool_switch(), "print the ids of the text on stdin (or of --messages) and exit")
+      ("detokenize", po::bool_switch(), "print the text of the ids on stdin and exit");
+  Flags f;
   try {
-    po::store(po::command_line_parser(argc, argv).options(opts).run(), vm);
-    po::notify(vm);
+    po::store(po::command_line_parser(argc, argv).options(opts).run(), f.vm);
+    po::notify(f.vm);
   } catch (const po::error& e) {
     throw coli::UsageError(e.what());
   }
-  if (vm.count("help")) {
+  if (f.vm.count("help")) {
     std::cout << kUsage << "\n" << opts << std::endl;
     return 0;
   }
-  if (!vm.count("model")) throw coli::UsageError("--model is required");
-  if (!vm.count("prompt-ids")) throw coli::UsageError("--prompt-ids is required (text prompts need a tokenizer: not yet supported)");
-  const int n = vm["n-predict"].as<int>();
-  if (n < 1) throw coli::UsageError("--n-predict must be at least 1");
-  const int topk = vm["top-logprobs"].as<int>();
-  if (topk < 0) throw coli::UsageError("--top-logprobs must be >= 0");
-  if (vm["prefill-chunk"].as<int>() < 1) throw coli::UsageError("--prefill-chunk must be at least 1");
-  if (vm["temp"].as<float>() < 0) throw coli::UsageError("--temp must be >= 0");
-  const std::vector<int> prompt = coli::parse_id_list(vm["prompt-ids"].as<std::string>(), "--prompt-ids");
+  const int sources = f.has("prompt") + f.has("prompt-file") + f.has("prompt-ids") + f.has("messages") + f.get<bool>("interactive");
+  if (sources > 1 && !(f.has("messages") && f.get<bool>("interactive"))) throw coli::UsageError("give one of --prompt, --prompt-file, --prompt-ids, --messages, -i");
+  if (f.get<bool>("think") && f.get<bool>("no-think")) throw coli::UsageError("--think and --no-think exclude each other");
+  if (f.get<bool>("tokenize") || f.get<bool>("detokenize")) {
+    if (f.get<bool>("tokenize") && f.get<bool>("detokenize")) throw coli::UsageError("--tokenize and --detokenize exclude each other");
+    return tokenizer_only(f);
+  }
+  if (!f.has("model")) throw coli::UsageError("--model is required");
+  if (f.get<int>("prefill-chunk") < 1) throw coli::UsageError("--prefill-chunk must be at least 1");
+  coli::GenerateOptions go = generate_options(f);
+  const bool chat = f.has("messages") || f.has("system") || f.get<bool>("chat") || f.get<bool>("interactive");
+  if (chat && f.has("prompt-ids")) throw coli::UsageError("--prompt-ids cannot be combined with chat options");
 
-  auto model = coli::Model::load(vm["model"].as<std::string>());
-  // The CUDA backend is not there yet; a CUDA build says once what it uses.
+  auto tok = load_tokenizer(f, !f.has("prompt-ids"));
+  auto model = coli::Model::load(f.get<std::string>("model"));
   std::string why;
   if (coli::cuda::compiled_with_cuda() && coli::cuda::device_count(&why) == 0)
     std::fprintf(stderr, "coli-run: no CUDA device (%s); running on the CPU\n", why.c_str());
   coli::cpu::CpuBackend backend(*model);
-  coli::Engine engine(model->spec(), backend, vm["prefill-chunk"].as<int>());
-  coli::Session session = engine.new_session();
+  coli::Engine engine(model->spec(), backend, f.get<int>("prefill-chunk"));
+  const bool json = f.get<bool>("json");
+  auto emit = [](const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  };
 
-  coli::GenerateOptions go;
-  go.n_predict = n;
-  go.temperature = vm["temp"].as<float>();
-  go.seed = vm["seed"].as<uint64_t>();
-  go.top_logprobs = topk;
-  go.ignore_eos = vm["ignore-eos"].as<bool>();
-  const bool json = vm["json"].as<bool>();
+  if (chat) {
+    coli::ChatSession cs(engine, *tok, go, chat_options(f));
+    cs.messages() = chat_messages(f);
+    if (!f.get<bool>("interactive")) {
+      if (!f.has("messages")) cs.messages().push_back({"user", prompt_text(f), {}});
+      auto st = cs.respond(emit);
+      emit("\n");
+      print_stats(backend.name().c_str(), st, go.sampling.seed);
+      return 0;
+    }
+    const bool tty = ::isatty(0);
+    std::string line;
+    while (true) {
+      if (tty) std::fprintf(stderr, "> ");
+      if (!std::getline(std::cin, line) || line.empty()) break;
+      cs.messages().push_back({"user", line, {}});
+      auto st = cs.respond(emit);
+      emit("\n");
+      print_stats(backend.name().c_str(), st, go.sampling.seed);
+    }
+    return 0;
+  }
+
+  std::vector<int> prompt;
+  if (f.has("prompt-ids")) {
+    prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
+  } else {
+    prompt = tok->encode(prompt_text(f));
+    for (int id : coli::tokenizer_stop_ids(*tok)) go.stop_ids.push_back(id);
+  }
+  const bool ids_out = f.has("prompt-ids");
+  std::unique_ptr<coli::TextStreamer> streamer = tok && !ids_out ? std::make_unique<coli::TextStreamer>(*tok) : nullptr;
   bool first = true;
+  coli::Session session = engine.new_session();
   auto st = coli::generate(engine, session, prompt, go, [&](const coli::TokenEvent& ev) {
+    const std::string piece = streamer && !ev.is_stop ? streamer->push(ev.id) : std::string();
     if (json) {
       nlohmann::json j = {{"id", ev.id}, {"logprob", ev.logprob}};
-      if (topk > 0) {
+      if (streamer) j["text"] = piece;
+      if (go.top_logprobs > 0) {
         j["top_logprobs"] = nlohmann::json::array();
         for (auto [id, lp] : ev.top) j["top_logprobs"].push_back({{"id", id}, {"logprob", lp}});
       }
-      std::printf("%s\n", j.dump().c_str());
+      emit(j.dump() + "\n");
+    } else if (ids_out) {
+      emit((first ? "" : " ") + std::to_string(ev.id));
     } else {
-      std::printf(first ? "%d" : " %d", ev.id);
+      emit(piece);
     }
     first = false;
-    std::fflush(stdout);
   });
-  if (!json) std::printf("\n");
-  std::fflush(stdout);
-  std::fprintf(stderr, "coli-run: backend %s, prompt %d tokens, prefill %.1f tok/s, decode %.1f tok/s (%d tokens)\n",
-               backend.name().c_str(), st.n_prompt, st.n_prompt / std::max(st.prefill_seconds, 1e-9),
-               st.n_decode_steps ? st.n_decode_steps / std::max(st.decode_seconds, 1e-9) : 0.0, st.n_generated);
+  if (streamer && !json) emit(streamer->flush());
+  if (!json) emit("\n");
+  print_stats(backend.name().c_str(), st, go.sampling.seed);
   return 0;
 }
 
