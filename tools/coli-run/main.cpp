@@ -180,6 +180,8 @@ int run(int argc, char** argv) {
   const bool chat = f.has("messages") || f.has("system") || f.get<bool>("chat") || f.get<bool>("interactive");
   if (chat && f.has("prompt-ids")) throw coli::UsageError("--prompt-ids cannot be combined with chat options");
 
+  std::vector<int> prompt;  // parsed before any file is read: usage errors first
+  if (f.has("prompt-ids")) prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
   auto tok = load_tokenizer(f, !f.has("prompt-ids"));
   auto model = coli::Model::load(f.get<std::string>("model"));
   std::string why;
@@ -216,10 +218,7 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  std::vector<int> prompt;
-  if (f.has("prompt-ids")) {
-    prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
-  } else {
+  if (!f.has("prompt-ids")) {
     prompt = tok->encode(prompt_text(f));
     for (int id : coli::tokenizer_stop_ids(*tok)) go.stop_ids.push_back(id);
   }
