@@ -62,6 +62,7 @@ BINS     := $(addprefix $(BUILD)/bin/,$(TOOLS))
 TEST_BIN := $(BUILD)/bin/coli-tests
 
 .PHONY: all libs tools tests test check bench fuzz fuzz-run run install clean
+.SECONDARY:
 all: tools tests
 libs: $(LIBS)
 tools: $(BINS)
@@ -111,13 +112,21 @@ $(BENCH_BIN): $(call obj,$(BENCH_SRC)) $(LIBS)
 check: test fuzz-run
 
 # libFuzzer targets over the parsers of untrusted files (clang required).
-FUZZ_BINS := $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzz/%,$(FUZZ_SRC))
-FUZZ_CORE := $(filter-out libcore/engine/%,$(CORE_SRC))
-FUZZ_LIBS := -lpcre2-8 -lutf8proc
+# libcore is compiled once with the sanitizers, then linked into each target.
+FUZZ_BINS  := $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzz/%,$(FUZZ_SRC))
+FUZZ_CORE  := $(filter-out libcore/engine/%,$(CORE_SRC))
+FUZZ_LIBS  := -Wl,-Bstatic -lpcre2-8 -lutf8proc -Wl,-Bdynamic
+FUZZ_FLAGS := -std=c++20 -O1 -g -fno-sanitize-recover=all $(INCLUDES) -MMD -MP
+FUZZ_LIB   := $(BUILD)/fuzz/libcolicore-fuzz.a
 fuzz: $(FUZZ_BINS)
-$(BUILD)/fuzz/%: tests/fuzz/%.cpp $(FUZZ_CORE) $(shell find libcore -name '*.h')
+$(BUILD)/fuzzobj/%.cpp.o: %.cpp
 	@mkdir -p $(dir $@)
-	$(FUZZ_CXX) -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(INCLUDES) -o $@ $< $(FUZZ_CORE) $(FUZZ_LIBS)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+$(FUZZ_LIB): $(patsubst %,$(BUILD)/fuzzobj/%.o,$(FUZZ_CORE))
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+$(BUILD)/fuzz/%: $(BUILD)/fuzzobj/tests/fuzz/%.cpp.o $(FUZZ_LIB)
+	$(FUZZ_CXX) -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_LIB) $(FUZZ_LIBS)
 fuzz-run: $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); c=tests/fuzz/corpus/$${n#fuzz_}; \
 	  mkdir -p $(BUILD)/fuzz/work-$$n; \
@@ -138,4 +147,4 @@ install: tools
 clean:
 	rm -rf $(BUILD)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/fuzzobj -name '*.d' 2>/dev/null)

@@ -104,3 +104,53 @@ TEST(ColiRun, BadInputExits1WithOneLine) {
   EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + text_model() + " --prompt-ids 1,99999 2>&1", &out), 1);
   EXPECT_NE(out.find("99999"), std::string::npos) << out;
 }
+
+namespace {
+std::string qwen_tok() { return coli::test::data_dir() + "/qwen3-tokenizer"; }
+const nlohmann::json& tok_goldens() {
+  static const nlohmann::json g = nlohmann::json::parse(coli::test::read_file(coli::test::data_dir() + "/goldens/qwen3-tokenizer.json"));
+  return g;
+}
+}  // namespace
+
+TEST(ColiRun, TokenizeAndDetokenizeWithoutAModel) {
+  coli::test::TempDir d;
+  for (int i : {5, 120, 250}) {
+    const auto& c = tok_goldens()["cases"][i];
+    coli::test::write_file(d / "in.txt", c["text"].get<std::string>());
+    std::string out;
+    ASSERT_EQ(coli::test::run_command(coli_run() + " --tokenizer " + qwen_tok() + " --tokenize < " + d / "in.txt", &out), 0);
+    EXPECT_EQ(out, join_ids(c["ids"], " ") + "\n") << c["text"];
+    coli::test::write_file(d / "ids.txt", join_ids(c["ids"], " ") + "\n");
+    ASSERT_EQ(coli::test::run_command(coli_run() + " --tokenizer " + qwen_tok() + " --detokenize < " + d / "ids.txt", &out), 0);
+    EXPECT_EQ(out, c["decoded"].get<std::string>());
+  }
+}
+
+TEST(ColiRun, TokenizeRendersChatMessages) {
+  coli::test::TempDir d;
+  const auto& c = tok_goldens()["chats"][3];  // system + user, generation prompt
+  ASSERT_TRUE(c["add_generation_prompt"].get<bool>());
+  coli::test::write_file(d / "m.json", c["messages"].dump());
+  std::string out;
+  ASSERT_EQ(coli::test::run_command(coli_run() + " --tokenizer " + qwen_tok() + " --tokenize --messages " + d / "m.json", &out), 0);
+  EXPECT_EQ(out, join_ids(c["ids"], " ") + "\n");
+}
+
+TEST(ColiRun, ChatAndInteractiveRunEndToEnd) {
+  // The tiny model with a tokenizer whose ids fit its vocabulary.
+  const std::string base = coli_run() + " --model " + text_model() + " --tokenizer " + coli::test::data_dir() + "/tiny-tokenizer --temp 0 ";
+  std::string once, again, err;
+  ASSERT_EQ(coli::test::run_command(base + "-p 'hello world' --chat -n 12 2>/dev/null", &once), 0);
+  ASSERT_EQ(coli::test::run_command(base + "-p 'hello world' --chat -n 12 2>/dev/null", &again), 0);
+  EXPECT_EQ(once, again);  // greedy is deterministic
+  EXPECT_FALSE(once.empty());
+  // Two turns on stdin: two stats lines, and the second turn sees the first.
+  ASSERT_EQ(coli::test::run_command("printf 'hi\\nhow are you\\n' | " + base + "-i -n 6 2>&1 >/dev/null", &err), 0);
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n') - (err.find("no CUDA device") != std::string::npos), 2) << err;
+  // Sampling with a seed is reproducible.
+  const std::string s = coli_run() + " --model " + text_model() + " --tokenizer " + coli::test::data_dir() + "/tiny-tokenizer -p 'the' --temp 1 --seed 7 -n 12 2>/dev/null";
+  ASSERT_EQ(coli::test::run_command(s, &once), 0);
+  ASSERT_EQ(coli::test::run_command(s, &again), 0);
+  EXPECT_EQ(once, again);
+}
