@@ -167,3 +167,38 @@ TEST(Chat, RefusesNonChatMlTemplatesAndUnknownRoles) {
   EXPECT_TRUE(s.opens_think);
   EXPECT_EQ(render_chat({{"user", "hi", {}}}, {}, s), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n");
 }
+
+TEST(Tokenizer, TinyTokenizerMatchesHfToo) {
+  // A second, made-up vocabulary (scripts/make_tiny_tokenizer.py) checked by
+  // HF tokenizers on the same strings: the loader is not tuned to one file.
+  static const auto tiny = Tokenizer::load(test::data_dir() + "/tiny-tokenizer");
+  const auto g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-tokenizer.json"));
+  int same = 0, total = 0;
+  for (const auto& c : g["cases"]) {
+    ++total;
+    const std::vector<int> got = tiny->encode(c["text"].get<std::string>());
+    if (got == c["ids"].get<std::vector<int>>()) ++same;
+    else ADD_FAILURE() << nlohmann::json(c["text"]).dump() << "\n  got  " << show(got) << "\n  want " << show(c["ids"]);
+    EXPECT_EQ(tiny->decode(got), c["decoded"].get<std::string>());
+  }
+  std::printf("[ info     ] tiny tokenizer: %d / %d identical\n", same, total);
+}
+
+TEST(Tokenizer, WordCacheDoesNotChangeResults) {
+  const std::string s = goldens()["cases"][300]["text"];
+  qwen().clear_cache();
+  const auto cold = qwen().encode(s);
+  const auto warm = qwen().encode(s);
+  EXPECT_EQ(cold, warm);
+  WordCache c(4);  // tiny: fills and restarts
+  std::vector<int> out;
+  for (int i = 0; i < 20; ++i) {
+    const std::string w = "w" + std::to_string(i);
+    const int ids[2] = {i, -i};
+    c.put(w, ids, 2);
+    out.clear();
+    ASSERT_TRUE(c.get(w, out));
+    EXPECT_EQ(out, (std::vector<int>{i, -i}));
+  }
+  EXPECT_LE(c.size(), 4u);
+}

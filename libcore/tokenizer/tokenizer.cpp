@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,11 @@ std::string nfc(std::string_view s) {
 }
 
 }  // namespace
+
+Tokenizer::Tokenizer() {
+  static std::atomic<uint64_t> next{1};
+  serial_ = next++;
+}
 
 Tokenizer::~Tokenizer() = default;
 
@@ -225,21 +231,28 @@ void Tokenizer::encode_plain(std::string_view text, std::vector<int>& out) const
     normalized = nfc(text);
     text = normalized;
   }
-  // Pieces repeat a lot (words, spaces); remember each piece's ids for this call.
-  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> seen;
+  WordCache& cache = thread_cache();
   splitter_->split(text, [&](std::string_view piece) {
-    auto it = seen.find(piece);
-    if (it != seen.end()) {
-      const std::size_t at = out.size();
-      out.resize(at + it->second.second);
-      std::copy_n(out.begin() + it->second.first, it->second.second, out.begin() + at);
-      return;
-    }
+    if (cache.get(piece, out)) return;
     const std::size_t at = out.size();
     if (!bpe_.encode(piece, out)) throw Error("tokenizer: a byte of the input has no single-byte token in the vocabulary");
-    if (seen.size() < (1u << 16)) seen.emplace(piece, std::make_pair(static_cast<uint32_t>(at), static_cast<uint32_t>(out.size() - at)));
+    cache.put(piece, out.data() + at, out.size() - at);
   });
 }
+
+// One cache per (thread, tokenizer): encode() stays lock-free. Tokenizers are
+// told apart by a serial number, never by address, so a new tokenizer can
+// never see an old one's entries.
+WordCache& Tokenizer::thread_cache() const {
+  thread_local std::vector<std::pair<uint64_t, std::unique_ptr<WordCache>>> caches;
+  for (auto& [serial, c] : caches)
+    if (serial == serial_) return *c;
+  if (caches.size() >= 8) caches.erase(caches.begin());  // bound what dead tokenizers leave behind
+  caches.emplace_back(serial_, std::make_unique<WordCache>());
+  return *caches.back().second;
+}
+
+void Tokenizer::clear_cache() const { thread_cache().clear(); }
 
 std::vector<int> Tokenizer::encode(std::string_view input) const {
   std::string repaired;

@@ -17,6 +17,7 @@
 
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/word_cache.h"
 
 namespace coli {
 
@@ -40,9 +41,13 @@ class Tokenizer {
   std::optional<int> find(std::string_view content) const;
   const std::string& chat_template() const { return chat_template_; }
   const std::string& eos_token() const { return eos_token_; }
+  // Empties this thread's word cache (benchmarks of cold encoding).
+  void clear_cache() const;
 
  private:
-  Tokenizer() = default;
+  Tokenizer();
+  WordCache& thread_cache() const;
+  uint64_t serial_ = 0;
   struct Added {
     std::string content;
     int id;
