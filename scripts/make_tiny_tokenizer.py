@@ -31,6 +31,10 @@ for p in pairs:
         vocab[a + b] = len(vocab)
     merges.append([a, b])
 assert len(vocab) < 500
+# Unreachable filler entries make the added tokens' ids follow the vocabulary
+# without a gap (HF renumbers added tokens after a gap).
+while len(vocab) < 505:
+    vocab[f"<unused{len(vocab)}>"] = len(vocab)
 added = [(505, "<tool_call>", False), (506, "</tool_call>", False), (507, "<think>", False), (508, "</think>", False),
          (509, "<|endoftext|>", True), (510, "<|im_start|>", True), (511, "<|im_end|>", True)]
 tok = {
