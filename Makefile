@@ -33,7 +33,7 @@ CXXFLAGS  += -std=c++20 $(WARN) $(INCLUDES) -MMD -MP -pthread
 NVCCFLAGS ?= -O2
 NVCCFLAGS += -std=c++20 $(CUDA_ARCH) $(INCLUDES) -MMD -MP -Xcompiler -Wall
 # Static Boost and CUDA runtime: the binaries run on machines without them.
-LDLIBS    := -Wl,-Bstatic -lboost_program_options -lpcre2-8 -lutf8proc -Wl,-Bdynamic -pthread -ldl -lrt
+LDLIBS    := -Wl,-Bstatic -lboost_program_options -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic -pthread -ldl -lrt
 ifeq ($(CUDA_ON),1)
   LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static
 endif
@@ -115,7 +115,7 @@ check: test fuzz-run
 # libcore is compiled once with the sanitizers, then linked into each target.
 FUZZ_BINS  := $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 FUZZ_CORE  := $(filter-out libcore/engine/%,$(CORE_SRC))
-FUZZ_LIBS  := -Wl,-Bstatic -lpcre2-8 -lutf8proc -Wl,-Bdynamic
+FUZZ_LIBS  := -Wl,-Bstatic -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic
 FUZZ_FLAGS := -std=c++20 -O1 -g -fno-sanitize-recover=all $(INCLUDES) -MMD -MP
 FUZZ_LIB   := $(BUILD)/fuzz/libcolicore-fuzz.a
 fuzz: $(FUZZ_BINS)

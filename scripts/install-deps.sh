@@ -10,6 +10,6 @@ $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends \
   g++ make ca-certificates \
   libboost-program-options-dev libboost-dev \
-  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libbenchmark-dev \
+  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libxxhash-dev libbenchmark-dev \
   libgtest-dev \
   clang libclang-rt-14-dev

@@ -1,12 +1,14 @@
 #include "model/weights.h"
 
+#include <filesystem>
 #include <set>
+
+#include "formats/container.h"
+#include "model/checkpoint_source.h"
 
 #include "util/error.h"
 
 namespace coli {
-
-void Matrix::row_f32(int64_t r, float* dst) const { to_f32(dtype, data + r * row_bytes(), static_cast<std::size_t>(cols), dst); }
 
 bool is_ignored_tensor(const std::string& name) {
   auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
@@ -15,65 +17,81 @@ bool is_ignored_tensor(const std::string& name) {
 
 namespace {
 
-// Binds names to views, checking shape and dtype; remembers what it used.
+// Binds names to tensors, checking shape and format; remembers what it used.
 class Binder {
  public:
-  Binder(const SafetensorsArchive& a, std::string dir) : a_(a), dir_(std::move(dir)) {}
+  Binder(TensorSource& src, std::string where) : src_(src), where_(std::move(where)) {}
 
-  const TensorView& get(const std::string& name, std::vector<int64_t> shape) {
-    const TensorView* t = a_.find(name);
-    if (!t) throw Error(dir_ + ": missing tensor '" + name + "'");
-    if (t->shape != shape) {
-      TensorView want;
-      want.shape = shape;
-      throw Error(t->file + ": tensor '" + name + "' has shape " + t->shape_str() + ", expected " + want.shape_str());
-    }
-    if (t->dtype != DType::F32 && t->dtype != DType::BF16 && t->dtype != DType::F16)
-      throw Error(t->file + ": tensor '" + name + "' has dtype " + dtype_name(t->dtype) + "; only BF16, F16 and F32 are supported");
+  const SourceTensor& get(const std::string& name, std::vector<int64_t> shape) {
+    const SourceTensor* t = src_.find(name);
+    if (!t) throw Error(where_ + ": missing tensor '" + name + "'");
+    if (t->shape != shape) throw Error(t->file + ": tensor '" + t->name + "' has shape " + t->shape_str() + ", expected " + SourceTensor{"", {}, shape}.shape_str());
     used_.insert(name);
+    for (const auto& c : t->companions) used_.insert(c);
     return *t;
   }
-  bool has(const std::string& name) const { return a_.find(name) != nullptr; }
+  bool has(const std::string& name) { return src_.find(name) != nullptr; }
 
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) {
-    const TensorView& t = get(name, {rows, cols});
-    return Matrix{t.dtype, t.data, rows, cols};
+    const SourceTensor& t = get(name, {rows, cols});
+    return Matrix{t.format, t.data, rows, cols, t.aux};
   }
   std::vector<float> vec(const std::string& name, std::vector<int64_t> shape) {
-    const TensorView& t = get(name, shape);
-    std::vector<float> v(static_cast<std::size_t>(t.numel()));
-    to_f32(t.dtype, t.data, v.size(), v.data());
+    const SourceTensor& t = get(name, shape);
+    if (format_info(t.format).quantized || t.format == QuantFormat::FP8_E4M3_B128)
+      throw Error(t.file + ": tensor '" + t.name + "' is " + format_name(t.format) + "; norms and gates must be f32, bf16 or f16");
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::vector<float> v(static_cast<std::size_t>(n));
+    dequantize_row(t.format, t.data, 1, n, 0, v.data());
     return v;
   }
-  // Slice e of a 3-D [n, rows, cols] tensor, optionally a row range of it.
-  Matrix slice(const TensorView& t, int64_t e, int64_t row0, int64_t rows) {
+  // Slice e of a 3-D [n, rows, cols] float tensor, a row range of it.
+  Matrix slice(const SourceTensor& t, int64_t e, int64_t row0, int64_t rows) {
+    if (format_info(t.format).quantized || t.format == QuantFormat::FP8_E4M3_B128)
+      throw Error(t.file + ": fused expert tensor '" + t.name + "' in " + format_name(t.format) + " is not supported");
     const int64_t cols = t.shape[2];
-    const std::size_t esz = dtype_size(t.dtype);
-    return Matrix{t.dtype, t.data + ((e * t.shape[1] + row0) * cols) * esz, rows, cols};
+    const std::size_t esz = layout_of(t.format, 1, 1).row_stride;
+    return Matrix{t.format, t.data + ((e * t.shape[1] + row0) * cols) * esz, rows, cols, nullptr};
   }
 
   void check_no_unknown() const {
-    for (const auto& n : a_.names())
-      if (!used_.count(n) && !is_ignored_tensor(n)) throw Error(dir_ + ": unknown tensor '" + n + "'");
+    for (const auto& n : src_.names())
+      if (!used_.count(n) && !is_ignored_tensor(n)) throw Error(where_ + ": unknown tensor '" + n + "'");
   }
 
  private:
-  const SafetensorsArchive& a_;
-  std::string dir_;
+  TensorSource& src_;
+  std::string where_;
   std::set<std::string> used_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& dir) {
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string file;
+  if (fs::is_regular_file(path)) file = path;
+  else if (fs::is_directory(path) && fs::exists(fs::path(path) / "model.coli")) file = (fs::path(path) / "model.coli").string();
+  if (!file.empty()) {
+    auto c = std::make_shared<Container>(file);
+    ModelSpec spec = parse_model_spec(c->config_json(), file + ": config");
+    spec.tensor_prefix = "model.";  // containers store canonical names
+    return bind(spec, c, file);
+  }
+  ModelSpec spec = load_model_spec(path);
+  return bind(spec, std::make_shared<CheckpointSource>(path, spec.tensor_prefix), path);
+}
+
+std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<TensorSource> source, const std::string& where) {
   std::unique_ptr<Model> m(new Model());
-  m->dir_ = dir;
-  m->spec_ = load_model_spec(dir);
-  m->archive_ = std::make_unique<SafetensorsArchive>(dir);
+  m->dir_ = where;
+  m->spec_ = spec;
+  m->source_ = std::move(source);
   const ModelSpec& s = m->spec_;
-  Binder b(*m->archive_, dir);
+  Binder b(*m->source_, where);
   const int64_t H = s.hidden_size, V = s.vocab_size;
-  const std::string& P = s.tensor_prefix;
+  const std::string P = "model.";
 
   m->embed_ = b.matrix(P + "embed_tokens.weight", V, H);
   m->final_norm_ = b.vec(P + "norm.weight", {H});
@@ -115,8 +133,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir) {
     moe.experts.resize(E);
     if (b.has(L + "mlp.experts.gate_up_proj")) {
       moe.fused_layout = true;
-      const TensorView& gu = b.get(L + "mlp.experts.gate_up_proj", {E, 2 * I, H});
-      const TensorView& dn = b.get(L + "mlp.experts.down_proj", {E, H, I});
+      const SourceTensor& gu = b.get(L + "mlp.experts.gate_up_proj", {E, 2 * I, H});
+      const SourceTensor& dn = b.get(L + "mlp.experts.down_proj", {E, H, I});
       for (int64_t e = 0; e < E; ++e) {
         moe.experts[e].gate = b.slice(gu, e, 0, I);
         moe.experts[e].up = b.slice(gu, e, I, I);

@@ -1,31 +1,35 @@
-// Model: the weights of a checkpoint, bound to ModelSpec by tensor name.
+// Model: the weights of a checkpoint or coli container, bound to ModelSpec
+// by tensor name.
 //
-// Matrices stay in the memory-mapped checkpoint in their stored dtype
-// (bf16/f16/f32); small vectors (norms, A_log, dt_bias, conv taps) are
-// upcast to f32 at load. Binding checks every expected tensor's presence and
-// shape and rejects any tensor it does not know (mtp.* and *visual.* are
-// ignored on purpose): each problem is a coli::Error naming the tensor.
+// Matrices stay in the memory-mapped file in their stored format (bf16,
+// f16, f32, block-scaled fp8 from checkpoints; the quantized formats of
+// quant/format.h from containers); small vectors (norms, A_log, dt_bias, conv
+// taps) are upcast to f32 at load. Binding checks every expected tensor's
+// presence and shape and rejects any tensor it does not know (mtp.* and
+// *visual.* are ignored on purpose): each problem is a coli::Error naming
+// the tensor.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "formats/dtype.h"
-#include "formats/safetensors.h"
 #include "model/model_spec.h"
+#include "formats/tensor_source.h"
+#include "quant/format.h"
 
 namespace coli {
 
-// A row-major [rows, cols] matrix inside the mapped checkpoint.
+// A [rows, cols] matrix inside the mapped file, in one of the weight formats.
 struct Matrix {
-  DType dtype = DType::F32;
+  QuantFormat format = QuantFormat::F32;
   const uint8_t* data = nullptr;
   int64_t rows = 0, cols = 0;
+  const float* aux = nullptr;  // fp8 block scales
 
-  // Converts row r to f32 into dst[cols].
-  void row_f32(int64_t r, float* dst) const;
-  std::size_t row_bytes() const { return static_cast<std::size_t>(cols) * dtype_size(dtype); }
+  // Dequantizes row r to f32 into dst[cols].
+  void row_f32(int64_t r, float* dst) const { dequantize_row(format, data, rows, cols, r, dst, aux); }
+  std::size_t bytes() const { return layout_of(format, rows, cols).total; }
 };
 
 struct AttentionWeights {
@@ -67,8 +71,11 @@ struct LayerWeights {
 
 class Model {
  public:
-  // Loads DIR/config.json and the safetensors checkpoint in DIR.
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // PATH: a checkpoint directory (config.json + safetensors), a coli
+  // container file, or a directory holding model.coli.
+  static std::unique_ptr<Model> load(const std::string& path);
+  // Binds spec's tensors from any source (the source must outlive the model).
+  static std::unique_ptr<Model> bind(const ModelSpec& spec, std::shared_ptr<TensorSource> source, const std::string& where);
 
   const ModelSpec& spec() const { return spec_; }
   const std::string& dir() const { return dir_; }
@@ -81,7 +88,7 @@ class Model {
   Model() = default;
   std::string dir_;
   ModelSpec spec_;
-  std::unique_ptr<SafetensorsArchive> archive_;
+  std::shared_ptr<TensorSource> source_;
   Matrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
