@@ -101,10 +101,16 @@ float fp8_e4m3_to_f32(uint8_t v) {
 void quantize_matrix(QuantFormat f, const float* src, int64_t rows, int64_t cols, uint8_t* dst) {
   const MatrixLayout l = layout_of(f, rows, cols);
   std::memset(dst, 0, l.total);
+  quantize_rows(f, src, 0, rows, rows, cols, dst);
+}
+
+void quantize_rows(QuantFormat f, const float* src, int64_t row0, int64_t n, int64_t rows, int64_t cols, uint8_t* dst) {
+  const MatrixLayout l = layout_of(f, rows, cols);
   const FormatInfo& fi = format_info(f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = src + r * cols;
+  for (int64_t r = row0; r < row0 + n; ++r) {
+    const float* x = src + (r - row0) * cols;
     uint8_t* row = dst + static_cast<std::size_t>(r) * l.row_stride;
+    std::memset(row, 0, l.row_stride);
     uint8_t* sc = dst + l.scale_offset + static_cast<std::size_t>(r) * l.scale_row_bytes;
     switch (f) {
       case QuantFormat::F32: std::memcpy(row, x, cols * 4); continue;

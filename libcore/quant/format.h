@@ -61,6 +61,10 @@ MatrixLayout layout_of(QuantFormat f, int64_t rows, int64_t cols);
 // Scalar reference: quantizes src [rows][cols] f32 into dst (layout_of(...).total
 // bytes, padding zeroed). Not for FP8 (a source-only format).
 void quantize_matrix(QuantFormat f, const float* src, int64_t rows, int64_t cols, uint8_t* dst);
+// The same for rows [row0, row0 + n) only, src holding just those rows:
+// writes their codes, padding and scales into the matrix at dst. Row ranges
+// are independent, so a matrix can be quantized by several threads.
+void quantize_rows(QuantFormat f, const float* src, int64_t row0, int64_t n, int64_t rows, int64_t cols, uint8_t* dst);
 // Dequantizes row r of a matrix stored at base. For FP8_E4M3_B128, aux is the
 // f32 scale_inv tensor [ceil(rows/128)][ceil(cols/128)]; unused otherwise.
 void dequantize_row(QuantFormat f, const uint8_t* base, int64_t rows, int64_t cols, int64_t r, float* dst, const float* aux = nullptr);

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "formats/container.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
@@ -28,6 +29,14 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::string slurp_prefix(const std::string& path, std::size_t n) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s(n, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(n));
+  s.resize(static_cast<std::size_t>(in.gcount()));
+  return s;
 }
 
 std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
@@ -60,6 +69,15 @@ Tokenizer::~Tokenizer() = default;
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   namespace fs = std::filesystem;
   std::string tok = path, cfg;
+  // A coli container carries the checkpoint's tokenizer files.
+  std::string container = fs::is_directory(path) && fs::exists(fs::path(path) / "model.coli") ? (fs::path(path) / "model.coli").string() : path;
+  if (fs::is_regular_file(container) && slurp_prefix(container, 8) == "COLICNT1") {
+    Container c(container);
+    auto t = c.file("tokenizer.json");
+    if (!t) throw Error(container + ": the container holds no tokenizer.json (the source checkpoint had none)");
+    auto tc = c.file("tokenizer_config.json");
+    return from_json(*t, tc ? *tc : std::string_view(), container + ": tokenizer.json");
+  }
   if (fs::is_directory(path)) tok = (fs::path(path) / "tokenizer.json").string();
   const fs::path cfg_path = fs::path(tok).parent_path() / "tokenizer_config.json";
   if (fs::exists(cfg_path)) cfg = slurp(cfg_path.string());

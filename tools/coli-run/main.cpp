@@ -79,7 +79,11 @@ std::string prompt_text(const Flags& f) {
 std::unique_ptr<coli::Tokenizer> load_tokenizer(const Flags& f, bool required) {
   std::string path;
   if (f.has("tokenizer")) path = f.get<std::string>("tokenizer");
-  else if (f.has("model") && std::filesystem::exists(f.get<std::string>("model") + "/tokenizer.json")) path = f.get<std::string>("model");
+  else if (f.has("model")) {
+    const std::string m = f.get<std::string>("model");
+    // A checkpoint directory with tokenizer.json, or a container (which embeds it).
+    if (std::filesystem::exists(m + "/tokenizer.json") || std::filesystem::is_regular_file(m) || std::filesystem::exists(m + "/model.coli")) path = m;
+  }
   if (path.empty()) {
     if (required) throw coli::UsageError("this needs a tokenizer: --tokenizer PATH, or a --model directory with tokenizer.json");
     return nullptr;

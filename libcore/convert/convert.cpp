@@ -1,0 +1,208 @@
+#include "convert/convert.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "formats/container_writer.h"
+#include "model/checkpoint_source.h"
+#include "model/weights.h"
+#include "util/error.h"
+#include "util/io.h"
+#include "util/parallel.h"
+#include "util/progress.h"
+
+namespace coli {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string ConvertOptions::settings_string() const {
+  return std::string("experts=") + format_name(experts) + " down=" + format_name(down) + " shared=" + format_name(shared) +
+         " trunk=" + format_name(trunk) + " router=" + format_name(router) + " lm_head=" + format_name(lm_head) + " embed=" + format_name(embed);
+}
+
+uint64_t source_fingerprint(const std::string& src, const std::string& settings) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  const std::string cfg = read_text_file(src + "/config.json");
+  XXH64_update(st, cfg.data(), cfg.size());
+  const ModelSpec spec = load_model_spec(src);
+  CheckpointSource cs(src, spec.tensor_prefix);
+  auto names = cs.names();
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) {
+    if (is_ignored_tensor(n)) continue;
+    const SourceTensor* t = cs.find(n);
+    if (!t) continue;
+    const std::string d = n + ":" + format_name(t->format) + ":" + t->shape_str();
+    XXH64_update(st, d.data(), d.size());
+    // A sample of the bytes: the first and last 256 of every tensor.
+    const std::size_t k = std::min<std::size_t>(256, t->nbytes);
+    XXH64_update(st, t->data, k);
+    XXH64_update(st, t->data + t->nbytes - k, k);
+  }
+  XXH64_update(st, settings.data(), settings.size());
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
+namespace {
+
+// One unit of work: rows [r0, r1) of a matrix (or a whole vector) into a part.
+struct Job {
+  int blob, part;
+  const Matrix* m = nullptr;              // 2-D source
+  const std::vector<float>* v = nullptr;  // vector source (f32)
+  int64_t r0 = 0, r1 = 0;
+};
+
+}  // namespace
+
+ConvertReport convert_checkpoint(const std::string& src, const std::string& out_arg, const ConvertOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int threads = opt.threads > 0 ? opt.threads : default_threads();
+  std::string out = out_arg;
+  if (fs::is_directory(out)) out = (fs::path(out) / "model.coli").string();
+
+  const ModelSpec spec = load_model_spec(src);
+  auto source = std::make_shared<CheckpointSource>(src, spec.tensor_prefix);
+  auto model = Model::bind(spec, source, src);
+  const uint64_t fp = source_fingerprint(src, opt.settings_string());
+
+  ContainerWriter w(out, opt.overwrite);
+  std::vector<Job> jobs;
+  std::deque<Matrix> keep;  // matrix views the jobs point to (a deque keeps them in place)
+  uint64_t bytes_in = 0;
+  auto add_matrix = [&](const std::string& name, const Matrix& m, QuantFormat f) {
+    const int b = w.add_tensor({name, f, {m.rows, m.cols}});
+    keep.push_back(m);
+    const int64_t step = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, m.cols));
+    for (int64_t r = 0; r < m.rows; r += step) jobs.push_back({b, 0, &keep.back(), nullptr, r, std::min(m.rows, r + step)});
+    bytes_in += m.bytes();
+  };
+  auto add_vector = [&](const std::string& name, const std::vector<float>& v, std::vector<int64_t> shape) {
+    const int b = w.add_tensor({name, QuantFormat::F32, shape});
+    jobs.push_back({b, 0, nullptr, &v, 0, 0});
+    bytes_in += v.size() * 4;
+  };
+
+  add_matrix("model.embed_tokens.weight", model->embed(), opt.embed);
+  add_vector("model.norm.weight", model->final_norm(), {spec.hidden_size});
+  if (model->lm_head().data != model->embed().data) add_matrix("lm_head.weight", model->lm_head(), opt.lm_head);
+  for (int l = 0; l < spec.num_layers; ++l) {
+    const LayerWeights& lw = model->layer(l);
+    const std::string L = "model.layers." + std::to_string(l) + ".";
+    add_vector(L + "input_layernorm.weight", lw.input_norm, {spec.hidden_size});
+    add_vector(L + "post_attention_layernorm.weight", lw.post_norm, {spec.hidden_size});
+    if (lw.kind == LayerKind::kFullAttention) {
+      add_matrix(L + "self_attn.q_proj.weight", lw.attn.q_proj, opt.trunk);
+      add_matrix(L + "self_attn.k_proj.weight", lw.attn.k_proj, opt.trunk);
+      add_matrix(L + "self_attn.v_proj.weight", lw.attn.v_proj, opt.trunk);
+      add_matrix(L + "self_attn.o_proj.weight", lw.attn.o_proj, opt.trunk);
+      add_vector(L + "self_attn.q_norm.weight", lw.attn.q_norm, {spec.head_dim});
+      add_vector(L + "self_attn.k_norm.weight", lw.attn.k_norm, {spec.head_dim});
+    } else {
+      const auto& g = lw.gdn;
+      add_matrix(L + "linear_attn.in_proj_qkv.weight", g.in_proj_qkv, opt.trunk);
+      add_matrix(L + "linear_attn.in_proj_z.weight", g.in_proj_z, opt.trunk);
+      add_matrix(L + "linear_attn.in_proj_b.weight", g.in_proj_b, opt.trunk);
+      add_matrix(L + "linear_attn.in_proj_a.weight", g.in_proj_a, opt.trunk);
+      add_matrix(L + "linear_attn.out_proj.weight", g.out_proj, opt.trunk);
+      add_vector(L + "linear_attn.conv1d.weight", g.conv1d, {spec.linear_conv_dim(), 1, spec.linear_conv_kernel});
+      add_vector(L + "linear_attn.dt_bias", g.dt_bias, {spec.linear_num_value_heads});
+      add_vector(L + "linear_attn.A_log", g.A_log, {spec.linear_num_value_heads});
+      add_vector(L + "linear_attn.norm.weight", g.norm, {spec.linear_value_head_dim});
+    }
+    const MoeWeights& moe = lw.moe;
+    add_matrix(L + "mlp.gate.weight", moe.router, opt.router);
+    add_matrix(L + "mlp.shared_expert.gate_proj.weight", moe.shared.gate, opt.shared);
+    add_matrix(L + "mlp.shared_expert.up_proj.weight", moe.shared.up, opt.shared);
+    add_matrix(L + "mlp.shared_expert.down_proj.weight", moe.shared.down, opt.shared);
+    add_matrix(L + "mlp.shared_expert_gate.weight", moe.shared_gate, QuantFormat::F32);
+    for (int e = 0; e < spec.num_experts; ++e) {
+      const ExpertWeights& ex = moe.experts[e];
+      const std::string X = L + "mlp.experts." + std::to_string(e) + ".";
+      const int b = w.add_expert(l, e, {{X + "gate_proj.weight", opt.experts, {ex.gate.rows, ex.gate.cols}},
+                                        {X + "up_proj.weight", opt.experts, {ex.up.rows, ex.up.cols}},
+                                        {X + "down_proj.weight", opt.down, {ex.down.rows, ex.down.cols}}});
+      keep.push_back(ex.gate);
+      jobs.push_back({b, 0, &keep.back(), nullptr, 0, ex.gate.rows});
+      keep.push_back(ex.up);
+      jobs.push_back({b, 1, &keep.back(), nullptr, 0, ex.up.rows});
+      keep.push_back(ex.down);
+      jobs.push_back({b, 2, &keep.back(), nullptr, 0, ex.down.rows});
+      bytes_in += ex.gate.bytes() + ex.up.bytes() + ex.down.bytes();
+    }
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json", "chat_template.jinja"})
+    if (fs::exists(fs::path(src) / f)) w.add_file(f, read_text_file((fs::path(src) / f).string()));
+
+  w.allocate();
+  Progress bar("coli-convert", w.data_bytes(), opt.progress);
+  parallel_for(jobs.size(), threads, [&](std::size_t i) {
+    const Job& j = jobs[i];
+    const BlobPart& p = w.blob(j.blob).parts[j.part];
+    uint8_t* dst = w.part_data(j.blob, j.part);
+    if (j.v) {
+      std::memcpy(dst, j.v->data(), j.v->size() * 4);
+      bar.add(p.bytes);
+      return;
+    }
+    const Matrix& m = *j.m;
+    std::vector<float> rows(static_cast<std::size_t>((j.r1 - j.r0) * m.cols));
+    for (int64_t r = j.r0; r < j.r1; ++r) m.row_f32(r, rows.data() + (r - j.r0) * m.cols);
+    quantize_rows(p.format, rows.data(), j.r0, j.r1 - j.r0, m.rows, m.cols, dst);
+    bar.add(p.bytes * (j.r1 - j.r0) / m.rows);
+  });
+  bar.finish();
+
+  json config = json::parse(read_text_file(src + "/config.json"));
+  json settings = {{"formats", {{"experts", format_name(opt.experts)}, {"down", format_name(opt.down)}, {"shared", format_name(opt.shared)},
+                                {"trunk", format_name(opt.trunk)}, {"router", format_name(opt.router)}, {"lm_head", format_name(opt.lm_head)},
+                                {"embed", format_name(opt.embed)}}},
+                   {"source", fs::absolute(src).string()},
+                   {"source_layout", spec.multimodal ? "multimodal" : "text"},
+                   {"tool", "coli-convert"}};
+  // The container stores canonical (text-only) names: flatten a nested config.
+  if (spec.multimodal) {
+    json text = config["text_config"];
+    for (const char* k : {"tie_word_embeddings", "eos_token_id"})
+      if (!text.contains(k) && config.contains(k)) text[k] = config[k];
+    text["model_type"] = "qwen3_5_moe_text";
+    config = text;
+  }
+  w.finish(fp, config, settings, threads);
+
+  ConvertReport rep;
+  rep.out = out;
+  rep.fingerprint = fp;
+  rep.bytes_in = bytes_in;
+  rep.blobs = w.num_blobs();
+  const auto t1 = std::chrono::steady_clock::now();
+  rep.seconds = std::chrono::duration<double>(t1 - t0).count();
+  if (opt.verify) {
+    Container c(out, fp);
+    Progress vbar("verify      ", w.data_bytes(), opt.progress);
+    uint64_t seen = 0;
+    c.verify_checksums([&](uint64_t done, uint64_t) {
+      vbar.add(done - seen);
+      seen = done;
+    });
+    vbar.finish();
+    // Every tensor binds, with the shapes the model needs.
+    Model::load(out);
+    rep.verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  }
+  rep.bytes_out = fs::file_size(out);
+  return rep;
+}
+
+}  // namespace coli

@@ -1,0 +1,48 @@
+// Synthetic Hugging Face checkpoints at real Qwen3.6-35B-A3B shapes (any
+// number of layers), for speed benchmarks: safetensors shards + index,
+// config.json (text-only Qwen3_5MoeForCausalLM layout, per-expert tensor
+// names, bf16), generation_config.json and optionally tokenizer files.
+//
+// Weights follow transformers' init (normal(0, 0.02) projections and
+// embeddings, zero-centred norms, ones for the gated norm, conv taps
+// U(-0.5, 0.5), dt_bias 1, A_log = log U(0.5, 16)). Every value is a pure
+// function of (seed, tensor, index): the output is identical for any thread
+// count.
+//
+// routing_skew s > 0 biases every router so that expert popularity per layer
+// follows a Zipf law of exponent s over a random per-layer ranking: hidden
+// channel 0 carries a constant (64) that no layer writes to, so after the
+// post-attention RMSNorm it is ~sqrt(hidden) for every token, and router row
+// e gets -s*ln(rank_e)/sqrt(hidden) in that column: a per-expert logit bias
+// of -s*ln(rank_e), the log of a Zipf weight. The other router columns are
+// scaled so the token-dependent part of the logits stays O(1). Channel 0 is
+// masked out of the mixers' and lm_head's inputs (norm weight -1).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace coli {
+
+struct SynthOptions {
+  int layers = 8;
+  uint64_t seed = 0;
+  double routing_skew = 0.0;
+  std::string tokenizer_dir;  // copy tokenizer files from here when set
+  int threads = 0;
+  bool overwrite = false;
+  bool progress = false;
+  uint64_t shard_bytes = 4ull << 30;
+  // Shapes (Qwen3.6-35B-A3B); tests shrink them.
+  int vocab = 248320, hidden = 2048, experts = 256, top_k = 8, moe_inter = 512, shared_inter = 512;
+  int heads = 16, kv_heads = 2, head_dim = 256, lin_k_heads = 16, lin_v_heads = 32, lin_k_dim = 128, lin_v_dim = 128, conv = 4;
+};
+
+struct SynthReport {
+  uint64_t bytes = 0, params = 0;
+  int shards = 0;
+  double seconds = 0;
+};
+
+SynthReport write_synthetic_checkpoint(const std::string& out_dir, const SynthOptions& opt);
+
+}  // namespace coli

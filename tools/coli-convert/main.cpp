@@ -1,0 +1,192 @@
+// coli-convert: Hugging Face checkpoint -> coli container; synthetic
+// checkpoints; container checks. Thin: parses flags, calls libcore.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "formats/container.h"
+#include "util/error.h"
+#include "util/progress.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+const char* kUsage =
+    "usage: coli-convert SRC_DIR -o OUT.coli [--experts FMT] [--down FMT] [--trunk FMT] ... [--force]\n"
+    "       coli-convert synth -o DIR [--layers N] [--seed S] [--routing-skew X] [--tokenizer DIR] [--force]\n"
+    "       coli-convert verify FILE.coli [--fingerprint HEX]\n"
+    "       coli-convert info FILE.coli\n"
+    "\n"
+    "Converts a Hugging Face qwen3_5_moe checkpoint (bf16, f16, f32 or block-scaled\n"
+    "fp8) into a coli container with one 4 KiB-aligned blob per routed expert.\n";
+
+po::variables_map parse(int argc, char** argv, const po::options_description& opts, const po::positional_options_description& pos) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw coli::UsageError(e.what());
+  }
+  return vm;
+}
+
+coli::QuantFormat fmt(const po::variables_map& vm, const char* key, coli::QuantFormat def) {
+  if (!vm.count(key)) return def;
+  coli::QuantFormat f;
+  const std::string s = vm[key].as<std::string>();
+  if (!coli::parse_format(s, &f) || f == coli::QuantFormat::FP8_E4M3_B128)
+    throw coli::UsageError(std::string("--") + key + ": unknown format '" + s + "' (one of " + coli::container_format_names() + ")");
+  return f;
+}
+
+int cmd_convert(int argc, char** argv) {
+  po::options_description opts("convert options");
+  opts.add_options()("help,h", "show this help")("source", po::value<std::string>(), "checkpoint directory")
+      ("output,o", po::value<std::string>(), "output container file (or directory: DIR/model.coli)")
+      ("experts", po::value<std::string>(), "routed experts' gate and up (default int4-g64)")
+      ("down", po::value<std::string>(), "routed experts' down (default: as --experts)")
+      ("shared", po::value<std::string>(), "shared expert (default: as --trunk)")
+      ("trunk", po::value<std::string>(), "attention and DeltaNet projections (default int8)")
+      ("router", po::value<std::string>(), "router (default bf16)")
+      ("lm-head", po::value<std::string>(), "output projection (default int8)")
+      ("embed", po::value<std::string>(), "token embeddings (default bf16)")
+      ("threads,t", po::value<int>()->default_value(0), "worker threads (0: all cores)")
+      ("force", po::bool_switch(), "overwrite an existing output")
+      ("no-verify", po::bool_switch(), "skip re-reading the written container");
+  po::positional_options_description pos;
+  pos.add("source", 1);
+  auto vm = parse(argc, argv, opts, pos);
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << "\nformats: " << coli::container_format_names() << std::endl;
+    return 0;
+  }
+  if (!vm.count("source")) throw coli::UsageError("give the checkpoint directory");
+  if (!vm.count("output")) throw coli::UsageError("-o OUT is required");
+  coli::ConvertOptions o;
+  o.experts = fmt(vm, "experts", o.experts);
+  o.down = fmt(vm, "down", o.experts);
+  o.trunk = fmt(vm, "trunk", o.trunk);
+  o.shared = fmt(vm, "shared", o.trunk);
+  o.router = fmt(vm, "router", o.router);
+  o.lm_head = fmt(vm, "lm-head", o.lm_head);
+  o.embed = fmt(vm, "embed", o.embed);
+  o.threads = vm["threads"].as<int>();
+  o.overwrite = vm["force"].as<bool>();
+  o.verify = !vm["no-verify"].as<bool>();
+  o.progress = coli::stderr_is_tty();
+  auto r = coli::convert_checkpoint(vm["source"].as<std::string>(), vm["output"].as<std::string>(), o);
+  std::printf("%s\n", r.out.c_str());
+  std::fprintf(stderr, "coli-convert: %s: %.2f GB -> %.2f GB, %zu blobs, fingerprint %s, %.1f s convert, %.1f s verify (%s)\n", r.out.c_str(),
+               r.bytes_in / 1e9, r.bytes_out / 1e9, r.blobs, coli::hex64(r.fingerprint).c_str(), r.seconds, r.verify_seconds,
+               o.settings_string().c_str());
+  return 0;
+}
+
+int cmd_synth(int argc, char** argv) {
+  po::options_description opts("synth options");
+  opts.add_options()("help,h", "show this help")("output,o", po::value<std::string>(), "output checkpoint directory")
+      ("layers", po::value<int>()->default_value(8), "number of layers (every 4th is full attention)")
+      ("seed", po::value<uint64_t>()->default_value(0), "random seed")
+      ("routing-skew", po::value<double>()->default_value(0.0), "Zipf exponent of expert popularity per layer (0: unbiased)")
+      ("tokenizer", po::value<std::string>(), "copy tokenizer.json and tokenizer_config.json from this directory")
+      ("threads,t", po::value<int>()->default_value(0), "worker threads (0: all cores)")
+      ("force", po::bool_switch(), "overwrite an existing output");
+  auto vm = parse(argc, argv, opts, {});
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << std::endl;
+    return 0;
+  }
+  if (!vm.count("output")) throw coli::UsageError("-o DIR is required");
+  coli::SynthOptions o;
+  o.layers = vm["layers"].as<int>();
+  if (o.layers < 1) throw coli::UsageError("--layers must be at least 1");
+  o.seed = vm["seed"].as<uint64_t>();
+  o.routing_skew = vm["routing-skew"].as<double>();
+  if (o.routing_skew < 0) throw coli::UsageError("--routing-skew must be >= 0");
+  if (vm.count("tokenizer")) o.tokenizer_dir = vm["tokenizer"].as<std::string>();
+  o.threads = vm["threads"].as<int>();
+  o.overwrite = vm["force"].as<bool>();
+  o.progress = coli::stderr_is_tty();
+  auto r = coli::write_synthetic_checkpoint(vm["output"].as<std::string>(), o);
+  std::printf("%s\n", vm["output"].as<std::string>().c_str());
+  std::fprintf(stderr, "coli-convert synth: %d layers, %.2f B parameters, %.2f GB in %d shards, %.1f s\n", o.layers, r.params / 1e9, r.bytes / 1e9,
+               r.shards, r.seconds);
+  return 0;
+}
+
+int cmd_verify(int argc, char** argv, bool info) {
+  po::options_description opts(info ? "info options" : "verify options");
+  opts.add_options()("help,h", "show this help")("file", po::value<std::string>(), "container")
+      ("fingerprint", po::value<std::string>(), "expected fingerprint (16 hex digits)");
+  po::positional_options_description pos;
+  pos.add("file", 1);
+  auto vm = parse(argc, argv, opts, pos);
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << std::endl;
+    return 0;
+  }
+  if (!vm.count("file")) throw coli::UsageError("give the container file");
+  std::optional<uint64_t> want;
+  if (vm.count("fingerprint")) {
+    const std::string h = vm["fingerprint"].as<std::string>();
+    char* end = nullptr;
+    want = std::strtoull(h.c_str(), &end, 16);
+    if (h.size() != 16 || *end) throw coli::UsageError("--fingerprint takes 16 hex digits");
+  }
+  coli::Container c(vm["file"].as<std::string>(), want);
+  const auto& m = c.manifest();
+  if (info) {
+    std::size_t experts = 0, tensors = 0, files = 0;
+    uint64_t expert_bytes = 0;
+    for (const auto& b : m.blobs) {
+      experts += b.kind == "expert";
+      tensors += b.kind == "tensor";
+      files += b.kind == "file";
+      if (b.kind == "expert") expert_bytes += b.bytes;
+    }
+    std::printf("fingerprint\t%s\nversion\t%u\ntensors\t%zu\nexperts\t%zu\nexpert_blob_bytes\t%llu\nfiles\t%zu\nsettings\t%s\n", coli::hex64(m.fingerprint).c_str(),
+                m.version, tensors, experts, static_cast<unsigned long long>(experts ? expert_bytes / experts : 0), files, m.settings.dump().c_str());
+    return 0;
+  }
+  coli::Progress bar("verify", 1, coli::stderr_is_tty());
+  c.verify_checksums();
+  bar.add(1);
+  bar.finish();
+  std::printf("ok\t%s\t%s\n", vm["file"].as<std::string>().c_str(), coli::hex64(m.fingerprint).c_str());
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2) throw coli::UsageError("nothing to do");
+  const std::string cmd = argv[1];
+  if (cmd == "synth") return cmd_synth(argc - 1, argv + 1);
+  if (cmd == "verify") return cmd_verify(argc - 1, argv + 1, false);
+  if (cmd == "info") return cmd_verify(argc - 1, argv + 1, true);
+  if (cmd == "convert") return cmd_convert(argc - 1, argv + 1);
+  if (cmd == "-h" || cmd == "--help") {
+    std::cout << kUsage << "\nRun 'coli-convert SUBCOMMAND --help' for the options of each; 'convert' is the default.\n";
+    return 0;
+  }
+  return cmd_convert(argc, argv);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const coli::UsageError& e) {
+    std::fprintf(stderr, "coli-convert: %s (see --help)\n", e.what());
+    return 2;
+  } catch (const coli::Error& e) {
+    std::fprintf(stderr, "coli-convert: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "coli-convert: error: %s\n", e.what());
+    return 1;
+  }
+}
