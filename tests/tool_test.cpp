@@ -154,3 +154,30 @@ TEST(ColiRun, ChatAndInteractiveRunEndToEnd) {
   ASSERT_EQ(coli::test::run_command(s, &again), 0);
   EXPECT_EQ(once, again);
 }
+
+TEST(ColiConvert, ConvertRunAndUsageErrors) {
+  coli::test::TempDir d;
+  const std::string cc = coli::test::bin_dir() + "/coli-convert";
+  std::string out;
+  ASSERT_EQ(coli::test::run_command(cc + " " + text_model() + " -o " + d / "m.coli --experts int8 2>/dev/null", &out), 0);
+  EXPECT_EQ(out, d / "m.coli\n");
+  // The container runs like the checkpoint and gives the golden greedy tokens.
+  const auto& p = prompt(2);
+  ASSERT_EQ(coli::test::run_command(coli_run() + " -m " + d / "m.coli --prompt-ids " + join_ids(p["ids"], ",") + " -n 16 --temp 0 --ignore-eos 2>/dev/null", &out), 0);
+  EXPECT_EQ(out, join_ids(p["greedy"], " ") + "\n");
+  // verify and info.
+  ASSERT_EQ(coli::test::run_command(cc + " verify " + d / "m.coli 2>/dev/null", &out), 0);
+  EXPECT_EQ(out.rfind("ok\t", 0), 0u) << out;
+  ASSERT_EQ(coli::test::run_command(cc + " info " + d / "m.coli", &out), 0);
+  EXPECT_NE(out.find("experts\t128"), std::string::npos) << out;
+  // Refuses to overwrite; bad formats and missing arguments are usage errors.
+  EXPECT_EQ(coli::test::run_command(cc + " " + text_model() + " -o " + d / "m.coli 2>&1", &out), 1);
+  EXPECT_NE(out.find("--force"), std::string::npos) << out;
+  EXPECT_EQ(coli::test::run_command(cc + " " + text_model() + " -o " + d / "x.coli --experts int3 2>&1", &out), 2);
+  EXPECT_NE(out.find("--experts"), std::string::npos) << out;
+  EXPECT_EQ(coli::test::run_command(cc + " " + text_model() + " 2>&1", &out), 2);
+  EXPECT_EQ(coli::test::run_command(cc + " /nonexistent -o " + d / "y.coli 2>&1", &out), 1);
+  EXPECT_EQ(coli::test::run_command(cc + " verify " + d / "m.coli --fingerprint 0000000000000000 2>&1", &out), 1);
+  EXPECT_NE(out.find("does not match"), std::string::npos) << out;
+  EXPECT_EQ(coli::test::run_command(cc + " --help", &out), 0);
+}

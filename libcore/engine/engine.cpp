@@ -20,13 +20,26 @@ std::vector<float> Engine::forward(Session& s, std::span<const int> tokens, cons
   for (std::size_t i = 0; i < tokens.size(); i += prefill_chunk_) {
     const int T = static_cast<int>(std::min<std::size_t>(prefill_chunk_, tokens.size() - i));
     const bool last = i + T == tokens.size();
-    auto l = forward_chunk(s, tokens.data() + i, T, last, observe);
+    auto l = forward_chunk(s, tokens.data() + i, T, last ? Logits::kLast : Logits::kNone, observe);
     if (last) logits = std::move(l);
   }
   return logits;
 }
 
-std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, bool want_logits, const RouteObserver& observe) {
+std::vector<float> Engine::forward_all(Session& s, std::span<const int> tokens) {
+  if (tokens.empty()) throw Error("forward: no tokens");
+  for (int id : tokens)
+    if (id < 0 || id >= spec_.vocab_size) throw Error("token id " + std::to_string(id) + " is outside the vocabulary");
+  std::vector<float> all;
+  for (std::size_t i = 0; i < tokens.size(); i += prefill_chunk_) {
+    const int T = static_cast<int>(std::min<std::size_t>(prefill_chunk_, tokens.size() - i));
+    auto l = forward_chunk(s, tokens.data() + i, T, Logits::kAll, {});
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {
   const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
   std::vector<float> x(static_cast<std::size_t>(T) * H), hn(x.size()), shared(x.size()), routed(x.size());
   std::vector<int> idx(static_cast<std::size_t>(T) * K);
@@ -48,9 +61,10 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, bool
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += routed[i] + shared[i];
   }
   s.n_past += T;
-  if (!want_logits) return {};
-  std::vector<float> logits(spec_.vocab_size);
-  backend_.logits(1, x.data() + static_cast<std::size_t>(T - 1) * H, logits.data());
+  if (want == Logits::kNone) return {};
+  const int rows = want == Logits::kAll ? T : 1;
+  std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
+  backend_.logits(rows, x.data() + static_cast<std::size_t>(T - rows) * H, logits.data());
   return logits;
 }
 

@@ -32,12 +32,15 @@ class Engine {
   Session new_session() const;
   // Appends `tokens` to the session and returns the logits of the last one.
   std::vector<float> forward(Session& s, std::span<const int> tokens, const RouteObserver& observe = {});
+  // The same, returning the logits of every token: [tokens.size(), vocab].
+  std::vector<float> forward_all(Session& s, std::span<const int> tokens);
 
   const ModelSpec& spec() const { return spec_; }
 
  private:
-  // One chunk; returns last-row logits.
-  std::vector<float> forward_chunk(Session& s, const int* ids, int T, bool want_logits, const RouteObserver& observe);
+  enum class Logits { kNone, kLast, kAll };
+  // One chunk; returns the logits it was asked for.
+  std::vector<float> forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe);
 
   const ModelSpec& spec_;
   Backend& backend_;

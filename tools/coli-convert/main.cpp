@@ -5,6 +5,10 @@
 #include <iostream>
 
 #include "convert/convert.h"
+#include "cpu_backend.h"
+#include "engine/engine.h"
+#include "eval/compare.h"
+#include "model/weights.h"
 #include "convert/synth.h"
 #include "formats/container.h"
 #include "util/error.h"
@@ -19,6 +23,8 @@ const char* kUsage =
     "       coli-convert synth -o DIR [--layers N] [--seed S] [--routing-skew X] [--tokenizer DIR] [--force]\n"
     "       coli-convert verify FILE.coli [--fingerprint HEX]\n"
     "       coli-convert info FILE.coli\n"
+    "       coli-convert compare REFERENCE MODEL [--sequences N] [--length L] [--seed S]\n"
+    "       coli-convert formats\n"
     "\n"
     "Converts a Hugging Face qwen3_5_moe checkpoint (bf16, f16, f32 or block-scaled\n"
     "fp8) into a coli container with one 4 KiB-aligned blob per routed expert.\n";
@@ -160,6 +166,45 @@ int cmd_verify(int argc, char** argv, bool info) {
   return 0;
 }
 
+int cmd_compare(int argc, char** argv) {
+  po::options_description opts("compare options");
+  opts.add_options()("help,h", "show this help")("reference", po::value<std::string>(), "unquantized model (checkpoint or container)")
+      ("model", po::value<std::string>(), "model to measure")
+      ("sequences", po::value<int>()->default_value(8), "random token sequences")
+      ("length", po::value<int>()->default_value(64), "tokens per sequence")
+      ("seed", po::value<uint64_t>()->default_value(0), "seed of the sequences");
+  po::positional_options_description pos;
+  pos.add("reference", 1).add("model", 1);
+  auto vm = parse(argc, argv, opts, pos);
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << std::endl;
+    return 0;
+  }
+  if (!vm.count("reference") || !vm.count("model")) throw coli::UsageError("give REFERENCE and MODEL");
+  if (vm["sequences"].as<int>() < 1 || vm["length"].as<int>() < 1) throw coli::UsageError("--sequences and --length must be at least 1");
+  auto ref = coli::Model::load(vm["reference"].as<std::string>());
+  auto model = coli::Model::load(vm["model"].as<std::string>());
+  coli::cpu::CpuBackend ba(*ref), bb(*model);
+  coli::Engine ea(ref->spec(), ba), eb(model->spec(), bb);
+  auto seqs = coli::random_sequences(vm["sequences"].as<int>(), vm["length"].as<int>(), ref->spec().vocab_size, vm["seed"].as<uint64_t>());
+  auto r = coli::compare_outputs(ea, eb, seqs);
+  r.weights_rel_rmse = coli::weights_rel_rmse(*ref, *model);
+  std::printf("positions\tmean_kl\tmax_kl\ttop1_agree\tmax_abs_logit\tweights_rel_rmse\n%d\t%.3g\t%.3g\t%.4f\t%.3g\t%.4f\n", r.positions, r.mean_kl, r.max_kl,
+              r.top1_agree, r.max_abs_logit, r.weights_rel_rmse);
+  return 0;
+}
+
+int cmd_formats() {
+  std::printf("format\tbits_per_weight\trel_rmse_gaussian\n");
+  for (int i = 0; i < static_cast<int>(coli::QuantFormat::FP8_E4M3_B128); ++i) {
+    const auto f = static_cast<coli::QuantFormat>(i);
+    double bpw = 0;
+    const double e = coli::format_rel_rmse(f, 1024, &bpw);
+    std::printf("%s\t%.3f\t%.5f\n", coli::format_name(f), bpw, e);
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   if (argc < 2) throw coli::UsageError("nothing to do");
   const std::string cmd = argv[1];
@@ -167,6 +212,8 @@ int run(int argc, char** argv) {
   if (cmd == "verify") return cmd_verify(argc - 1, argv + 1, false);
   if (cmd == "info") return cmd_verify(argc - 1, argv + 1, true);
   if (cmd == "convert") return cmd_convert(argc - 1, argv + 1);
+  if (cmd == "compare") return cmd_compare(argc - 1, argv + 1);
+  if (cmd == "formats") return cmd_formats();
   if (cmd == "-h" || cmd == "--help") {
     std::cout << kUsage << "\nRun 'coli-convert SUBCOMMAND --help' for the options of each; 'convert' is the default.\n";
     return 0;

@@ -88,7 +88,12 @@ std::unique_ptr<coli::Tokenizer> load_tokenizer(const Flags& f, bool required) {
     if (required) throw coli::UsageError("this needs a tokenizer: --tokenizer PATH, or a --model directory with tokenizer.json");
     return nullptr;
   }
-  return coli::Tokenizer::load(path);
+  if (required || f.has("tokenizer")) return coli::Tokenizer::load(path);
+  try {  // ids in, ids out: a model without a tokenizer is fine
+    return coli::Tokenizer::load(path);
+  } catch (const coli::Error&) {
+    return nullptr;
+  }
 }
 
 std::vector<coli::ChatMessage> chat_messages(const Flags& f) {
