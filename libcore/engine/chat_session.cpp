@@ -34,7 +34,7 @@ GenerateStats ChatSession::respond(const std::function<void(const std::string&)>
   std::vector<int> reply;
   GenerateStats st = generate(engine_, session_, todo, gen_, [&](const TokenEvent& ev) {
     if (ev.is_stop) return;
-    reply.push_back(ev.id);
+    if (ev.id < tok_.vocab_size()) reply.push_back(ev.id);
     const std::string piece = streamer.push(ev.id);
     if (!piece.empty()) on_text(piece);
   });

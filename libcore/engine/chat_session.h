@@ -19,11 +19,16 @@ namespace coli {
 std::vector<int> tokenizer_stop_ids(const Tokenizer& tok);
 
 // Token ids -> printable text, streamed: special tokens print nothing, and a
-// character split across tokens is held back until it is complete.
+// character split across tokens is held back until it is complete. Ids the
+// tokenizer lacks (models pad their vocabulary past the tokenizer's) print
+// nothing either.
 class TextStreamer {
  public:
   explicit TextStreamer(const Tokenizer& tok) : tok_(tok) {}
-  std::string push(int id) { return tok_.is_special(id) ? std::string() : utf8_.push(tok_.token_bytes(id)); }
+  std::string push(int id) {
+    if (id < 0 || id >= tok_.vocab_size() || tok_.is_special(id)) return {};
+    return utf8_.push(tok_.token_bytes(id));
+  }
   std::string flush() { return utf8_.flush(); }
 
  private:
