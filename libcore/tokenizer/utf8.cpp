@@ -2,50 +2,49 @@
 
 namespace coli {
 
-std::size_t utf8_char_len(const unsigned char* s, std::size_t i, std::size_t n, bool* need_more) {
-  if (need_more) *need_more = false;
-  const unsigned char c = s[i];
-  if (c < 0x80) return 1;
-  std::size_t len;
-  unsigned char lo = 0x80, hi = 0xBF;  // range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c == 0xE0) { len = 3; lo = 0xA0; }
-  else if (c == 0xED) { len = 3; hi = 0x9F; }
-  else if (c >= 0xE1 && c <= 0xEF) len = 3;
-  else if (c == 0xF0) { len = 4; lo = 0x90; }
-  else if (c == 0xF4) { len = 4; hi = 0x8F; }
-  else if (c >= 0xF1 && c <= 0xF3) len = 4;
-  else return 0;
-  for (std::size_t k = 1; k < len; ++k) {
-    if (i + k >= n) {
-      if (need_more) *need_more = true;
-      return 0;
-    }
-    const unsigned char b = s[i + k];
-    if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return 0;
-  }
-  return len;
+namespace {
+// Length of the sequence a lead byte starts (0: not a lead byte) and the
+// allowed range of the byte after it (Unicode Table 3-7).
+std::size_t lead(unsigned char c, unsigned char* lo, unsigned char* hi) {
+  *lo = 0x80, *hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) return 2;
+  if (c == 0xE0) return *lo = 0xA0, 3;
+  if (c == 0xED) return *hi = 0x9F, 3;
+  if (c >= 0xE1 && c <= 0xEF) return 3;
+  if (c == 0xF0) return *lo = 0x90, 4;
+  if (c == 0xF4) return *hi = 0x8F, 4;
+  if (c >= 0xF1 && c <= 0xF3) return 4;
+  return 0;
 }
-
-// Bytes of the maximal subpart of an ill-formed sequence starting at i (>= 1).
-static std::size_t ill_formed_len(const unsigned char* s, std::size_t i, std::size_t n) {
-  const unsigned char c = s[i];
-  std::size_t len;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c == 0xE0) { len = 3; lo = 0xA0; }
-  else if (c == 0xED) { len = 3; hi = 0x9F; }
-  else if (c >= 0xE1 && c <= 0xEF) len = 3;
-  else if (c == 0xF0) { len = 4; lo = 0x90; }
-  else if (c == 0xF4) { len = 4; hi = 0x8F; }
-  else if (c >= 0xF1 && c <= 0xF3) len = 4;
-  else return 1;
+// How many bytes of the sequence at i are well-formed so far (>= 1 when the
+// lead byte is valid), up to its full length or the end of the input.
+std::size_t good_prefix(const unsigned char* s, std::size_t i, std::size_t n, std::size_t len, unsigned char lo, unsigned char hi) {
   std::size_t k = 1;
   for (; k < len && i + k < n; ++k) {
     const unsigned char b = s[i + k];
     if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) break;
   }
   return k;
+}
+}  // namespace
+
+std::size_t utf8_char_len(const unsigned char* s, std::size_t i, std::size_t n, bool* need_more) {
+  if (need_more) *need_more = false;
+  if (s[i] < 0x80) return 1;
+  unsigned char lo, hi;
+  const std::size_t len = lead(s[i], &lo, &hi);
+  if (!len) return 0;
+  const std::size_t k = good_prefix(s, i, n, len, lo, hi);
+  if (k == len) return len;
+  if (need_more && i + k >= n) *need_more = true;  // cut by the end, valid so far
+  return 0;
+}
+
+// Bytes of the maximal subpart of an ill-formed sequence starting at i (>= 1).
+static std::size_t ill_formed_len(const unsigned char* s, std::size_t i, std::size_t n) {
+  unsigned char lo, hi;
+  const std::size_t len = lead(s[i], &lo, &hi);
+  return len ? good_prefix(s, i, n, len, lo, hi) : 1;
 }
 
 bool utf8_is_valid(std::string_view sv) {

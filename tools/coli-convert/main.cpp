@@ -12,6 +12,7 @@
 #include "convert/synth.h"
 #include "formats/container.h"
 #include "util/error.h"
+#include "util/tool_main.h"
 #include "util/progress.h"
 
 namespace po = boost::program_options;
@@ -223,17 +224,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const coli::UsageError& e) {
-    std::fprintf(stderr, "coli-convert: %s (see --help)\n", e.what());
-    return 2;
-  } catch (const coli::Error& e) {
-    std::fprintf(stderr, "coli-convert: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "coli-convert: error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return coli::tool_main("coli-convert", [&] { return run(argc, argv); }); }

@@ -16,6 +16,7 @@
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/tool_main.h"
 #include "util/io.h"
 #include "util/parse.h"
 
@@ -260,17 +261,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const coli::UsageError& e) {
-    std::fprintf(stderr, "coli-run: %s (see --help)\n", e.what());
-    return 2;
-  } catch (const coli::Error& e) {
-    std::fprintf(stderr, "coli-run: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "coli-run: internal error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return coli::tool_main("coli-run", [&] { return run(argc, argv); }); }
