@@ -68,6 +68,13 @@ libs: $(LIBS)
 tools: $(BINS)
 tests: $(TEST_BIN)
 
+# The commit goes into one object, rebuilt every time.
+BUILD_COMMIT := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+$(BUILD)/obj/libcore/util/build_info.cpp.o: CXXFLAGS += -DCOLI_BUILD_COMMIT='"$(BUILD_COMMIT)"'
+$(BUILD)/obj/libcore/util/build_info.cpp.o: FORCE
+.PHONY: FORCE
+FORCE:
+
 $(BUILD)/obj/%.cpp.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@

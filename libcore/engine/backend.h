@@ -30,6 +30,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Threads the backend computes with (for benchmark records).
+  virtual int num_threads() const { return 1; }
   virtual std::unique_ptr<BackendState> new_state() const = 0;
 
   // x[T, H] = embedding rows of ids.

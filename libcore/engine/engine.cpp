@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "util/error.h"
 
@@ -46,25 +47,39 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
   std::vector<float> w(idx.size());
   std::vector<ExpertPair> pairs(idx.size());
 
-  backend_.embed(ids, T, x.data());
+  // Runs one step, charging its time to a stage when timing is on.
+  using clock = std::chrono::steady_clock;
+  auto step = [&](double StageTimes::*stage, auto&& fn) {
+    if (!timing_) return fn();
+    const auto t0 = clock::now();
+    fn();
+    times_.*stage += std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  step(&StageTimes::embed, [&] { backend_.embed(ids, T, x.data()); });
   for (int l = 0; l < spec_.num_layers; ++l) {
-    backend_.trunk_step(l, *s.state, s.n_past, T, x.data());
-    backend_.ffn_norm(l, T, x.data(), hn.data());
-    backend_.route(l, T, hn.data(), idx.data(), w.data());
+    step(&StageTimes::trunk, [&] { backend_.trunk_step(l, *s.state, s.n_past, T, x.data()); });
+    step(&StageTimes::router, [&] {
+      backend_.ffn_norm(l, T, x.data(), hn.data());
+      backend_.route(l, T, hn.data(), idx.data(), w.data());
+    });
     if (observe) observe(l, T, idx.data(), w.data());
-    backend_.shared_expert(l, T, hn.data(), shared.data());
-    for (int t = 0; t < T; ++t)
-      for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
-    std::fill(routed.begin(), routed.end(), 0.0f);
-    backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
+    step(&StageTimes::shared, [&] { backend_.shared_expert(l, T, hn.data(), shared.data()); });
+    step(&StageTimes::experts, [&] {
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
+      std::fill(routed.begin(), routed.end(), 0.0f);
+      backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
+    });
     // Combine: the MoE output is routed + shared, added to the residual.
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += routed[i] + shared[i];
+    step(&StageTimes::combine, [&] {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += routed[i] + shared[i];
+    });
   }
   s.n_past += T;
   if (want == Logits::kNone) return {};
   const int rows = want == Logits::kAll ? T : 1;
   std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
-  backend_.logits(rows, x.data() + static_cast<std::size_t>(T - rows) * H, logits.data());
+  step(&StageTimes::lm_head, [&] { backend_.logits(rows, x.data() + static_cast<std::size_t>(T - rows) * H, logits.data()); });
   return logits;
 }
 

@@ -21,6 +21,12 @@ struct Session {
   int n_past = 0;  // tokens already in the state
 };
 
+// Time spent in each kind of step, accumulated while stats are enabled.
+struct StageTimes {
+  double embed = 0, trunk = 0, router = 0, shared = 0, experts = 0, combine = 0, lm_head = 0;  // seconds
+  double total() const { return embed + trunk + router + shared + experts + combine + lm_head; }
+};
+
 // Called once per layer per chunk with the chunk's router choices:
 // idx and w are [T, k], most probable first.
 using RouteObserver = std::function<void(int layer, int T, const int* idx, const float* w)>;
@@ -36,6 +42,9 @@ class Engine {
   std::vector<float> forward_all(Session& s, std::span<const int> tokens);
 
   const ModelSpec& spec() const { return spec_; }
+  // Per-stage timing (adds a clock read around each backend call).
+  void set_timing(bool on) { timing_ = on; }
+  StageTimes& stage_times() { return times_; }
 
  private:
   enum class Logits { kNone, kLast, kAll };
@@ -45,6 +54,8 @@ class Engine {
   const ModelSpec& spec_;
   Backend& backend_;
   int prefill_chunk_;
+  bool timing_ = false;
+  StageTimes times_;
 };
 
 }  // namespace coli

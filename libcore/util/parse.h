@@ -9,4 +9,7 @@ namespace coli {
 // non-numbers and negatives throw coli::UsageError naming `flag`.
 std::vector<int> parse_id_list(const std::string& s, const std::string& flag);
 
+// Like parse_id_list, for counts and sizes (llama-bench's "-p 128,512").
+inline std::vector<int> parse_int_list(const std::string& s, const std::string& flag) { return parse_id_list(s, flag); }
+
 }  // namespace coli

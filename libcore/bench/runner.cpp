@@ -1,0 +1,280 @@
+#include "bench/runner.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <chrono>
+#include <ctime>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "convert/convert.h"
+#include "engine/engine.h"
+#include "formats/container.h"
+#include "tokenizer/tokenizer.h"
+#include "util/build_info.h"
+#include "util/error.h"
+#include "util/io.h"
+#include "util/parallel.h"
+
+namespace coli {
+
+using nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct Test {
+  int n_prompt, n_gen, n_depth;
+  std::string name() const {
+    std::string s = n_gen == 0 ? "pp" + std::to_string(n_prompt) : n_prompt == 0 ? "tg" + std::to_string(n_gen)
+                                                                                 : "pp" + std::to_string(n_prompt) + "+tg" + std::to_string(n_gen);
+    return n_depth ? s + " @ d" + std::to_string(n_depth) : s;
+  }
+};
+
+// Bytes of weights a forward pass reads: the trunk of every layer, the
+// routed experts it used, the lm_head rows it computed.
+struct WeightBytes {
+  double per_token_fixed = 0;                // trunk + shared + router of all layers, embedding row
+  std::vector<std::vector<double>> experts;  // [layer][expert]
+  double lm_head = 0;
+  double total = 0;
+  double params = 0;
+
+  explicit WeightBytes(const Model& m) {
+    const auto& s = m.spec();
+    auto add = [&](const Matrix& x) {
+      per_token_fixed += static_cast<double>(x.bytes());
+      params += double(x.rows) * double(x.cols);
+    };
+    for (int l = 0; l < s.num_layers; ++l) {
+      const auto& lw = m.layer(l);
+      if (lw.kind == LayerKind::kFullAttention) {
+        for (auto* x : {&lw.attn.q_proj, &lw.attn.k_proj, &lw.attn.v_proj, &lw.attn.o_proj}) add(*x);
+      } else {
+        for (auto* x : {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a, &lw.gdn.out_proj}) add(*x);
+      }
+      for (auto* x : {&lw.moe.router, &lw.moe.shared.gate, &lw.moe.shared.up, &lw.moe.shared.down, &lw.moe.shared_gate}) add(*x);
+      experts.emplace_back();
+      for (const auto& e : lw.moe.experts) {
+        experts.back().push_back(double(e.gate.bytes() + e.up.bytes() + e.down.bytes()));
+        params += double(e.gate.rows * e.gate.cols + e.up.rows * e.up.cols + e.down.rows * e.down.cols);
+      }
+    }
+    lm_head = double(m.lm_head().bytes());
+    const double embed = double(m.embed().bytes());
+    params += double(m.lm_head().rows) * m.lm_head().cols + double(m.embed().rows) * m.embed().cols;
+    total = per_token_fixed + lm_head + embed;
+    for (const auto& l : experts) total += std::accumulate(l.begin(), l.end(), 0.0);
+    per_token_fixed += embed / m.embed().rows;
+  }
+};
+
+double mean(const std::vector<double>& v) { return v.empty() ? NAN : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); }
+double stddev(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / double(v.size() - 1));
+}
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const double pos = p * double(v.size() - 1);
+  const std::size_t i = static_cast<std::size_t>(pos);
+  const double f = pos - double(i);
+  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+
+// A container's own fingerprint, or for a checkpoint directory the
+// fingerprint its conversion would start from.
+std::string fingerprint_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(path)) return hex64(Container(path).fingerprint());
+  if (fs::exists(fs::path(path) / "model.coli")) return hex64(Container((fs::path(path) / "model.coli").string()).fingerprint());
+  return hex64(source_fingerprint(path, "checkpoint"));
+}
+
+struct Loaded {
+  std::string path;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<WeightBytes> bytes;
+  std::string fingerprint, type;
+  std::vector<int> text_ids;
+};
+
+}  // namespace
+
+int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, RecordWriter& out, std::FILE* log) {
+  std::vector<Test> tests;
+  for (int d : opt.n_depth) {
+    for (int p : opt.n_prompt)
+      if (p > 0) tests.push_back({p, 0, d});
+    for (int n : opt.n_gen)
+      if (n > 0) tests.push_back({0, n, d});
+    for (auto [p, n] : opt.prompt_gen) tests.push_back({p, n, d});
+  }
+  const std::string commit = build_commit(), cpu = cpu_info();
+  int failures = 0;
+  Loaded cur;
+  for (const auto& model_path : opt.models)
+    for (int threads_req : opt.threads)
+      for (int n_batch : opt.n_batch)
+        for (int n_ubatch : opt.n_ubatch) {
+          const int threads = threads_req > 0 ? threads_req : default_threads();
+          json base = {{"build_commit", commit}, {"cpu_info", cpu}, {"gpu_info", ""}, {"backends", "CPU"}, {"model_filename", model_path},
+                       {"n_batch", n_batch}, {"n_ubatch", n_ubatch}, {"n_threads", threads}, {"repetitions", opt.repetitions}};
+          std::unique_ptr<Backend> backend;
+          std::unique_ptr<Engine> engine;
+          std::string error;
+          try {
+            if (cur.path != model_path || !cur.model) {
+              cur = Loaded{};
+              cur.model = Model::load(model_path);
+              cur.path = model_path;
+              cur.bytes = std::make_unique<WeightBytes>(*cur.model);
+              cur.fingerprint = fingerprint_of(model_path);
+              const auto& e0 = cur.model->layer(0).moe.experts[0].gate;
+              cur.type = "qwen3_5_moe " + std::to_string(cur.model->spec().num_layers) + "L " + format_name(e0.format);
+              if (!opt.prompt_file.empty()) {
+                auto tok = Tokenizer::load(model_path);
+                cur.text_ids = tok->encode(read_text_file(opt.prompt_file));
+                if (cur.text_ids.empty()) throw Error(opt.prompt_file + ": no tokens");
+              }
+            }
+            if (n_ubatch < 1) throw Error("n_ubatch must be >= 1");
+            backend = make_backend(*cur.model, threads);
+            engine = std::make_unique<Engine>(cur.model->spec(), *backend, n_ubatch);
+            base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked
+            base["backends"] = backend->name();
+          } catch (const std::exception& e) {
+            error = e.what();
+            cur = Loaded{};
+          }
+          if (cur.model) {
+            base["model_type"] = cur.type;
+            base["model_size"] = static_cast<uint64_t>(cur.bytes->total);
+            base["model_n_params"] = static_cast<uint64_t>(cur.bytes->params);
+            base["model_fingerprint"] = cur.fingerprint;
+          }
+          for (const Test& t : tests) {
+            json rec = base;
+            rec["test"] = t.name();
+            rec["n_prompt"] = t.n_prompt;
+            rec["n_gen"] = t.n_gen;
+            rec["n_depth"] = t.n_depth;
+            {
+              const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+              char ts[32];
+              std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+              rec["test_time"] = ts;
+            }
+            if (!error.empty()) {
+              rec["error"] = error;
+              out.write(rec);
+              ++failures;
+              continue;
+            }
+            if (log) std::fprintf(log, "coli-bench: %s %s t=%d ub=%d\n", model_path.c_str(), t.name().c_str(), threads, n_ubatch);
+            try {
+              const int V = cur.model->spec().vocab_size;
+              std::mt19937_64 rng(opt.seed);
+              auto ids = [&](int n) {
+                std::vector<int> v(n);
+                for (int i = 0; i < n; ++i)
+                  v[i] = cur.text_ids.empty() ? static_cast<int>(rng() % V) : cur.text_ids[i % cur.text_ids.size()];
+                return v;
+              };
+              const std::vector<int> depth_ids = ids(t.n_depth), prompt_ids = ids(t.n_prompt), gen_ids = ids(t.n_gen);
+              std::vector<double> samples_ns, samples_ts, ttft, latencies;
+              double expert_bytes = 0, tokens_for_bytes = 0;
+              StageTimes stages{};
+              for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) {
+                Session s = engine->new_session();
+                if (t.n_depth) engine->forward(s, depth_ids);
+                const bool timed = rep >= 0;
+                engine->stage_times() = StageTimes{};
+                engine->set_timing(timed);
+                // Routed experts used per token (unique per forward call) for the bytes estimate.
+                std::vector<std::vector<char>> used;
+                double call_expert_bytes = 0;
+                auto observe = [&](int layer, int T, const int* idx, const float*) {
+                  if (!timed) return;
+                  if (used.size() <= static_cast<std::size_t>(layer)) used.resize(layer + 1);
+                  used[layer].assign(cur.bytes->experts[layer].size(), 0);
+                  for (int i = 0; i < T * cur.model->spec().num_experts_per_tok; ++i)
+                    if (!used[layer][idx[i]]) {
+                      used[layer][idx[i]] = 1;
+                      call_expert_bytes += cur.bytes->experts[layer][idx[i]];
+                    }
+                };
+                const auto t0 = clock_type::now();
+                if (t.n_prompt) {
+                  engine->forward(s, prompt_ids, observe);
+                  if (timed) ttft.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+                }
+                for (int i = 0; i < t.n_gen; ++i) {
+                  const auto s0 = clock_type::now();
+                  engine->forward(s, std::span<const int>(&gen_ids[i], 1), observe);
+                  const double dt = std::chrono::duration<double>(clock_type::now() - s0).count();
+                  if (timed) {
+                    latencies.push_back(dt);
+                    if (!t.n_prompt && i == 0) ttft.push_back(dt);
+                  }
+                }
+                const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+                engine->set_timing(false);
+                if (!timed) continue;
+                const int n_tok = t.n_prompt + t.n_gen;
+                samples_ns.push_back(secs * 1e9);
+                samples_ts.push_back(n_tok / secs);
+                const StageTimes& st = engine->stage_times();
+                stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
+                stages.experts += st.experts, stages.combine += st.combine, stages.lm_head += st.lm_head;
+                expert_bytes += call_expert_bytes;
+                tokens_for_bytes += n_tok;
+              }
+              const double reps = std::max(1, opt.repetitions);
+              rec["avg_ns"] = static_cast<uint64_t>(mean(samples_ns));
+              rec["stddev_ns"] = static_cast<uint64_t>(stddev(samples_ns));
+              rec["avg_ts"] = mean(samples_ts);
+              rec["stddev_ts"] = stddev(samples_ts);
+              json sn = json::array(), sts = json::array();
+              for (double x : samples_ns) sn.push_back(static_cast<uint64_t>(x));
+              for (double x : samples_ts) sts.push_back(x);
+              rec["samples_ns"] = sn;
+              rec["samples_ts"] = sts;
+              rec["ttft_ms"] = mean(ttft) * 1e3;
+              if (!latencies.empty()) {
+                rec["latency_p50_ms"] = percentile(latencies, 0.50) * 1e3;
+                rec["latency_p90_ms"] = percentile(latencies, 0.90) * 1e3;
+                rec["latency_p99_ms"] = percentile(latencies, 0.99) * 1e3;
+              }
+              rec["peak_ram_mb"] = peak_rss_mb();
+              // Weights read per token: trunk and lm_head once per forward row
+              // (decode: every token; prefill: once per chunk), experts as used.
+              const double calls = t.n_gen + (t.n_prompt ? std::ceil(double(t.n_prompt) / n_ubatch) : 0);
+              rec["bytes_read_per_token"] = (expert_bytes + reps * calls * (cur.bytes->per_token_fixed + cur.bytes->lm_head)) / tokens_for_bytes;
+              rec["bytes_uploaded_per_token"] = 0;
+              rec["t_trunk_ms"] = (stages.trunk + stages.embed) / reps * 1e3;
+              rec["t_router_ms"] = stages.router / reps * 1e3;
+              rec["t_cpu_experts_ms"] = stages.experts / reps * 1e3;
+              rec["t_gpu_experts_ms"] = 0;
+              rec["t_shared_ms"] = stages.shared / reps * 1e3;
+              rec["t_combine_ms"] = stages.combine / reps * 1e3;
+              rec["t_lm_head_ms"] = stages.lm_head / reps * 1e3;
+              rec["t_upload_ms"] = 0;
+              rec["t_wait_ms"] = 0;
+            } catch (const std::exception& e) {
+              rec["error"] = e.what();
+              ++failures;
+            }
+            out.write(rec);
+          }
+        }
+  return failures;
+}
+
+}  // namespace coli

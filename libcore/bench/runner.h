@@ -1,0 +1,48 @@
+// The coli-bench runner: llama-bench's tests over the cartesian product of
+// the parameter lists, one record per (configuration, test), written as soon
+// as it is measured.
+//
+// Tests (each at every depth d: d tokens of context are prefilled first,
+// untimed, in every repetition):
+//   pp N      prompt processing of N tokens          ts = N / time
+//   tg N      N decode steps, one token each          ts = N / time
+//   pp P+tg G P prompt tokens then G decode steps      ts = (P + G) / time
+// Inputs are deterministic random token ids (seeded) or the ids of a text
+// file. A warm-up run precedes the timed repetitions. A configuration that
+// fails (bad model, out of memory, ...) gives records with an "error" field
+// and the run goes on.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/record_writer.h"
+#include "engine/backend.h"
+#include "model/weights.h"
+
+namespace coli {
+
+struct BenchOptions {
+  std::vector<std::string> models;
+  std::vector<int> n_prompt = {512};
+  std::vector<int> n_gen = {128};
+  std::vector<std::pair<int, int>> prompt_gen;  // pp+tg pairs
+  std::vector<int> n_depth = {0};
+  std::vector<int> threads = {0};
+  std::vector<int> n_batch = {2048};
+  std::vector<int> n_ubatch = {512};
+  int repetitions = 5;
+  bool warmup = true;
+  uint64_t seed = 0;
+  std::string prompt_file;  // token source instead of random ids (needs a tokenizer)
+};
+
+// Makes the backend a configuration runs on.
+using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int threads)>;
+
+// Runs everything, writing records; progress lines go to `log` (may be null).
+// Returns the number of records that carry an error.
+int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, RecordWriter& out, std::FILE* log);
+
+}  // namespace coli

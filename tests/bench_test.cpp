@@ -1,0 +1,163 @@
+// coli-bench: every output format parses back to the documented schema,
+// errors become records, and records stream while the run goes on.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench/record_writer.h"
+#include "bench/runner.h"
+#include "cpu_backend.h"
+#include "test_util.h"
+
+using namespace coli;
+
+namespace {
+
+std::string run_to_string(RecordFormat f, const std::vector<std::string>& models, int* failures) {
+  char* buf = nullptr;
+  std::size_t len = 0;
+  std::FILE* mem = open_memstream(&buf, &len);
+  RecordWriter w(f, mem);
+  BenchOptions o;
+  o.models = models;
+  o.n_prompt = {8};
+  o.n_gen = {3};
+  o.prompt_gen = {{8, 2}};
+  o.n_depth = {0, 5};
+  o.repetitions = 2;
+  *failures = run_bench(o, [](const Model& m, int) { return std::make_unique<cpu::CpuBackend>(m); }, w, nullptr);
+  std::fclose(mem);
+  std::string s(buf, len);
+  std::free(buf);
+  return s;
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> v;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, const std::string& sep) {
+  std::vector<std::string> v;
+  std::size_t i = 0;
+  while (true) {
+    const std::size_t j = s.find(sep, i);
+    v.push_back(s.substr(i, j == std::string::npos ? std::string::npos : j - i));
+    if (j == std::string::npos) return v;
+    i = j + sep.size();
+  }
+}
+
+// RFC 4180 fields of one CSV line (no embedded newlines in our records).
+std::vector<std::string> csv_fields(const std::string& l) {
+  std::vector<std::string> v(1);
+  bool q = false;
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    const char c = l[i];
+    if (q && c == '"' && i + 1 < l.size() && l[i + 1] == '"') v.back() += '"', ++i;
+    else if (c == '"') q = !q;
+    else if (c == ',' && !q) v.emplace_back();
+    else v.back() += c;
+  }
+  return v;
+}
+
+const std::string kTiny = coli::test::data_dir() + "/tiny-qwen35moe-text";
+const std::string kBad = "/nonexistent,model";  // a comma: CSV must quote it
+
+int field(const std::string& name) {
+  const auto& f = bench_fields();
+  return static_cast<int>(std::find(f.begin(), f.end(), name) - f.begin());
+}
+
+}  // namespace
+
+TEST(Bench, TsvParsesAndErrorsAreRecords) {
+  int failures = 0;
+  const auto ls = lines(run_to_string(RecordFormat::kTsv, {kTiny, kBad}, &failures));
+  ASSERT_EQ(ls.size(), 1u + 2 * 6);  // header + (3 tests x 2 depths) per model
+  EXPECT_EQ(split(ls[0], "\t"), bench_fields());
+  EXPECT_EQ(failures, 6);
+  for (std::size_t i = 1; i < ls.size(); ++i) {
+    const auto c = split(ls[i], "\t");
+    ASSERT_EQ(c.size(), bench_fields().size()) << ls[i];
+    const bool bad = i > 6;
+    EXPECT_EQ(c[field("error")].empty(), !bad);
+    if (!bad) {
+      EXPECT_GT(std::stod(c[field("avg_ts")]), 0.0);
+      EXPECT_EQ(split(c[field("samples_ns")], " ").size(), 2u);
+      EXPECT_GT(std::stod(c[field("bytes_read_per_token")]), 0.0);
+    }
+  }
+  // Test names and sizes as llama-bench spells them.
+  EXPECT_EQ(split(ls[1], "\t")[field("test")], "pp8");
+  EXPECT_EQ(split(ls[2], "\t")[field("test")], "tg3");
+  EXPECT_EQ(split(ls[3], "\t")[field("test")], "pp8+tg2");
+  EXPECT_EQ(split(ls[4], "\t")[field("test")], "pp8 @ d5");
+  EXPECT_EQ(split(ls[4], "\t")[field("n_depth")], "5");
+}
+
+TEST(Bench, CsvJsonlMarkdownParse) {
+  int failures = 0;
+  auto csv = lines(run_to_string(RecordFormat::kCsv, {kTiny, kBad}, &failures));
+  EXPECT_EQ(csv_fields(csv[0]), bench_fields());
+  for (std::size_t i = 1; i < csv.size(); ++i) ASSERT_EQ(csv_fields(csv[i]).size(), bench_fields().size()) << csv[i];
+  EXPECT_EQ(csv_fields(csv.back())[field("model_filename")], kBad);
+  for (const auto& l : lines(run_to_string(RecordFormat::kJsonl, {kTiny, kBad}, &failures))) {
+    const auto j = nlohmann::ordered_json::parse(l);
+    std::vector<std::string> keys;
+    for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
+    ASSERT_EQ(keys, bench_fields());
+    if (j["error"].is_null()) EXPECT_TRUE(j["samples_ts"].is_array());
+    else EXPECT_TRUE(j["avg_ts"].is_null());
+  }
+  const auto md = lines(run_to_string(RecordFormat::kMarkdown, {kTiny}, &failures));
+  EXPECT_EQ(failures, 0);
+  ASSERT_GE(md.size(), 3u);
+  EXPECT_EQ(md[1].substr(0, 7), "| --- |");
+  for (const auto& l : md) EXPECT_EQ(std::count(l.begin(), l.end(), '|'), static_cast<long>(bench_fields().size()) + 1) << l;
+}
+
+TEST(Bench, RecordsStreamWhileTheRunGoesOn) {
+  // coli-bench | awk: the first record must reach awk while coli-bench still runs.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string cmd = coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -p 8,1500 -n 0 -r 3 | awk -F'\\t' '{print $" +
+                          std::to_string(field("test") + 1) + "; fflush()}'";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], 1);
+    close(fds[0]);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  std::FILE* in = fdopen(fds[0], "r");
+  char line[4096];
+  ASSERT_TRUE(std::fgets(line, sizeof line, in));  // header
+  ASSERT_TRUE(std::fgets(line, sizeof line, in));
+  EXPECT_STREQ(line, "pp8\n");
+  EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "the pipeline had already finished";
+  ASSERT_TRUE(std::fgets(line, sizeof line, in));
+  EXPECT_STREQ(line, "pp1500\n");
+  std::fclose(in);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+TEST(Bench, ExitStatusSaysSomethingFailed) {
+  std::string out;
+  EXPECT_EQ(coli::test::run_command(coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -p 4 -n 2 -r 1 2>/dev/null", &out), 0);
+  EXPECT_EQ(coli::test::run_command(coli::test::bin_dir() + "/coli-bench -m " + kTiny + ",/nonexistent -p 4 -n 2 -r 1 2>/dev/null", &out), 1);
+  EXPECT_EQ(lines(out).size(), 5u);  // header + 2 good + 2 error records
+  EXPECT_EQ(coli::test::run_command(coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -o xml 2>/dev/null", &out), 2);
+  EXPECT_EQ(coli::test::run_command(coli::test::bin_dir() + "/coli-bench -p 4 2>/dev/null", &out), 2);
+}

@@ -1,0 +1,124 @@
+// coli-bench: llama-bench-style benchmarks whose records a shell pipeline
+// can consume while the run goes on. Thin: flags in, libcore runner out.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+
+#include "bench/record_writer.h"
+#include "bench/runner.h"
+#include "cpu_backend.h"
+#include "util/error.h"
+#include "util/parse.h"
+#include "util/progress.h"
+#include "util/tool_main.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+const char* kUsage =
+    "usage: coli-bench -m MODEL[,MODEL...] [-p N,...] [-n N,...] [-pg P,G ...] [-d N,...] [-r N]\n"
+    "                  [-t N,...] [-b N,...] [-ub N,...] [-o tsv|csv|jsonl|md] [--seed S] [--prompt-file F]\n"
+    "\n"
+    "Runs prompt processing (pp), generation (tg), pp+tg and depth tests over the\n"
+    "cartesian product of the comma-separated lists; one record per result is\n"
+    "written and flushed as soon as it is measured (TSV with a header by default).\n"
+    "A failing configuration becomes a record with an 'error' field; the exit\n"
+    "status is then 1. Field names follow llama-bench where they mean the same.\n";
+
+// llama-bench's single-dash flags -> our long names.
+std::vector<std::string> translate(int argc, char** argv) {
+  static const std::map<std::string, std::string> alias = {
+      {"-m", "--model"}, {"-p", "--n-prompt"}, {"-n", "--n-gen"}, {"-pg", "--n-pg"}, {"-d", "--n-depth"}, {"-r", "--repetitions"},
+      {"-t", "--threads"}, {"-b", "--batch-size"}, {"-ub", "--ubatch-size"}, {"-o", "--output"}, {"-h", "--help"}};
+  std::vector<std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    auto it = alias.find(argv[i]);
+    out.push_back(it == alias.end() ? argv[i] : it->second);
+  }
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  std::size_t i = 0;
+  while (true) {
+    const std::size_t j = s.find(',', i);
+    v.push_back(s.substr(i, j == std::string::npos ? std::string::npos : j - i));
+    if (j == std::string::npos) break;
+    i = j + 1;
+  }
+  return v;
+}
+
+int run(int argc, char** argv) {
+  po::options_description opts("options (llama-bench's short forms work too: -m -p -n -pg -d -r -t -b -ub -o)");
+  opts.add_options()
+      ("help", "show this help and exit")
+      ("model", po::value<std::string>(), "model(s): checkpoint directories or containers, comma-separated")
+      ("n-prompt", po::value<std::string>()->default_value("512"), "prompt lengths of pp tests (0: none)")
+      ("n-gen", po::value<std::string>()->default_value("128"), "generation lengths of tg tests (0: none)")
+      ("n-pg", po::value<std::vector<std::string>>()->composing(), "pp+tg test P,G (repeatable)")
+      ("n-depth", po::value<std::string>()->default_value("0"), "context depths to prefill (untimed) before each test")
+      ("repetitions", po::value<int>()->default_value(5), "timed repetitions per test")
+      ("threads", po::value<std::string>()->default_value("0"), "CPU threads (0: all cores)")
+      ("batch-size", po::value<std::string>()->default_value("2048"), "logical batch size (recorded)")
+      ("ubatch-size", po::value<std::string>()->default_value("512"), "tokens per forward chunk")
+      ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
+      ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
+      ("prompt-file", po::value<std::string>(), "take token ids from this text (model's tokenizer) instead")
+      ("no-warmup", po::bool_switch(), "skip the untimed warm-up run")
+      ("progress", po::bool_switch(), "log each test to stderr (default when stderr is a terminal)");
+  po::variables_map vm;
+  const auto args = translate(argc, argv);
+  try {
+    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw coli::UsageError(e.what());
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << "\nfields: ";
+    for (const auto& f : coli::bench_fields()) std::cout << f << " ";
+    std::cout << std::endl;
+    return 0;
+  }
+  if (!vm.count("model")) throw coli::UsageError("-m MODEL is required");
+  coli::BenchOptions o;
+  o.models = split(vm["model"].as<std::string>());
+  for (const auto& m : o.models)
+    if (m.empty()) throw coli::UsageError("-m: empty model name");
+  o.n_prompt = coli::parse_int_list(vm["n-prompt"].as<std::string>(), "-p");
+  o.n_gen = coli::parse_int_list(vm["n-gen"].as<std::string>(), "-n");
+  if (vm.count("n-pg"))
+    for (const auto& s : vm["n-pg"].as<std::vector<std::string>>()) {
+      auto v = coli::parse_int_list(s, "-pg");
+      if (v.size() != 2 || v[0] < 1 || v[1] < 1) throw coli::UsageError("-pg takes P,G with both > 0");
+      o.prompt_gen.emplace_back(v[0], v[1]);
+    }
+  o.n_depth = coli::parse_int_list(vm["n-depth"].as<std::string>(), "-d");
+  o.threads = coli::parse_int_list(vm["threads"].as<std::string>(), "-t");
+  o.n_batch = coli::parse_int_list(vm["batch-size"].as<std::string>(), "-b");
+  o.n_ubatch = coli::parse_int_list(vm["ubatch-size"].as<std::string>(), "-ub");
+  for (int u : o.n_ubatch)
+    if (u < 1) throw coli::UsageError("-ub values must be >= 1");
+  o.repetitions = vm["repetitions"].as<int>();
+  if (o.repetitions < 1) throw coli::UsageError("-r must be >= 1");
+  o.seed = vm["seed"].as<uint64_t>();
+  o.warmup = !vm["no-warmup"].as<bool>();
+  if (vm.count("prompt-file")) o.prompt_file = vm["prompt-file"].as<std::string>();
+  coli::RecordFormat fmt;
+  if (!coli::parse_record_format(vm["output"].as<std::string>(), &fmt)) throw coli::UsageError("-o: one of tsv, csv, jsonl, md");
+  coli::RecordWriter writer(fmt, stdout);
+  const bool log = vm["progress"].as<bool>() || coli::stderr_is_tty();
+  const int failures = coli::run_bench(
+      o, [](const coli::Model& m, int) { return std::make_unique<coli::cpu::CpuBackend>(m); }, writer, log ? stderr : nullptr);
+  if (failures) std::fprintf(stderr, "coli-bench: %d record(s) failed\n", failures);
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return coli::tool_main("coli-bench", [&] { return run(argc, argv); }); }
