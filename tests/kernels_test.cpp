@@ -1,0 +1,83 @@
+// The CPU kernels at every level this machine has, against the scalar
+// reference (dequantize_row, then a dot product in double), on random
+// inputs, odd sizes included.
+#include "kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cpu_features.h"
+#include "thread_pool.h"
+
+using namespace coli;
+using namespace coli::cpu;
+
+namespace {
+const QuantFormat kFormats[] = {QuantFormat::F32, QuantFormat::BF16, QuantFormat::F16, QuantFormat::I8, QuantFormat::I4,
+                                QuantFormat::I4_G32, QuantFormat::I4_G64, QuantFormat::I4_G128, QuantFormat::I4_G32_ASYM,
+                                QuantFormat::I4_G64_ASYM, QuantFormat::I4_G128_ASYM};
+
+struct LevelGuard {
+  CpuLevel saved = active_level();
+  ~LevelGuard() { set_active_level(saved); }
+};
+}  // namespace
+
+TEST(Kernels, EveryFormatEveryLevelMatchesReference) {
+  LevelGuard guard;
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd;
+  int checked_levels = 0;
+  for (CpuLevel level : {CpuLevel::kScalar, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+    if (level > detected_level()) continue;
+    set_active_level(level);
+    ++checked_levels;
+    for (QuantFormat f : kFormats)
+      for (int64_t cols : {32, 33, 64, 96, 130, 256, 2048})
+        for (int T : {1, 2, 3, 4, 5, 9}) {
+          const int64_t rows = 7;
+          std::vector<float> w(rows * cols), x(T * cols);
+          for (auto& v : w) v = nd(rng) * 0.05f;
+          for (auto& v : x) v = nd(rng);
+          std::vector<uint8_t> q(layout_of(f, rows, cols).total);
+          quantize_matrix(f, w.data(), rows, cols, q.data());
+          const Matrix m{f, q.data(), rows, cols, nullptr};
+          std::vector<float> xsum(T * ((cols + 31) / 32)), y(T * rows, NAN);
+          group_sums(x.data(), T, cols, xsum.data());
+          matmul_rows(m, x.data(), xsum.data(), T, 1, rows, y.data(), rows);  // rows 1..6: r0 > 0 too
+          std::vector<float> row(cols);
+          for (int64_t r = 1; r < rows; ++r) {
+            m.row_f32(r, row.data());
+            for (int t = 0; t < T; ++t) {
+              double ref = 0, mag = 0;
+              for (int64_t c = 0; c < cols; ++c) ref += double(row[c]) * x[t * cols + c], mag += std::fabs(double(row[c]) * x[t * cols + c]);
+              ASSERT_NEAR(y[t * rows + r], ref, 1e-5 * mag + 1e-6)
+                  << level_name(level) << " " << format_name(f) << " cols=" << cols << " T=" << T << " r=" << r << " t=" << t;
+            }
+          }
+          for (int t = 0; t < T; ++t) ASSERT_TRUE(std::isnan(y[t * rows]));  // row 0 untouched
+        }
+  }
+  std::printf("[ info     ] kernel levels checked: %d (detected %s)\n", checked_levels, level_name(detected_level()));
+}
+
+TEST(ThreadPool, RunsEveryJobOnceAcrossManyRuns) {
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> hits(1000);
+  for (int round = 0; round < 200; ++round) {
+    const int n = 1 + round * 5 % 1000;
+    pool.run(n, [&](int i) { hits[i].fetch_add(1); });
+  }
+  int total = 0;
+  for (auto& h : hits) total += h.load();
+  int expect = 0;
+  for (int round = 0; round < 200; ++round) expect += 1 + round * 5 % 1000;
+  EXPECT_EQ(total, expect);
+  // Idle long enough for workers to sleep, then run again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::atomic<int> n{0};
+  pool.run(64, [&](int) { n.fetch_add(1); });
+  EXPECT_EQ(n.load(), 64);
+}
