@@ -13,9 +13,9 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
   const int hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
   const int qg_w = nh * hd * 2, kv_w = nkv * hd, group = nh / nkv;
   std::vector<float> qg(static_cast<std::size_t>(T) * qg_w), k(static_cast<std::size_t>(T) * kv_w), v(k.size());
-  matmul(a.q_proj, hn, T, qg.data());
-  matmul(a.k_proj, hn, T, k.data());
-  matmul(a.v_proj, hn, T, v.data());
+  mm(a.q_proj, hn, T, qg.data());
+  mm(a.k_proj, hn, T, k.data());
+  mm(a.v_proj, hn, T, v.data());
 
   // Normalise and rotate the new keys, then append them to the cache.
   for (int t = 0; t < T; ++t)
@@ -28,28 +28,29 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
   st.v.insert(st.v.end(), v.begin(), v.end());
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> q(hd), scores(pos0 + T), attn(static_cast<std::size_t>(nh) * hd);
   std::vector<float> gated(static_cast<std::size_t>(T) * nh * hd);
-  for (int t = 0; t < T; ++t) {
+  // One job per (token, head): each writes its own slice of `gated`.
+  parallel(T * nh, [&](int job) {
+    const int t = job / nh, h = job % nh;
+    thread_local std::vector<float> q, scores, o;
+    q.resize(hd);
+    o.assign(hd, 0.0f);
     const int n_ctx = pos0 + t + 1;  // causal: positions 0 .. pos0+t
-    for (int h = 0; h < nh; ++h) {
-      const float* qsrc = qg.data() + t * qg_w + h * 2 * hd;  // query, then gate
-      rms_norm_1p(qsrc, a.q_norm.data(), hd, s_.rms_norm_eps, q.data());
-      rope(q.data(), s_.rotary_dim, pos0 + t, s_.rope_theta);
-      const int kvh = h / group;
-      for (int j = 0; j < n_ctx; ++j) scores[j] = dot(q.data(), st.k.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd, hd) * scale;
-      softmax(scores.data(), n_ctx);
-      float* o = attn.data() + h * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int j = 0; j < n_ctx; ++j) {
-        const float* vj = st.v.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd;
-        for (int d = 0; d < hd; ++d) o[d] += scores[j] * vj[d];
-      }
-      const float* gate = qsrc + hd;
-      for (int d = 0; d < hd; ++d) gated[static_cast<std::size_t>(t) * nh * hd + h * hd + d] = o[d] * sigmoid(gate[d]);
+    scores.resize(n_ctx);
+    const float* qsrc = qg.data() + t * qg_w + h * 2 * hd;  // query, then gate
+    rms_norm_1p(qsrc, a.q_norm.data(), hd, s_.rms_norm_eps, q.data());
+    rope(q.data(), s_.rotary_dim, pos0 + t, s_.rope_theta);
+    const int kvh = h / group;
+    for (int j = 0; j < n_ctx; ++j) scores[j] = dot(q.data(), st.k.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd, hd) * scale;
+    softmax(scores.data(), n_ctx);
+    for (int j = 0; j < n_ctx; ++j) {
+      const float* vj = st.v.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd;
+      for (int d = 0; d < hd; ++d) o[d] += scores[j] * vj[d];
     }
-  }
-  matmul(a.o_proj, gated.data(), T, out);
+    const float* gate = qsrc + hd;
+    for (int d = 0; d < hd; ++d) gated[static_cast<std::size_t>(t) * nh * hd + h * hd + d] = o[d] * sigmoid(gate[d]);
+  });
+  mm(a.o_proj, gated.data(), T, out);
 }
 
 }  // namespace coli::cpu

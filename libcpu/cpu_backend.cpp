@@ -1,11 +1,53 @@
 #include "cpu_backend.h"
 
+#include <numeric>
+
 #include <algorithm>
 #include <numeric>
 
+#include "kernels.h"
 #include "ref_kernels.h"
+#include "thread_pool.h"
 
 namespace coli::cpu {
+
+CpuBackend::CpuBackend(const Model& model, CpuOptions opt) : m_(model), s_(model.spec()), fast_(opt.fast) {
+  if (fast_) pool_ = std::make_unique<ThreadPool>(opt.threads);
+}
+
+CpuBackend::~CpuBackend() = default;
+
+int CpuBackend::num_threads() const { return pool_ ? pool_->size() : 1; }
+
+void CpuBackend::parallel(int n, const std::function<void(int)>& fn) {
+  if (pool_) pool_->run(n, fn);
+  else
+    for (int i = 0; i < n; ++i) fn(i);
+}
+
+void CpuBackend::mm(const Matrix& W, const float* x, int T, float* y) {
+  if (!fast_) return matmul(W, x, T, y);
+  const int64_t nb = (W.cols + 31) / 32;
+  std::vector<float> xsum(static_cast<std::size_t>(T) * nb);
+  group_sums(x, T, W.cols, xsum.data());
+  // Enough jobs to balance the threads, each a few dozen rows or more.
+  const int64_t target = static_cast<int64_t>(pool_->size()) * 4;
+  const int64_t block = std::max<int64_t>(T > 4 ? 16 : 8, (W.rows + target - 1) / target);
+  const int jobs = static_cast<int>((W.rows + block - 1) / block);
+  pool_->run(jobs, [&](int j) {
+    const int64_t r0 = j * block, r1 = std::min(W.rows, r0 + block);
+    matmul_rows(W, x, xsum.data(), T, r0, r1, y, W.rows);
+  });
+}
+
+void CpuBackend::swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out) {
+  const int I = static_cast<int>(e.gate.rows);
+  std::vector<float> g(static_cast<std::size_t>(T) * I), u(g.size());
+  mm(e.gate, x, T, g.data());
+  mm(e.up, x, T, u.data());
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
+  mm(e.down, g.data(), T, out);
+}
 
 std::unique_ptr<BackendState> CpuBackend::new_state() const {
   auto st = std::make_unique<CpuState>();
@@ -41,7 +83,7 @@ void CpuBackend::ffn_norm(int layer, int T, const float* x, float* hn) {
 void CpuBackend::route(int layer, int T, const float* hn, int* idx, float* w) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok;
   std::vector<float> p(static_cast<std::size_t>(T) * E);
-  matmul(m_.layer(layer).moe.router, hn, T, p.data());
+  mm(m_.layer(layer).moe.router, hn, T, p.data());
   std::vector<int> order(E);
   for (int t = 0; t < T; ++t) {
     float* pt = p.data() + static_cast<std::size_t>(t) * E;
@@ -70,8 +112,8 @@ void CpuBackend::shared_expert(int layer, int T, const float* hn, float* out) {
   const MoeWeights& moe = m_.layer(layer).moe;
   const int H = s_.hidden_size;
   std::vector<float> gate(T);
-  swiglu(moe.shared, hn, T, out);
-  matmul(moe.shared_gate, hn, T, gate.data());
+  swiglu_mm(moe.shared, hn, T, out);
+  mm(moe.shared_gate, hn, T, gate.data());
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < H; ++i) out[t * H + i] *= sigmoid(gate[t]);
 }
@@ -79,6 +121,65 @@ void CpuBackend::shared_expert(int layer, int T, const float* hn, float* out) {
 void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) {
   const MoeWeights& moe = m_.layer(layer).moe;
   const int H = s_.hidden_size;
+  if (fast_) {
+    // Two parallel jobs for all experts of the layer: (1) gate, up and
+    // SiLU*up for every (expert, row block); (2) down for every output row
+    // block, summing the experts' weighted outputs into rows it owns.
+    const int I = s_.moe_intermediate_size;
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return pairs[a].expert < pairs[b].expert; });
+    struct Group {
+      int expert, begin, count;  // into order
+      std::vector<float> x, xsum, act, actsum;
+    };
+    std::vector<Group> groups;
+    for (int i = 0; i < n;) {
+      int j = i;
+      while (j < n && pairs[order[j]].expert == pairs[order[i]].expert) ++j;
+      Group g{pairs[order[i]].expert, i, j - i, {}, {}, {}, {}};
+      g.x.resize(static_cast<std::size_t>(g.count) * H);
+      for (int c = 0; c < g.count; ++c) std::copy_n(hn + static_cast<std::size_t>(pairs[order[i + c]].token) * H, H, g.x.data() + c * H);
+      g.xsum.resize(static_cast<std::size_t>(g.count) * ((H + 31) / 32));
+      group_sums(g.x.data(), g.count, H, g.xsum.data());
+      g.act.resize(static_cast<std::size_t>(g.count) * I);
+      groups.push_back(std::move(g));
+      i = j;
+    }
+    constexpr int kRowBlock = 64;
+    const int iblocks = (I + kRowBlock - 1) / kRowBlock;
+    parallel(static_cast<int>(groups.size()) * iblocks, [&](int job) {
+      Group& g = groups[job / iblocks];
+      const int64_t r0 = int64_t(job % iblocks) * kRowBlock, r1 = std::min<int64_t>(I, r0 + kRowBlock);
+      const ExpertWeights& e = moe.experts[g.expert];
+      thread_local std::vector<float> gate, up;
+      gate.resize(static_cast<std::size_t>(g.count) * I);
+      up.resize(gate.size());
+      matmul_rows(e.gate, g.x.data(), g.xsum.data(), g.count, r0, r1, gate.data(), I);
+      matmul_rows(e.up, g.x.data(), g.xsum.data(), g.count, r0, r1, up.data(), I);
+      for (int t = 0; t < g.count; ++t)
+        for (int64_t r = r0; r < r1; ++r) g.act[t * I + r] = silu(gate[t * I + r]) * up[t * I + r];
+    });
+    for (auto& g : groups) {
+      g.actsum.resize(static_cast<std::size_t>(g.count) * ((I + 31) / 32));
+      group_sums(g.act.data(), g.count, I, g.actsum.data());
+    }
+    const int hblocks = (H + kRowBlock - 1) / kRowBlock;
+    parallel(hblocks, [&](int job) {
+      const int64_t r0 = int64_t(job) * kRowBlock, r1 = std::min<int64_t>(H, r0 + kRowBlock);
+      thread_local std::vector<float> y;
+      for (const Group& g : groups) {
+        y.resize(static_cast<std::size_t>(g.count) * H);
+        matmul_rows(moe.experts[g.expert].down, g.act.data(), g.actsum.data(), g.count, r0, r1, y.data(), H);
+        for (int c = 0; c < g.count; ++c) {
+          const ExpertPair& p = pairs[order[g.begin + c]];
+          float* o = out + static_cast<std::size_t>(p.token) * H;
+          for (int64_t r = r0; r < r1; ++r) o[r] += p.weight * y[c * H + r];
+        }
+      }
+    });
+    return;
+  }
   // Group by expert so each expert's weights are read once for all its tokens.
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -105,7 +206,7 @@ void CpuBackend::logits(int T, const float* x, float* out) {
   const int H = s_.hidden_size;
   std::vector<float> hn(static_cast<std::size_t>(T) * H);
   for (int t = 0; t < T; ++t) rms_norm_1p(x + t * H, m_.final_norm().data(), H, s_.rms_norm_eps, hn.data() + t * H);
-  matmul(m_.lm_head(), hn.data(), T, out);
+  mm(m_.lm_head(), hn.data(), T, out);
 }
 
 }  // namespace coli::cpu

@@ -1,7 +1,14 @@
 // The CPU backend: every Backend operation in float32 over the mapped
-// checkpoint weights. This is the reference path: readable loops that follow
-// the transformers implementation step for step.
+// weights. Two modes of the same code:
+//   reference (CpuBackend(model)): one thread, scalar matmuls; readable
+//     loops that follow the transformers implementation step for step;
+//   fast (CpuBackend(model, {threads, true})): the same steps with the
+//     SIMD kernels of kernels.h, a persistent thread pool, heads of attention
+//     and Gated DeltaNet in parallel, and the routed experts of a layer as two
+//     parallel jobs (gate+up+SiLU for every expert, then down and combine).
 #pragma once
+#include <functional>
+
 #include "engine/backend.h"
 #include "model/weights.h"
 
@@ -20,11 +27,20 @@ struct CpuState : BackendState {
   std::vector<LayerState> layers;
 };
 
+struct CpuOptions {
+  int threads = 1;     // <= 0: all cores
+  bool fast = false;   // SIMD kernels and fused jobs
+};
+
+class ThreadPool;
+
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(const Model& model) : m_(model), s_(model.spec()) {}
+  explicit CpuBackend(const Model& model, CpuOptions opt = {});
+  ~CpuBackend() override;
 
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return fast_ ? "cpu" : "cpu-ref"; }
+  int num_threads() const override;
   std::unique_ptr<BackendState> new_state() const override;
   void embed(const int* ids, int T, float* x) override;
   void trunk_step(int layer, BackendState& state, int pos0, int T, float* x) override;
@@ -38,9 +54,16 @@ class CpuBackend : public Backend {
   // out[T, H] = mixer output for normed input hn (no residual).
   void attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out);
   void deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out);
+  // y[T, W.rows] = x[T, W.cols] W^T, on the reference or the fast path.
+  void mm(const Matrix& W, const float* x, int T, float* y);
+  // fn(i) for i < n, on the pool in fast mode.
+  void parallel(int n, const std::function<void(int)>& fn);
+  void swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out);
 
   const Model& m_;
   const ModelSpec& s_;
+  bool fast_ = false;
+  std::unique_ptr<ThreadPool> pool_;
 };
 
 // out[T, H] = down(silu(gate . x) * (up . x)) for T rows of x.

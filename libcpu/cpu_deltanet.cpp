@@ -19,12 +19,12 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
   const int kd = nk * dk, vd = nv * dv, cd = s_.linear_conv_dim(), K = s_.linear_conv_kernel;
   std::vector<float> qkv(static_cast<std::size_t>(T) * cd), z(static_cast<std::size_t>(T) * vd);
   std::vector<float> b(static_cast<std::size_t>(T) * nv), a(b.size());
-  matmul(g.in_proj_qkv, hn, T, qkv.data());
-  matmul(g.in_proj_z, hn, T, z.data());
-  matmul(g.in_proj_b, hn, T, b.data());
-  matmul(g.in_proj_a, hn, T, a.data());
+  mm(g.in_proj_qkv, hn, T, qkv.data());
+  mm(g.in_proj_z, hn, T, z.data());
+  mm(g.in_proj_b, hn, T, b.data());
+  mm(g.in_proj_a, hn, T, a.data());
 
-  std::vector<float> conv_out(cd), o(vd), kv_mem(dv), delta(dv), normed(static_cast<std::size_t>(T) * vd);
+  std::vector<float> conv_out(cd), normed(static_cast<std::size_t>(T) * vd);
   for (int t = 0; t < T; ++t) {
     const float* xin = qkv.data() + static_cast<std::size_t>(t) * cd;
     // Causal depthwise conv over (K-1 history rows, this row), then SiLU.
@@ -47,7 +47,12 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       l2_norm(k + h * dk, dk, 1e-6f);
       for (int i = 0; i < dk; ++i) q[h * dk + i] *= qscale;
     }
-    for (int h = 0; h < nv; ++h) {
+    // Value heads are independent: one job each.
+    parallel(nv, [&](int h) {
+      thread_local std::vector<float> kv_mem, delta, oh;
+      kv_mem.assign(dv, 0.0f);
+      delta.resize(dv);
+      oh.assign(dv, 0.0f);
       const int kh = h / (nv / nk);
       const float* qh = q + kh * dk;
       const float* khv = k + kh * dk;
@@ -57,24 +62,21 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       const float decay = std::exp(gate);
       float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;  // [dk, dv]
       for (int i = 0; i < dk * dv; ++i) S[i] *= decay;
-      std::fill(kv_mem.begin(), kv_mem.end(), 0.0f);
       for (int i = 0; i < dk; ++i)
         for (int j = 0; j < dv; ++j) kv_mem[j] += S[i * dv + j] * khv[i];
       for (int j = 0; j < dv; ++j) delta[j] = (vh[j] - kv_mem[j]) * beta;
       for (int i = 0; i < dk; ++i)
         for (int j = 0; j < dv; ++j) S[i * dv + j] += khv[i] * delta[j];
-      float* oh = o.data() + h * dv;
-      std::fill(oh, oh + dv, 0.0f);
       for (int i = 0; i < dk; ++i)
         for (int j = 0; j < dv; ++j) oh[j] += S[i * dv + j] * qh[i];
       // Gated RMSNorm: norm first, then weight, then silu(z).
       float* nh = normed.data() + static_cast<std::size_t>(t) * vd + h * dv;
-      rms_norm(oh, g.norm.data(), dv, s_.rms_norm_eps, nh);
+      rms_norm(oh.data(), g.norm.data(), dv, s_.rms_norm_eps, nh);
       const float* zh = z.data() + static_cast<std::size_t>(t) * vd + h * dv;
       for (int j = 0; j < dv; ++j) nh[j] *= silu(zh[j]);
-    }
+    });
   }
-  matmul(g.out_proj, normed.data(), T, out);
+  mm(g.out_proj, normed.data(), T, out);
 }
 
 }  // namespace coli::cpu

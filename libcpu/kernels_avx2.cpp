@@ -13,6 +13,7 @@ namespace coli::cpu {
 namespace {
 using V = __m256;
 constexpr int W = 8;
+inline V _add(V a, V b) { return _mm256_add_ps(a, b); }
 inline V vzero() { return _mm256_setzero_ps(); }
 inline V vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -38,6 +39,11 @@ inline void load_u4_32(const uint8_t* p, V out[4]) {
   out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8)));
   out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c1));
   out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8)));
+}
+inline void f16_array(const uint16_t* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))));
+  for (; i < n; ++i) out[i] = f16_to_f32(p[i]);
 }
 }  // namespace
 #define KERNEL_NAME matmul_rows_avx2

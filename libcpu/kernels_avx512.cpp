@@ -16,6 +16,7 @@ namespace coli::cpu {
 namespace {
 using V = __m512;
 constexpr int W = 16;
+inline V _add(V a, V b) { return _mm512_add_ps(a, b); }
 inline V vzero() { return _mm512_setzero_ps(); }
 inline V vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -33,6 +34,11 @@ inline void load_u4_32(const uint8_t* p, V out[2]) {
   const __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
   out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   out[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+}
+inline void f16_array(const uint16_t* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))));
+  for (; i < n; ++i) out[i] = f16_to_f32(p[i]);
 }
 }  // namespace
 #define KERNEL_NAME matmul_rows_avx512

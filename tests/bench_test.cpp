@@ -128,7 +128,7 @@ TEST(Bench, RecordsStreamWhileTheRunGoesOn) {
   // coli-bench | awk: the first record must reach awk while coli-bench still runs.
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
-  const std::string cmd = coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -p 8,1500 -n 0 -r 3 | awk -F'\\t' '{print $" +
+  const std::string cmd = coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -p 8,1500 -n 0 -r 3 --reference | awk -F'\\t' '{print $" +
                           std::to_string(field("test") + 1) + "; fflush()}'";
   const pid_t pid = fork();
   if (pid == 0) {

@@ -70,6 +70,7 @@ int run(int argc, char** argv) {
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
       ("prompt-file", po::value<std::string>(), "take token ids from this text (model's tokenizer) instead")
       ("no-warmup", po::bool_switch(), "skip the untimed warm-up run")
+      ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
       ("progress", po::bool_switch(), "log each test to stderr (default when stderr is a terminal)");
   po::variables_map vm;
   const auto args = translate(argc, argv);
@@ -113,8 +114,10 @@ int run(int argc, char** argv) {
   if (!coli::parse_record_format(vm["output"].as<std::string>(), &fmt)) throw coli::UsageError("-o: one of tsv, csv, jsonl, md");
   coli::RecordWriter writer(fmt, stdout);
   const bool log = vm["progress"].as<bool>() || coli::stderr_is_tty();
+  const bool fast = !vm["reference"].as<bool>();
   const int failures = coli::run_bench(
-      o, [](const coli::Model& m, int) { return std::make_unique<coli::cpu::CpuBackend>(m); }, writer, log ? stderr : nullptr);
+      o, [fast](const coli::Model& m, int threads) { return std::make_unique<coli::cpu::CpuBackend>(m, coli::cpu::CpuOptions{threads, fast}); },
+      writer, log ? stderr : nullptr);
   if (failures) std::fprintf(stderr, "coli-bench: %d record(s) failed\n", failures);
   return failures ? 1 : 0;
 }

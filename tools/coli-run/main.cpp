@@ -164,6 +164,8 @@ int run(int argc, char** argv) {
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
+      ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
+      ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
       ("tokenize", po::bool_switch(), "print the ids of the text on stdin (or of --messages) and exit")
       ("detokenize", po::bool_switch(), "print the text of the ids on stdin and exit");
   Flags f;
@@ -197,7 +199,7 @@ int run(int argc, char** argv) {
   std::string why;
   if (coli::cuda::compiled_with_cuda() && coli::cuda::device_count(&why) == 0)
     std::fprintf(stderr, "coli-run: no CUDA device (%s); running on the CPU\n", why.c_str());
-  coli::cpu::CpuBackend backend(*model);
+  coli::cpu::CpuBackend backend(*model, {f.get<int>("threads"), !f.get<bool>("reference")});
   coli::Engine engine(model->spec(), backend, f.get<int>("prefill-chunk"));
   const bool json = f.get<bool>("json");
   auto emit = [](const std::string& s) {
