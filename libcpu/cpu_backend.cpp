@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kernels.h"
+#include "kernels_vnni.h"
 #include "ref_kernels.h"
 #include "thread_pool.h"
 
@@ -27,6 +28,17 @@ void CpuBackend::parallel(int n, const std::function<void(int)>& fn) {
 
 void CpuBackend::mm(const Matrix& W, const float* x, int T, float* y) {
   if (!fast_) return matmul(W, x, T, y);
+  if (vnni_applies(W, T)) {  // int8 activations, VNNI dot products
+    QuantizedActs qa;
+    quantize_acts(x, T, W.cols, &qa);
+    const int64_t target = static_cast<int64_t>(pool_->size()) * 4;
+    const int64_t block = std::max<int64_t>(8, (W.rows + target - 1) / target);
+    pool_->run(static_cast<int>((W.rows + block - 1) / block), [&](int j) {
+      const int64_t r0 = j * block, r1 = std::min(W.rows, r0 + block);
+      matmul_rows_vnni(W, qa, r0, r1, y, W.rows);
+    });
+    return;
+  }
   const int64_t nb = (W.cols + 31) / 32;
   std::vector<float> xsum(static_cast<std::size_t>(T) * nb);
   group_sums(x, T, W.cols, xsum.data());
@@ -132,17 +144,22 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
     struct Group {
       int expert, begin, count;  // into order
       std::vector<float> x, xsum, act, actsum;
+      QuantizedActs qx, qact;  // for the VNNI kernel (decode, int4)
     };
     std::vector<Group> groups;
     for (int i = 0; i < n;) {
       int j = i;
       while (j < n && pairs[order[j]].expert == pairs[order[i]].expert) ++j;
-      Group g{pairs[order[i]].expert, i, j - i, {}, {}, {}, {}};
+      Group g;
+      g.expert = pairs[order[i]].expert;
+      g.begin = i;
+      g.count = j - i;
       g.x.resize(static_cast<std::size_t>(g.count) * H);
       for (int c = 0; c < g.count; ++c) std::copy_n(hn + static_cast<std::size_t>(pairs[order[i + c]].token) * H, H, g.x.data() + c * H);
       g.xsum.resize(static_cast<std::size_t>(g.count) * ((H + 31) / 32));
       group_sums(g.x.data(), g.count, H, g.xsum.data());
       g.act.resize(static_cast<std::size_t>(g.count) * I);
+      if (vnni_applies(moe.experts[g.expert].gate, g.count)) quantize_acts(g.x.data(), g.count, H, &g.qx);
       groups.push_back(std::move(g));
       i = j;
     }
@@ -155,14 +172,20 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
       thread_local std::vector<float> gate, up;
       gate.resize(static_cast<std::size_t>(g.count) * I);
       up.resize(gate.size());
-      matmul_rows(e.gate, g.x.data(), g.xsum.data(), g.count, r0, r1, gate.data(), I);
-      matmul_rows(e.up, g.x.data(), g.xsum.data(), g.count, r0, r1, up.data(), I);
+      if (g.qx.T) {
+        matmul_rows_vnni(e.gate, g.qx, r0, r1, gate.data(), I);
+        matmul_rows_vnni(e.up, g.qx, r0, r1, up.data(), I);
+      } else {
+        matmul_rows(e.gate, g.x.data(), g.xsum.data(), g.count, r0, r1, gate.data(), I);
+        matmul_rows(e.up, g.x.data(), g.xsum.data(), g.count, r0, r1, up.data(), I);
+      }
       for (int t = 0; t < g.count; ++t)
         for (int64_t r = r0; r < r1; ++r) g.act[t * I + r] = silu(gate[t * I + r]) * up[t * I + r];
     });
     for (auto& g : groups) {
       g.actsum.resize(static_cast<std::size_t>(g.count) * ((I + 31) / 32));
       group_sums(g.act.data(), g.count, I, g.actsum.data());
+      if (vnni_applies(moe.experts[g.expert].down, g.count)) quantize_acts(g.act.data(), g.count, I, &g.qact);
     }
     const int hblocks = (H + kRowBlock - 1) / kRowBlock;
     parallel(hblocks, [&](int job) {
@@ -170,7 +193,8 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
       thread_local std::vector<float> y;
       for (const Group& g : groups) {
         y.resize(static_cast<std::size_t>(g.count) * H);
-        matmul_rows(moe.experts[g.expert].down, g.act.data(), g.actsum.data(), g.count, r0, r1, y.data(), H);
+        if (g.qact.T) matmul_rows_vnni(moe.experts[g.expert].down, g.qact, r0, r1, y.data(), H);
+        else matmul_rows(moe.experts[g.expert].down, g.act.data(), g.actsum.data(), g.count, r0, r1, y.data(), H);
         for (int c = 0; c < g.count; ++c) {
           const ExpertPair& p = pairs[order[g.begin + c]];
           float* o = out + static_cast<std::size_t>(p.token) * H;

@@ -81,3 +81,50 @@ TEST(ThreadPool, RunsEveryJobOnceAcrossManyRuns) {
   pool.run(64, [&](int) { n.fetch_add(1); });
   EXPECT_EQ(n.load(), 64);
 }
+
+#include "kernels_vnni.h"
+
+TEST(Kernels, VnniInt4MatchesTheSameMathInFloat) {
+  if (!coli::cpu::vnni_available()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (QuantFormat f : {QuantFormat::I4, QuantFormat::I4_G32, QuantFormat::I4_G64, QuantFormat::I4_G128, QuantFormat::I4_G32_ASYM,
+                        QuantFormat::I4_G64_ASYM, QuantFormat::I4_G128_ASYM})
+    for (int64_t cols : {128, 512, 2048})
+      for (int T : {1, 2, 4}) {
+        const int64_t rows = 9;
+        std::vector<float> w(rows * cols), x(T * cols);
+        for (auto& v : w) v = nd(rng) * 0.05f;
+        for (auto& v : x) v = nd(rng);
+        std::vector<uint8_t> q(layout_of(f, rows, cols).total);
+        quantize_matrix(f, w.data(), rows, cols, q.data());
+        const Matrix m{f, q.data(), rows, cols, nullptr};
+        ASSERT_TRUE(vnni_applies(m, T));
+        QuantizedActs qa;
+        quantize_acts(x.data(), T, cols, &qa);
+        std::vector<float> y(T * rows, NAN);
+        matmul_rows_vnni(m, qa, 0, rows, y.data(), rows);
+        // The activations the kernel saw, back in column order.
+        std::vector<float> xq(T * cols);
+        for (int t = 0; t < T; ++t)
+          for (int64_t c = 0; c < cols; ++c) {
+            const int64_t sb = c / 128, k = (c % 128) / 32, i = (c % 32) / 2;
+            const int8_t code = qa.codes[(t * (cols / 128) + sb) * 128 + (c % 2 ? 64 : 0) + k * 16 + i];
+            xq[t * cols + c] = code * qa.lanes[(t * (cols / 128) + sb) * 16 + k * 4];
+          }
+        std::vector<float> row(cols);
+        for (int64_t r = 0; r < rows; ++r) {
+          m.row_f32(r, row.data());
+          for (int t = 0; t < T; ++t) {
+            double same = 0, exact = 0, mag = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              same += double(row[c]) * xq[t * cols + c];
+              exact += double(row[c]) * x[t * cols + c];
+              mag += std::fabs(double(row[c]) * x[t * cols + c]);
+            }
+            ASSERT_NEAR(y[t * rows + r], same, 2e-5 * mag + 1e-6) << format_name(f) << " cols=" << cols << " T=" << T;
+            ASSERT_NEAR(y[t * rows + r], exact, 1e-2 * mag) << format_name(f);  // activation rounding only
+          }
+        }
+      }
+}

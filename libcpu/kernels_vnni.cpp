@@ -1,0 +1,148 @@
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "kernels_vnni.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu_features.h"
+#include "formats/dtype.h"
+
+namespace coli::cpu {
+
+bool vnni_available() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return detected_level() == CpuLevel::kAvx512 && __builtin_cpu_supports("avx512vnni");
+  }();
+  return ok && active_level() == CpuLevel::kAvx512;
+}
+
+bool vnni_applies(const Matrix& W, int T) {
+  const bool int4 = W.format >= QuantFormat::I4 && W.format <= QuantFormat::I4_G128_ASYM;
+  return int4 && T <= 4 && W.cols % 128 == 0 && vnni_available();
+}
+
+void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* qa) {
+  const int64_t nsb = cols / 128, nb = cols / 32;
+  qa->T = T;
+  qa->cols = cols;
+  qa->codes.resize(static_cast<std::size_t>(T) * cols);
+  qa->lanes.resize(static_cast<std::size_t>(T) * nsb * 16);
+  qa->bsum.resize(static_cast<std::size_t>(T) * nb);
+  for (int t = 0; t < T; ++t) {
+    const float* xt = x + t * cols;
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax = 0;
+      for (int c = 0; c < 32; ++c) amax = std::max(amax, std::fabs(xt[b * 32 + c]));
+      const float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+      const int64_t sb = b / 4, k = b % 4;
+      int8_t* even = qa->codes.data() + (t * nsb + sb) * 128 + k * 16;
+      int8_t* odd = even + 64;
+      int sum = 0;
+      for (int c = 0; c < 16; ++c) {
+        even[c] = static_cast<int8_t>(std::nearbyint(xt[b * 32 + 2 * c] * inv));
+        odd[c] = static_cast<int8_t>(std::nearbyint(xt[b * 32 + 2 * c + 1] * inv));
+        sum += even[c] + odd[c];
+      }
+      for (int l = 0; l < 4; ++l) qa->lanes[(t * nsb + sb) * 16 + k * 4 + l] = s;
+      qa->bsum[t * nb + b] = s * static_cast<float>(sum);
+    }
+  }
+}
+
+namespace {
+
+template <int T>
+void rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const MatrixLayout l = layout_of(W.format, W.rows, W.cols);
+  const FormatInfo& fi = format_info(W.format);
+  const int64_t cols = W.cols, nsb = cols / 128, nb = cols / 32;
+  const int64_t G = fi.group ? fi.group : cols, ng = (cols + G - 1) / G;
+  const __m512i mask = _mm512_set1_epi8(0x0f);
+  // Lane -> scale index inside a superblock's scale vector.
+  const __m512i idx_g32 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i idx_g32a = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+  const __m512i idx_g64 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i idx_g64a = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  // Per token, the sum of the (quantized) x over each weight group: the same
+  // for every row.
+  thread_local std::vector<float> xg;
+  xg.assign(static_cast<std::size_t>(T) * ng, 0.0f);
+  for (int t = 0; t < T; ++t)
+    for (int64_t j = 0; j < nb; ++j) xg[t * ng + j * 32 / G] += qa.bsum[t * nb + j];
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W.data + static_cast<std::size_t>(r) * l.row_stride;
+    const uint8_t* sc = W.data + l.scale_offset + static_cast<std::size_t>(r) * l.scale_row_bytes;
+    float row_scale = 0;
+    if (!fi.group) std::memcpy(&row_scale, sc, 4);
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + sb * 64) + 2048, _MM_HINT_T0);
+      const __m512i c = _mm512_loadu_si512(row + sb * 64);
+      const __m512i lo = _mm512_and_si512(c, mask), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
+      // Weight scale of each lane's block.
+      __m512 sw;
+      const int64_t col0 = sb * 128;
+      if (!fi.group) {
+        sw = _mm512_set1_ps(row_scale);
+      } else if (G == 128) {
+        uint16_t h[2];
+        std::memcpy(h, sc + (fi.asym ? 4 : 2) * (col0 / 128), fi.asym ? 4 : 2);
+        sw = _mm512_set1_ps(f16_to_f32(h[0]));
+      } else {
+        const int per = static_cast<int>(128 / G);  // groups in this superblock: 4 or 2
+        const uint8_t* p = sc + (fi.asym ? 4 : 2) * (col0 / G);
+        __m128i raw = _mm_setzero_si128();
+        std::memcpy(&raw, p, static_cast<std::size_t>(per) * (fi.asym ? 4 : 2));
+        const __m512 v = _mm512_castps256_ps512(_mm256_cvtph_ps(raw));
+        sw = _mm512_permutexvar_ps(G == 32 ? (fi.asym ? idx_g32a : idx_g32) : (fi.asym ? idx_g64a : idx_g64), v);
+      }
+      for (int t = 0; t < T; ++t) {
+        const int8_t* a = qa.codes.data() + (t * nsb + sb) * 128;
+        __m512i ai = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a));
+        ai = _mm512_dpbusd_epi32(ai, hi, _mm512_loadu_si512(a + 64));
+        const __m512 lane = _mm512_mul_ps(sw, _mm512_loadu_ps(qa.lanes.data() + (t * nsb + sb) * 16));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), lane, acc[t]);
+      }
+    }
+    // Offset (sym: -8 s) or minimum (asym: m) times the group's sum of x.
+    for (int t = 0; t < T; ++t) {
+      const float* xgt = xg.data() + t * ng;
+      float corr = 0;
+      if (!fi.group) {
+        corr = -8.0f * row_scale * xgt[0];
+      } else if (!fi.asym) {
+        __m512 cv = _mm512_setzero_ps();
+        int64_t g = 0;
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(sc);
+        for (; g + 16 <= ng; g += 16)
+          cv = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + g))), _mm512_loadu_ps(xgt + g), cv);
+        corr = _mm512_reduce_add_ps(cv);
+        for (; g < ng; ++g) corr += f16_to_f32(h[g]) * xgt[g];
+        corr *= -8.0f;
+      } else {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(sc);
+        for (int64_t g = 0; g < ng; ++g) corr += f16_to_f32(h[2 * g + 1]) * xgt[g];
+      }
+      y[t * ldy + r] = _mm512_reduce_add_ps(acc[t]) + corr;
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  switch (qa.T) {
+    case 1: return rows_vnni<1>(W, qa, r0, r1, y, ldy);
+    case 2: return rows_vnni<2>(W, qa, r0, r1, y, ldy);
+    case 3: return rows_vnni<3>(W, qa, r0, r1, y, ldy);
+    default: return rows_vnni<4>(W, qa, r0, r1, y, ldy);
+  }
+}
+
+}  // namespace coli::cpu
