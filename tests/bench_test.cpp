@@ -130,8 +130,11 @@ TEST(Bench, RecordsStreamWhileTheRunGoesOn) {
   // ends (a second test keeps coli-bench busy for about a second more).
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
-  const std::string cmd = coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -p 8,2000 -n 0 -r 3 --reference | awk -F'\\t' '{print $" +
+  const std::string cmd = coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -p 8,2000 -n 0 -r 3 --reference | $AWK -F'\\t' '{print $" +
                           std::to_string(field("test") + 1) + "; fflush()}'";
+  // Debian's default awk is mawk, which reads pipes in blocks unless told -W interactive.
+  const std::string awk = coli::test::run_command("awk -W version 2>/dev/null | grep -q mawk", nullptr) == 0 ? "awk -W interactive" : "awk";
+  setenv("AWK", awk.c_str(), 1);
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const pid_t pid = fork();
