@@ -85,20 +85,18 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1,
       _mm_prefetch(reinterpret_cast<const char*>(row + sb * 64) + 2048, _MM_HINT_T0);
       const __m512i c = _mm512_loadu_si512(row + sb * 64);
       const __m512i lo = _mm512_and_si512(c, mask), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
-      // Weight scale of each lane's block.
+      // Weight scale of each lane's block: fixed-size loads, no calls.
       __m512 sw;
       const int64_t col0 = sb * 128;
       if (!fi.group) {
         sw = _mm512_set1_ps(row_scale);
       } else if (G == 128) {
-        uint16_t h[2];
-        std::memcpy(h, sc + (fi.asym ? 4 : 2) * (col0 / 128), fi.asym ? 4 : 2);
-        sw = _mm512_set1_ps(f16_to_f32(h[0]));
+        sw = _mm512_set1_ps(f16_to_f32(*reinterpret_cast<const uint16_t*>(sc + (fi.asym ? 4 : 2) * (col0 / 128))));
       } else {
-        const int per = static_cast<int>(128 / G);  // groups in this superblock: 4 or 2
         const uint8_t* p = sc + (fi.asym ? 4 : 2) * (col0 / G);
-        __m128i raw = _mm_setzero_si128();
-        std::memcpy(&raw, p, static_cast<std::size_t>(per) * (fi.asym ? 4 : 2));
+        // g32: 4 scales (8 bytes) or 4 (scale, min) pairs (16); g64: 2 scales (4) or 2 pairs (8).
+        const __m128i raw = G == 32 ? (fi.asym ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))
+                                    : (fi.asym ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)) : _mm_cvtsi32_si128(*reinterpret_cast<const int*>(p)));
         const __m512 v = _mm512_castps256_ps512(_mm256_cvtph_ps(raw));
         sw = _mm512_permutexvar_ps(G == 32 ? (fi.asym ? idx_g32a : idx_g32) : (fi.asym ? idx_g64a : idx_g64), v);
       }
