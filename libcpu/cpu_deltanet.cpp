@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "cpu_backend.h"
+#include "deltanet_step.h"
 #include "ref_kernels.h"
 
 namespace coli::cpu {
@@ -49,10 +50,8 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
     }
     // Value heads are independent: one job each.
     parallel(nv, [&](int h) {
-      thread_local std::vector<float> kv_mem, delta, oh;
-      kv_mem.assign(dv, 0.0f);
-      delta.resize(dv);
-      oh.assign(dv, 0.0f);
+      thread_local std::vector<float> oh;
+      oh.resize(dv);
       const int kh = h / (nv / nk);
       const float* qh = q + kh * dk;
       const float* khv = k + kh * dk;
@@ -61,14 +60,8 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       const float gate = -std::exp(g.A_log[h]) * softplus(a[t * nv + h] + g.dt_bias[h]);
       const float decay = std::exp(gate);
       float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;  // [dk, dv]
-      for (int i = 0; i < dk * dv; ++i) S[i] *= decay;
-      for (int i = 0; i < dk; ++i)
-        for (int j = 0; j < dv; ++j) kv_mem[j] += S[i * dv + j] * khv[i];
-      for (int j = 0; j < dv; ++j) delta[j] = (vh[j] - kv_mem[j]) * beta;
-      for (int i = 0; i < dk; ++i)
-        for (int j = 0; j < dv; ++j) S[i * dv + j] += khv[i] * delta[j];
-      for (int i = 0; i < dk; ++i)
-        for (int j = 0; j < dv; ++j) oh[j] += S[i * dv + j] * qh[i];
+      if (fast_) gdn_head_step(S, qh, khv, vh, beta, decay, dk, dv, oh.data());
+      else gdn_head_step_ref(S, qh, khv, vh, beta, decay, dk, dv, oh.data());
       // Gated RMSNorm: norm first, then weight, then silu(z).
       float* nh = normed.data() + static_cast<std::size_t>(t) * vd + h * dv;
       rms_norm(oh.data(), g.norm.data(), dv, s_.rms_norm_eps, nh);

@@ -22,8 +22,9 @@ bool vnni_available() {
 }
 
 bool vnni_applies(const Matrix& W, int T) {
+  (void)T;  // any number of tokens: groups of 4 share each weight load
   const bool int4 = W.format >= QuantFormat::I4 && W.format <= QuantFormat::I4_G128_ASYM;
-  return int4 && T <= 4 && W.cols % 128 == 0 && vnni_available();
+  return int4 && W.cols % 128 == 0 && vnni_available();
 }
 
 void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* qa) {
@@ -56,8 +57,9 @@ void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* qa) {
 
 namespace {
 
+// Rows [r0, r1) for tokens t0 .. t0+T-1 of qa.
 template <int T>
-void rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   const MatrixLayout l = layout_of(W.format, W.rows, W.cols);
   const FormatInfo& fi = format_info(W.format);
   const int64_t cols = W.cols, nsb = cols / 128, nb = cols / 32;
@@ -73,7 +75,7 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1,
   thread_local std::vector<float> xg;
   xg.assign(static_cast<std::size_t>(T) * ng, 0.0f);
   for (int t = 0; t < T; ++t)
-    for (int64_t j = 0; j < nb; ++j) xg[t * ng + j * 32 / G] += qa.bsum[t * nb + j];
+    for (int64_t j = 0; j < nb; ++j) xg[t * ng + j * 32 / G] += qa.bsum[(t0 + t) * nb + j];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = W.data + static_cast<std::size_t>(r) * l.row_stride;
     const uint8_t* sc = W.data + l.scale_offset + static_cast<std::size_t>(r) * l.scale_row_bytes;
@@ -101,10 +103,10 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1,
         sw = _mm512_permutexvar_ps(G == 32 ? (fi.asym ? idx_g32a : idx_g32) : (fi.asym ? idx_g64a : idx_g64), v);
       }
       for (int t = 0; t < T; ++t) {
-        const int8_t* a = qa.codes.data() + (t * nsb + sb) * 128;
+        const int8_t* a = qa.codes.data() + ((t0 + t) * nsb + sb) * 128;
         __m512i ai = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a));
         ai = _mm512_dpbusd_epi32(ai, hi, _mm512_loadu_si512(a + 64));
-        const __m512 lane = _mm512_mul_ps(sw, _mm512_loadu_ps(qa.lanes.data() + (t * nsb + sb) * 16));
+        const __m512 lane = _mm512_mul_ps(sw, _mm512_loadu_ps(qa.lanes.data() + ((t0 + t) * nsb + sb) * 16));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), lane, acc[t]);
       }
     }
@@ -127,7 +129,7 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1,
         const uint16_t* h = reinterpret_cast<const uint16_t*>(sc);
         for (int64_t g = 0; g < ng; ++g) corr += f16_to_f32(h[2 * g + 1]) * xgt[g];
       }
-      y[t * ldy + r] = _mm512_reduce_add_ps(acc[t]) + corr;
+      y[(t0 + t) * ldy + r] = _mm512_reduce_add_ps(acc[t]) + corr;
     }
   }
 }
@@ -135,12 +137,26 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1,
 }  // namespace
 
 void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  switch (qa.T) {
-    case 1: return rows_vnni<1>(W, qa, r0, r1, y, ldy);
-    case 2: return rows_vnni<2>(W, qa, r0, r1, y, ldy);
-    case 3: return rows_vnni<3>(W, qa, r0, r1, y, ldy);
-    default: return rows_vnni<4>(W, qa, r0, r1, y, ldy);
+  // Prefill: rows in blocks of 16 (16 KB of codes at 2048 columns, kept in
+  // L1) against every group of 4 tokens, so each weight is read from memory
+  // once per call and from cache for the other tokens.
+  constexpr int64_t kRows = 16;
+  for (int64_t rb = r0; rb < r1; rb += kRows) {
+    const int64_t re = std::min(r1, rb + kRows);
+    int t = 0;
+    for (; t + 4 <= qa.T; t += 4) rows_vnni<4>(W, qa, t, rb, re, y, ldy);
+    switch (qa.T - t) {
+      case 1: rows_vnni<1>(W, qa, t, rb, re, y, ldy); break;
+      case 2: rows_vnni<2>(W, qa, t, rb, re, y, ldy); break;
+      case 3: rows_vnni<3>(W, qa, t, rb, re, y, ldy); break;
+      default: break;
+    }
   }
+}
+
+bool vnni_applies_gemm(const Matrix& W) {
+  const bool int4 = W.format >= QuantFormat::I4 && W.format <= QuantFormat::I4_G128_ASYM;
+  return int4 && W.cols % 128 == 0 && vnni_available();
 }
 
 }  // namespace coli::cpu

@@ -1,4 +1,4 @@
-// Decode GEMV for the int4 formats on AVX512-VNNI: activations quantized to
+// GEMV and GEMM for the int4 formats on AVX512-VNNI: activations quantized to
 // int8 per block of 32 columns (scale absmax/127), weights' 4-bit codes used
 // directly as the unsigned operand of vpdpbusd, four blocks per instruction.
 // About 4x fewer instructions per weight than the float path; the price is
@@ -25,7 +25,10 @@ struct QuantizedActs {
 };
 
 bool vnni_available();
+// Whether the VNNI kernel serves W for T tokens (any T: decode, and prefill
+// in groups of 4 tokens per weight load).
 bool vnni_applies(const Matrix& W, int T);
+bool vnni_applies_gemm(const Matrix& W);
 void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* out);
 void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy);
 

@@ -128,3 +128,25 @@ TEST(Kernels, VnniInt4MatchesTheSameMathInFloat) {
         }
       }
 }
+
+#include "deltanet_step.h"
+
+TEST(Kernels, DeltaNetStepMatchesReference) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd;
+  for (int dv : {16, 128, 48})
+    for (int dk : {8, 128}) {
+      std::vector<float> S(dk * dv), S2, q(dk), k(dk), v(dv), o(dv), o2(dv);
+      for (auto& x : S) x = nd(rng);
+      for (auto& x : q) x = nd(rng);
+      for (auto& x : k) x = nd(rng) * 0.1f;
+      for (auto& x : v) x = nd(rng);
+      S2 = S;
+      for (int step = 0; step < 3; ++step) {
+        gdn_head_step(S.data(), q.data(), k.data(), v.data(), 0.7f, 0.9f, dk, dv, o.data());
+        gdn_head_step_ref(S2.data(), q.data(), k.data(), v.data(), 0.7f, 0.9f, dk, dv, o2.data());
+        for (int j = 0; j < dv; ++j) ASSERT_NEAR(o[j], o2[j], 1e-4f * (1 + std::fabs(o2[j]))) << dk << "x" << dv;
+        for (int i = 0; i < dk * dv; ++i) ASSERT_NEAR(S[i], S2[i], 1e-4f * (1 + std::fabs(S2[i])));
+      }
+    }
+}
