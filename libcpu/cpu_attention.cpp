@@ -5,6 +5,7 @@
 
 #include "cpu_backend.h"
 #include "ref_kernels.h"
+#include "vec_ops.h"
 
 namespace coli::cpu {
 
@@ -41,11 +42,19 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
     rms_norm_1p(qsrc, a.q_norm.data(), hd, s_.rms_norm_eps, q.data());
     rope(q.data(), s_.rotary_dim, pos0 + t, s_.rope_theta);
     const int kvh = h / group;
-    for (int j = 0; j < n_ctx; ++j) scores[j] = dot(q.data(), st.k.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd, hd) * scale;
-    softmax(scores.data(), n_ctx);
-    for (int j = 0; j < n_ctx; ++j) {
-      const float* vj = st.v.data() + static_cast<std::size_t>(j) * kv_w + kvh * hd;
-      for (int d = 0; d < hd; ++d) o[d] += scores[j] * vj[d];
+    const float* K = st.k.data() + kvh * hd;
+    const float* Vv = st.v.data() + kvh * hd;
+    if (fast_) {
+      for (int j = 0; j < n_ctx; ++j) scores[j] = vdot(q.data(), K + static_cast<std::size_t>(j) * kv_w, hd) * scale;
+      softmax(scores.data(), n_ctx);
+      for (int j = 0; j < n_ctx; ++j) vaxpy(scores[j], Vv + static_cast<std::size_t>(j) * kv_w, o.data(), hd);
+    } else {
+      for (int j = 0; j < n_ctx; ++j) scores[j] = dot(q.data(), K + static_cast<std::size_t>(j) * kv_w, hd) * scale;
+      softmax(scores.data(), n_ctx);
+      for (int j = 0; j < n_ctx; ++j) {
+        const float* vj = Vv + static_cast<std::size_t>(j) * kv_w;
+        for (int d = 0; d < hd; ++d) o[d] += scores[j] * vj[d];
+      }
     }
     const float* gate = qsrc + hd;
     for (int d = 0; d < hd; ++d) gated[static_cast<std::size_t>(t) * nh * hd + h * hd + d] = o[d] * sigmoid(gate[d]);

@@ -1,3 +1,6 @@
+// GCC 12 warns inside its own AVX-512 headers (the __Y = __Y idiom).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "deltanet_step.h"
 
 #include <immintrin.h>
