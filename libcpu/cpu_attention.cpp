@@ -14,9 +14,7 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
   const int hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
   const int qg_w = nh * hd * 2, kv_w = nkv * hd, group = nh / nkv;
   std::vector<float> qg(static_cast<std::size_t>(T) * qg_w), k(static_cast<std::size_t>(T) * kv_w), v(k.size());
-  mm(a.q_proj, hn, T, qg.data());
-  mm(a.k_proj, hn, T, k.data());
-  mm(a.v_proj, hn, T, v.data());
+  mm_many({{&a.q_proj, qg.data()}, {&a.k_proj, k.data()}, {&a.v_proj, v.data()}}, hn, T);
 
   // Normalise and rotate the new keys, then append them to the cache.
   for (int t = 0; t < T; ++t)

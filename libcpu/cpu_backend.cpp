@@ -20,8 +20,9 @@ CpuBackend::~CpuBackend() = default;
 
 int CpuBackend::num_threads() const { return pool_ ? pool_->size() : 1; }
 
-void CpuBackend::parallel(int n, const std::function<void(int)>& fn) {
-  if (pool_) pool_->run(n, fn);
+void CpuBackend::parallel(int n, const std::function<void(int)>& fn, bool fixed) {
+  if (pool_ && fixed) pool_->run_static(n, fn);
+  else if (pool_) pool_->run(n, fn);
   else
     for (int i = 0; i < n; ++i) fn(i);
 }
@@ -52,11 +53,45 @@ void CpuBackend::mm(const Matrix& W, const float* x, int T, float* y) {
   });
 }
 
+void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>> outs, const float* x, int T) {
+  if (!fast_) {
+    for (const auto& [W, y] : outs) matmul(*W, x, T, y);
+    return;
+  }
+  // One job list over all matrices; activations prepared once per input width and kind.
+  struct Job {
+    const Matrix* W;
+    float* y;
+    int64_t r0, r1;
+  };
+  std::vector<Job> jobs;
+  int64_t total_rows = 0;
+  for (const auto& o : outs) total_rows += o.first->rows;
+  const int64_t target = static_cast<int64_t>(pool_->size()) * 4;
+  const int64_t block = std::max<int64_t>(8, (total_rows + target - 1) / target);
+  for (const auto& [W, y] : outs)
+    for (int64_t r = 0; r < W->rows; r += block) jobs.push_back({W, y, r, std::min(W->rows, r + block)});
+  const int64_t cols = outs.begin()->first->cols;
+  QuantizedActs qa;
+  std::vector<float> xsum;
+  bool need_q = false, need_f = false;
+  for (const auto& o : outs) (vnni_applies(*o.first, T) ? need_q : need_f) = true;
+  if (need_q) quantize_acts(x, T, cols, &qa);
+  if (need_f) {
+    xsum.resize(static_cast<std::size_t>(T) * ((cols + 31) / 32));
+    group_sums(x, T, cols, xsum.data());
+  }
+  pool_->run(static_cast<int>(jobs.size()), [&](int j) {
+    const Job& jb = jobs[j];
+    if (vnni_applies(*jb.W, T)) matmul_rows_vnni(*jb.W, qa, jb.r0, jb.r1, jb.y, jb.W->rows);
+    else matmul_rows(*jb.W, x, xsum.data(), T, jb.r0, jb.r1, jb.y, jb.W->rows);
+  });
+}
+
 void CpuBackend::swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out) {
   const int I = static_cast<int>(e.gate.rows);
   std::vector<float> g(static_cast<std::size_t>(T) * I), u(g.size());
-  mm(e.gate, x, T, g.data());
-  mm(e.up, x, T, u.data());
+  mm_many({{&e.gate, g.data()}, {&e.up, u.data()}}, x, T);
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
   mm(e.down, g.data(), T, out);
 }

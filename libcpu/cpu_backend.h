@@ -56,8 +56,10 @@ class CpuBackend : public Backend {
   void deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out);
   // y[T, W.rows] = x[T, W.cols] W^T, on the reference or the fast path.
   void mm(const Matrix& W, const float* x, int T, float* y);
-  // fn(i) for i < n, on the pool in fast mode.
-  void parallel(int n, const std::function<void(int)>& fn);
+  // Several matrices with the same input, as one parallel job on the fast path.
+  void mm_many(std::initializer_list<std::pair<const Matrix*, float*>> outs, const float* x, int T);
+  // fn(i) for i < n, on the pool in fast mode (fixed: same thread per i).
+  void parallel(int n, const std::function<void(int)>& fn, bool fixed = false);
   void swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out);
 
   const Model& m_;

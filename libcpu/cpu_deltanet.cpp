@@ -20,21 +20,22 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
   const int kd = nk * dk, vd = nv * dv, cd = s_.linear_conv_dim(), K = s_.linear_conv_kernel;
   std::vector<float> qkv(static_cast<std::size_t>(T) * cd), z(static_cast<std::size_t>(T) * vd);
   std::vector<float> b(static_cast<std::size_t>(T) * nv), a(b.size());
-  mm(g.in_proj_qkv, hn, T, qkv.data());
-  mm(g.in_proj_z, hn, T, z.data());
-  mm(g.in_proj_b, hn, T, b.data());
-  mm(g.in_proj_a, hn, T, a.data());
+  mm_many({{&g.in_proj_qkv, qkv.data()}, {&g.in_proj_z, z.data()}, {&g.in_proj_b, b.data()}, {&g.in_proj_a, a.data()}}, hn, T);
 
   std::vector<float> conv_out(cd), normed(static_cast<std::size_t>(T) * vd);
   for (int t = 0; t < T; ++t) {
     const float* xin = qkv.data() + static_cast<std::size_t>(t) * cd;
-    // Causal depthwise conv over (K-1 history rows, this row), then SiLU.
-    for (int c = 0; c < cd; ++c) {
-      float acc = 0;
-      for (int j = 0; j < K - 1; ++j) acc += g.conv1d[c * K + j] * st.conv[static_cast<std::size_t>(j) * cd + c];
-      acc += g.conv1d[c * K + K - 1] * xin[c];
-      conv_out[c] = silu(acc);
-    }
+    // Causal depthwise conv over (K-1 history rows, this row), then SiLU;
+    // channel blocks in parallel.
+    constexpr int kConvBlock = 512;
+    parallel((cd + kConvBlock - 1) / kConvBlock, [&](int blk) {
+      for (int c = blk * kConvBlock; c < std::min(cd, (blk + 1) * kConvBlock); ++c) {
+        float acc = 0;
+        for (int j = 0; j < K - 1; ++j) acc += g.conv1d[c * K + j] * st.conv[static_cast<std::size_t>(j) * cd + c];
+        acc += g.conv1d[c * K + K - 1] * xin[c];
+        conv_out[c] = silu(acc);
+      }
+    });
     if (K > 1) {
       std::copy(st.conv.begin() + cd, st.conv.end(), st.conv.begin());
       std::copy(xin, xin + cd, st.conv.end() - cd);
@@ -67,7 +68,7 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       rms_norm(oh.data(), g.norm.data(), dv, s_.rms_norm_eps, nh);
       const float* zh = z.data() + static_cast<std::size_t>(t) * vd + h * dv;
       for (int j = 0; j < dv; ++j) nh[j] *= silu(zh[j]);
-    });
+    }, /*fixed=*/true);
   }
   mm(g.out_proj, normed.data(), T, out);
 }

@@ -8,7 +8,7 @@ namespace coli::cpu {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -21,16 +21,24 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::work() {
+void ThreadPool::work(int id) {
+  if (static_) {
+    for (int i = id; i < n_; i += size()) (*fn_)(i);
+    return;
+  }
   for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;) (*fn_)(i);
 }
 
-void ThreadPool::run(int n, const std::function<void(int)>& fn) {
+void ThreadPool::run(int n, const std::function<void(int)>& fn) { launch(n, fn, false); }
+void ThreadPool::run_static(int n, const std::function<void(int)>& fn) { launch(n, fn, true); }
+
+void ThreadPool::launch(int n, const std::function<void(int)>& fn, bool fixed) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
     for (int i = 0; i < n; ++i) fn(i);
     return;
   }
+  static_ = fixed;
   fn_ = &fn;
   n_ = n;
   next_.store(0, std::memory_order_relaxed);
@@ -41,11 +49,11 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
     generation_.fetch_add(1, std::memory_order_release);
   }
   if (sleepers_.load(std::memory_order_acquire) > 0) cv_.notify_all();
-  work();
+  work(0);
   while (active_.load(std::memory_order_acquire) > 0) _mm_pause();
 }
 
-void ThreadPool::worker_loop() {
+void ThreadPool::worker_loop(int id) {
   uint64_t seen = 0;
   while (true) {
     // Spin for a while for the next job, then sleep.
@@ -63,7 +71,7 @@ void ThreadPool::worker_loop() {
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_) return;
-    work();
+    work(id);
     active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }

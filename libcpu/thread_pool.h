@@ -23,15 +23,21 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   void run(int n, const std::function<void(int)>& fn);
+  // The same with a fixed assignment: thread k runs jobs k, k + size(), ...
+  // Jobs that touch per-job state (a head's recurrent state) then find it in
+  // the same core's cache on every call.
+  void run_static(int n, const std::function<void(int)>& fn);
 
  private:
-  void worker_loop();
-  void work();
+  void worker_loop(int id);
+  void work(int id);
+  void launch(int n, const std::function<void(int)>& fn, bool fixed);
 
   std::vector<std::thread> workers_;
   const std::function<void(int)>* fn_ = nullptr;
   int n_ = 0;
   std::atomic<int> next_{0};
+  bool static_ = false;
   std::atomic<int> active_{0};       // workers still inside the current run
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};

@@ -150,3 +150,12 @@ TEST(Kernels, DeltaNetStepMatchesReference) {
       }
     }
 }
+
+TEST(ThreadPool, StaticRunsKeepJobsOnTheirThread) {
+  ThreadPool pool(3);
+  std::vector<std::thread::id> first(12), again(12);
+  pool.run_static(12, [&](int i) { first[i] = std::this_thread::get_id(); });
+  pool.run_static(12, [&](int i) { again[i] = std::this_thread::get_id(); });
+  EXPECT_EQ(first, again);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(first[i], first[i % 3]);  // job i on thread i % 3
+}
