@@ -1,0 +1,37 @@
+// Prefill GEMM speed of the int4 VNNI kernel: y[T, rows] = x[T, cols] W^T on
+// one thread, W int4-g32 [rows, 2048]. items_per_second counts multiply-adds.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels_vnni.h"
+
+namespace {
+
+void BM_GemmVnni(benchmark::State& st) {
+  if (!coli::cpu::vnni_available()) {
+    st.SkipWithError("no AVX512-VNNI");
+    return;
+  }
+  const int64_t rows = st.range(0), cols = 2048;
+  const int T = static_cast<int>(st.range(1));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> w(rows * cols), x(T * cols), y(T * rows);
+  for (auto& v : w) v = nd(rng) * 0.02f;
+  for (auto& v : x) v = nd(rng);
+  std::vector<uint8_t> q(coli::layout_of(coli::QuantFormat::I4_G32, rows, cols).total);
+  coli::quantize_matrix(coli::QuantFormat::I4_G32, w.data(), rows, cols, q.data());
+  const coli::Matrix m{coli::QuantFormat::I4_G32, q.data(), rows, cols, nullptr};
+  coli::cpu::QuantizedActs qa;
+  coli::cpu::quantize_acts(x.data(), T, cols, &qa);
+  for (auto _ : st) {
+    coli::cpu::matmul_rows_vnni(m, qa, 0, rows, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetItemsProcessed(static_cast<int64_t>(rows * cols * T) * st.iterations());
+}
+BENCHMARK(BM_GemmVnni)->ArgsProduct({{512, 2048}, {16, 64, 256}})->Unit(benchmark::kMillisecond);
+
+}  // namespace
