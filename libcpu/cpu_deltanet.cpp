@@ -22,45 +22,51 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
   std::vector<float> b(static_cast<std::size_t>(T) * nv), a(b.size());
   mm_many({{&g.in_proj_qkv, qkv.data()}, {&g.in_proj_z, z.data()}, {&g.in_proj_b, b.data()}, {&g.in_proj_a, a.data()}}, hn, T);
 
-  std::vector<float> conv_out(cd), normed(static_cast<std::size_t>(T) * vd);
-  for (int t = 0; t < T; ++t) {
-    const float* xin = qkv.data() + static_cast<std::size_t>(t) * cd;
-    // Causal depthwise conv over (K-1 history rows, this row), then SiLU;
-    // channel blocks in parallel.
-    constexpr int kConvBlock = 512;
-    parallel((cd + kConvBlock - 1) / kConvBlock, [&](int blk) {
-      for (int c = blk * kConvBlock; c < std::min(cd, (blk + 1) * kConvBlock); ++c) {
-        float acc = 0;
+  // Three passes over the chunk, each parallel across independent lanes of
+  // work, so a T-token prompt costs three parallel jobs, not 2T:
+  // (1) causal depthwise conv + SiLU, per channel block, sequential in t;
+  std::vector<float> conv_out(static_cast<std::size_t>(T) * cd), normed(static_cast<std::size_t>(T) * vd);
+  constexpr int kConvBlock = 512;
+  parallel((cd + kConvBlock - 1) / kConvBlock, [&](int blk) {
+    const int c0 = blk * kConvBlock, c1 = std::min(cd, (blk + 1) * kConvBlock);
+    for (int t = 0; t < T; ++t) {
+      const float* xin = qkv.data() + static_cast<std::size_t>(t) * cd;
+      for (int c = c0; c < c1; ++c) {
+        // Window: the K-1 previous inputs (state rows, oldest first), then this one.
+        float acc = g.conv1d[c * K + K - 1] * xin[c];
         for (int j = 0; j < K - 1; ++j) acc += g.conv1d[c * K + j] * st.conv[static_cast<std::size_t>(j) * cd + c];
-        acc += g.conv1d[c * K + K - 1] * xin[c];
-        conv_out[c] = silu(acc);
+        conv_out[static_cast<std::size_t>(t) * cd + c] = silu(acc);
+        for (int j = 0; j + 1 < K - 1; ++j) st.conv[static_cast<std::size_t>(j) * cd + c] = st.conv[static_cast<std::size_t>(j + 1) * cd + c];
+        if (K > 1) st.conv[static_cast<std::size_t>(K - 2) * cd + c] = xin[c];
       }
-    });
-    if (K > 1) {
-      std::copy(st.conv.begin() + cd, st.conv.end(), st.conv.begin());
-      std::copy(xin, xin + cd, st.conv.end() - cd);
     }
-    float* q = conv_out.data();
-    float* k = conv_out.data() + kd;
-    const float* v = conv_out.data() + 2 * kd;
-    const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
+  });
+  // (2) q and k L2-normalised (q also scaled by 1/sqrt(d_k)), per token;
+  const float qscale = 1.0f / std::sqrt(static_cast<float>(dk));
+  parallel(T, [&](int t) {
+    float* q = conv_out.data() + static_cast<std::size_t>(t) * cd;
+    float* k = q + kd;
     for (int h = 0; h < nk; ++h) {
       l2_norm(q + h * dk, dk, 1e-6f);
       l2_norm(k + h * dk, dk, 1e-6f);
       for (int i = 0; i < dk; ++i) q[h * dk + i] *= qscale;
     }
-    // Value heads are independent: one job each.
-    parallel(nv, [&](int h) {
-      thread_local std::vector<float> oh;
-      oh.resize(dv);
-      const int kh = h / (nv / nk);
-      const float* qh = q + kh * dk;
-      const float* khv = k + kh * dk;
-      const float* vh = v + h * dv;
+  });
+  // (3) the recurrence, per value head (independent), sequential in t; each
+  // head stays on one thread so its state stays in that core's cache.
+  parallel(nv, [&](int h) {
+    thread_local std::vector<float> oh;
+    oh.resize(dv);
+    const int kh = h / (nv / nk);
+    float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;  // [dk, dv]
+    for (int t = 0; t < T; ++t) {
+      const float* row = conv_out.data() + static_cast<std::size_t>(t) * cd;
+      const float* qh = row + kh * dk;
+      const float* khv = row + kd + kh * dk;
+      const float* vh = row + 2 * kd + h * dv;
       const float beta = sigmoid(b[t * nv + h]);
       const float gate = -std::exp(g.A_log[h]) * softplus(a[t * nv + h] + g.dt_bias[h]);
       const float decay = std::exp(gate);
-      float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;  // [dk, dv]
       if (fast_) gdn_head_step(S, qh, khv, vh, beta, decay, dk, dv, oh.data());
       else gdn_head_step_ref(S, qh, khv, vh, beta, decay, dk, dv, oh.data());
       // Gated RMSNorm: norm first, then weight, then silu(z).
@@ -68,8 +74,8 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       rms_norm(oh.data(), g.norm.data(), dv, s_.rms_norm_eps, nh);
       const float* zh = z.data() + static_cast<std::size_t>(t) * vd + h * dv;
       for (int j = 0; j < dv; ++j) nh[j] *= silu(zh[j]);
-    }, /*fixed=*/true);
-  }
+    }
+  }, /*fixed=*/true);
   mm(g.out_proj, normed.data(), T, out);
 }
 
