@@ -16,6 +16,7 @@
 #include "engine/generate.h"
 #include "formats/container.h"
 #include "model/weights.h"
+#include "engine_util.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -42,14 +43,7 @@ std::vector<int> greedy(const std::string& model_path, const std::vector<int>& i
   auto m = Model::load(model_path);
   cpu::CpuBackend be(*m);
   Engine e(m->spec(), be);
-  Session s = e.new_session();
-  GenerateOptions o;
-  o.n_predict = 16;
-  o.ignore_eos = true;
-  o.sampling.temperature = 0;
-  std::vector<int> out;
-  generate(e, s, ids, o, [&](const TokenEvent& ev) { out.push_back(ev.id); });
-  return out;
+  return test::greedy_tokens(e, ids);
 }
 
 std::string open_error(const std::string& path, std::optional<uint64_t> fp = std::nullopt) {

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/weights.h"
+#include "engine_util.h"
 #include "test_util.h"
 
 using namespace coli;
@@ -18,16 +19,6 @@ namespace {
 const nlohmann::json& goldens() {
   static const nlohmann::json g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-qwen35moe.json"));
   return g;
-}
-std::vector<int> greedy(Engine& e, const std::vector<int>& ids) {
-  Session s = e.new_session();
-  GenerateOptions o;
-  o.n_predict = 16;
-  o.ignore_eos = true;
-  o.sampling.temperature = 0;
-  std::vector<int> out;
-  generate(e, s, ids, o, [&](const TokenEvent& ev) { out.push_back(ev.id); });
-  return out;
 }
 }  // namespace
 
@@ -43,7 +34,7 @@ TEST(FastBackend, MatchesGoldensOnTheCheckpoint) {
       float err = 0;
       for (std::size_t i = 0; i < logits.size(); ++i) err = std::max(err, std::fabs(logits[i] - p["last_logits"][i].get<float>()));
       EXPECT_LT(err, 1e-3f) << threads << " threads, prompt of " << ids.size();
-      EXPECT_EQ(greedy(e, ids), p["greedy"].get<std::vector<int>>()) << threads << " threads";
+      EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>()) << threads << " threads";
     }
   }
 }
@@ -59,7 +50,7 @@ TEST(FastBackend, Int8ContainerGivesTheGoldenTokens) {
   Engine er(m->spec(), ref), ef(m->spec(), fast);
   for (const auto& p : goldens()["prompts"]) {
     const std::vector<int> ids = p["ids"];
-    EXPECT_EQ(greedy(ef, ids), p["greedy"].get<std::vector<int>>());
+    EXPECT_EQ(test::greedy_tokens(ef, ids), p["greedy"].get<std::vector<int>>());
     Session sr = er.new_session(), sf = ef.new_session();
     const auto lr = er.forward(sr, ids), lf = ef.forward(sf, ids);
     for (std::size_t i = 0; i < lr.size(); ++i) ASSERT_NEAR(lr[i], lf[i], 2e-3f);
