@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kernels.h"
+#include "kernels_amx.h"
 #include "kernels_vnni.h"
 #include "ref_kernels.h"
 #include "thread_pool.h"
@@ -29,6 +30,19 @@ void CpuBackend::parallel(int n, const std::function<void(int)>& fn, bool fixed)
 
 void CpuBackend::mm(const Matrix& W, const float* x, int T, float* y) {
   if (!fast_) return matmul(W, x, T, y);
+  if (amx_applies(W, T)) {  // prefill: AMX tiles, 16 rows per job unit
+    QuantizedActs qa;
+    quantize_acts(x, T, W.cols, &qa);
+    AmxActs aa;
+    prepare_amx_acts(qa, &aa);
+    const int64_t target = static_cast<int64_t>(pool_->size()) * 2;
+    const int64_t block = std::max<int64_t>(16, (W.rows + target - 1) / target / 16 * 16);
+    pool_->run(static_cast<int>((W.rows + block - 1) / block), [&](int j) {
+      const int64_t r0 = j * block, r1 = std::min(W.rows, r0 + block);
+      matmul_rows_amx(W, aa, r0, r1, y, W.rows);
+    });
+    return;
+  }
   if (vnni_applies(W, T)) {  // int8 activations, VNNI dot products
     QuantizedActs qa;
     quantize_acts(x, T, W.cols, &qa);
@@ -73,17 +87,23 @@ void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>>
     for (int64_t r = 0; r < W->rows; r += block) jobs.push_back({W, y, r, std::min(W->rows, r + block)});
   const int64_t cols = outs.begin()->first->cols;
   QuantizedActs qa;
+  AmxActs aa;
   std::vector<float> xsum;
-  bool need_q = false, need_f = false;
-  for (const auto& o : outs) (vnni_applies(*o.first, T) ? need_q : need_f) = true;
+  bool need_q = false, need_f = false, need_amx = false;
+  for (const auto& o : outs) {
+    (vnni_applies(*o.first, T) ? need_q : need_f) = true;
+    need_amx |= amx_applies(*o.first, T);
+  }
   if (need_q) quantize_acts(x, T, cols, &qa);
+  if (need_amx) prepare_amx_acts(qa, &aa);
   if (need_f) {
     xsum.resize(static_cast<std::size_t>(T) * ((cols + 31) / 32));
     group_sums(x, T, cols, xsum.data());
   }
   pool_->run(static_cast<int>(jobs.size()), [&](int j) {
     const Job& jb = jobs[j];
-    if (vnni_applies(*jb.W, T)) matmul_rows_vnni(*jb.W, qa, jb.r0, jb.r1, jb.y, jb.W->rows);
+    if (amx_applies(*jb.W, T)) matmul_rows_amx(*jb.W, aa, jb.r0, jb.r1, jb.y, jb.W->rows);
+    else if (vnni_applies(*jb.W, T)) matmul_rows_vnni(*jb.W, qa, jb.r0, jb.r1, jb.y, jb.W->rows);
     else matmul_rows(*jb.W, x, xsum.data(), T, jb.r0, jb.r1, jb.y, jb.W->rows);
   });
 }
@@ -179,7 +199,8 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
     struct Group {
       int expert, begin, count;  // into order
       std::vector<float> x, xsum, act, actsum;
-      QuantizedActs qx, qact;  // for the VNNI kernel (decode, int4)
+      QuantizedActs qx, qact;  // for the VNNI kernel (int4)
+      AmxActs ax, aact;        // for the AMX kernel (16 tokens or more)
     };
     std::vector<Group> groups;
     for (int i = 0; i < n;) {
@@ -195,6 +216,7 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
       group_sums(g.x.data(), g.count, H, g.xsum.data());
       g.act.resize(static_cast<std::size_t>(g.count) * I);
       if (vnni_applies(moe.experts[g.expert].gate, g.count)) quantize_acts(g.x.data(), g.count, H, &g.qx);
+      if (amx_applies(moe.experts[g.expert].gate, g.count)) prepare_amx_acts(g.qx, &g.ax);
       groups.push_back(std::move(g));
       i = j;
     }
@@ -207,7 +229,10 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
       thread_local std::vector<float> gate, up;
       gate.resize(static_cast<std::size_t>(g.count) * I);
       up.resize(gate.size());
-      if (g.qx.T) {
+      if (g.ax.T) {
+        matmul_rows_amx(e.gate, g.ax, r0, r1, gate.data(), I);
+        matmul_rows_amx(e.up, g.ax, r0, r1, up.data(), I);
+      } else if (g.qx.T) {
         matmul_rows_vnni(e.gate, g.qx, r0, r1, gate.data(), I);
         matmul_rows_vnni(e.up, g.qx, r0, r1, up.data(), I);
       } else {
@@ -221,6 +246,7 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
       g.actsum.resize(static_cast<std::size_t>(g.count) * ((I + 31) / 32));
       group_sums(g.act.data(), g.count, I, g.actsum.data());
       if (vnni_applies(moe.experts[g.expert].down, g.count)) quantize_acts(g.act.data(), g.count, I, &g.qact);
+      if (amx_applies(moe.experts[g.expert].down, g.count)) prepare_amx_acts(g.qact, &g.aact);
     }
     const int hblocks = (H + kRowBlock - 1) / kRowBlock;
     parallel(hblocks, [&](int job) {
@@ -228,7 +254,8 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
       thread_local std::vector<float> y;
       for (const Group& g : groups) {
         y.resize(static_cast<std::size_t>(g.count) * H);
-        if (g.qact.T) matmul_rows_vnni(moe.experts[g.expert].down, g.qact, r0, r1, y.data(), H);
+        if (g.aact.T) matmul_rows_amx(moe.experts[g.expert].down, g.aact, r0, r1, y.data(), H);
+        else if (g.qact.T) matmul_rows_vnni(moe.experts[g.expert].down, g.qact, r0, r1, y.data(), H);
         else matmul_rows(moe.experts[g.expert].down, g.act.data(), g.actsum.data(), g.count, r0, r1, y.data(), H);
         for (int c = 0; c < g.count; ++c) {
           const ExpertPair& p = pairs[order[g.begin + c]];

@@ -159,3 +159,32 @@ TEST(ThreadPool, StaticRunsKeepJobsOnTheirThread) {
   EXPECT_EQ(first, again);
   for (int i = 0; i < 12; ++i) EXPECT_EQ(first[i], first[i % 3]);  // job i on thread i % 3
 }
+
+#include "kernels_amx.h"
+
+TEST(Kernels, AmxInt4MatchesTheVnniKernel) {
+  if (!coli::cpu::amx_available()) GTEST_SKIP() << "no AMX-INT8 (or no tile permission) on this CPU";
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd;
+  for (QuantFormat f : {QuantFormat::I4, QuantFormat::I4_G32, QuantFormat::I4_G64, QuantFormat::I4_G128_ASYM, QuantFormat::I4_G32_ASYM})
+    for (int64_t rows : {16, 37})
+      for (int T : {16, 21, 48}) {
+        const int64_t cols = 512;
+        std::vector<float> w(rows * cols), x(T * cols);
+        for (auto& v : w) v = nd(rng) * 0.05f;
+        for (auto& v : x) v = nd(rng);
+        std::vector<uint8_t> q(layout_of(f, rows, cols).total);
+        quantize_matrix(f, w.data(), rows, cols, q.data());
+        const Matrix m{f, q.data(), rows, cols, nullptr};
+        QuantizedActs qa;
+        quantize_acts(x.data(), T, cols, &qa);
+        std::vector<float> ya(T * rows, NAN), yv(T * rows, NAN);
+        AmxActs aa;
+        prepare_amx_acts(qa, &aa);
+        matmul_rows_amx(m, aa, 3, rows, ya.data(), rows);
+        matmul_rows_vnni(m, qa, 3, rows, yv.data(), rows);
+        for (int t = 0; t < T; ++t)
+          for (int64_t r = 3; r < rows; ++r) ASSERT_NEAR(ya[t * rows + r], yv[t * rows + r], 1e-4f * (1 + std::fabs(yv[t * rows + r]))) << format_name(f) << " T=" << T;
+        for (int t = 0; t < T; ++t) ASSERT_TRUE(std::isnan(ya[t * rows + 2]));
+      }
+}

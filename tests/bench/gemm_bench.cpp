@@ -1,17 +1,19 @@
-// Prefill GEMM speed of the int4 VNNI kernel: y[T, rows] = x[T, cols] W^T on
+// Prefill GEMM speed of the int4 VNNI and AMX kernels: y[T, rows] = x[T, cols] W^T on
 // one thread, W int4-g32 [rows, 2048]. items_per_second counts multiply-adds.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
+#include "kernels_amx.h"
 #include "kernels_vnni.h"
 
 namespace {
 
-void BM_GemmVnni(benchmark::State& st) {
-  if (!coli::cpu::vnni_available()) {
-    st.SkipWithError("no AVX512-VNNI");
+template <bool kAmx>
+void gemm(benchmark::State& st) {
+  if (kAmx ? !coli::cpu::amx_available() : !coli::cpu::vnni_available()) {
+    st.SkipWithError(kAmx ? "no AMX-INT8" : "no AVX512-VNNI");
     return;
   }
   const int64_t rows = st.range(0), cols = 2048;
@@ -26,12 +28,18 @@ void BM_GemmVnni(benchmark::State& st) {
   const coli::Matrix m{coli::QuantFormat::I4_G32, q.data(), rows, cols, nullptr};
   coli::cpu::QuantizedActs qa;
   coli::cpu::quantize_acts(x.data(), T, cols, &qa);
+  coli::cpu::AmxActs aa;
+  if (kAmx) coli::cpu::prepare_amx_acts(qa, &aa);
   for (auto _ : st) {
-    coli::cpu::matmul_rows_vnni(m, qa, 0, rows, y.data(), rows);
+    if (kAmx) coli::cpu::matmul_rows_amx(m, aa, 0, rows, y.data(), rows);
+    else coli::cpu::matmul_rows_vnni(m, qa, 0, rows, y.data(), rows);
     benchmark::DoNotOptimize(y.data());
   }
   st.SetItemsProcessed(static_cast<int64_t>(rows * cols * T) * st.iterations());
 }
+void BM_GemmVnni(benchmark::State& st) { gemm<false>(st); }
+void BM_GemmAmx(benchmark::State& st) { gemm<true>(st); }
 BENCHMARK(BM_GemmVnni)->ArgsProduct({{512, 2048}, {16, 64, 256}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmAmx)->ArgsProduct({{512, 2048}, {16, 64, 256}})->Unit(benchmark::kMillisecond);
 
 }  // namespace
