@@ -1,4 +1,4 @@
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,fma,f16c")
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels_vnni.h"
 
@@ -21,10 +21,21 @@ bool vnni_available() {
   return ok && active_level() == CpuLevel::kAvx512;
 }
 
+namespace {
+bool vbmi_available() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
+  }();
+  return ok;
+}
+}  // namespace
+
 bool vnni_applies(const Matrix& W, int T) {
   (void)T;  // any number of tokens: groups of 4 share each weight load
   const bool int4 = W.format >= QuantFormat::I4 && W.format <= QuantFormat::I4_G128_ASYM;
-  return int4 && W.cols % 128 == 0 && vnni_available();
+  const bool int8 = W.format == QuantFormat::I8 && vbmi_available();  // byte permutes need VBMI
+  return (int4 || int8) && W.cols % 128 == 0 && vnni_available();
 }
 
 void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* qa) {
@@ -134,6 +145,47 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
   }
 }
 
+// int8 weights (one f32 scale per row): the codes become unsigned by
+// flipping their sign bit (w + 128), split into even and odd columns per
+// 32-column block to match the activations' order; the 128 * sum(x) that
+// the flip adds is taken off at the end.
+template <int T>
+void rows_vnni_i8(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const MatrixLayout l = layout_of(W.format, W.rows, W.cols);
+  const int64_t cols = W.cols, nsb = cols / 128, nb = cols / 32;
+  // Byte indices: even columns of the 4 blocks of a 128-column superblock
+  // (source: two 64-byte halves), then odd ones.
+  alignas(64) uint8_t ie[64], io[64];
+  for (int k = 0; k < 4; ++k)
+    for (int c = 0; c < 16; ++c) ie[k * 16 + c] = static_cast<uint8_t>(k * 32 + 2 * c), io[k * 16 + c] = static_cast<uint8_t>(k * 32 + 2 * c + 1);
+  const __m512i idx_e = _mm512_load_si512(ie), idx_o = _mm512_load_si512(io), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  float xsum[T];
+  for (int t = 0; t < T; ++t) {
+    xsum[t] = 0;
+    for (int64_t j = 0; j < nb; ++j) xsum[t] += qa.bsum[(t0 + t) * nb + j];
+  }
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = W.data + static_cast<std::size_t>(r) * l.row_stride;
+    float s;
+    std::memcpy(&s, W.data + l.scale_offset + static_cast<std::size_t>(r) * l.scale_row_bytes, 4);
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + sb * 128) + 2048, _MM_HINT_T0);
+      const __m512i w0 = _mm512_loadu_si512(row + sb * 128), w1 = _mm512_loadu_si512(row + sb * 128 + 64);
+      const __m512i we = _mm512_xor_si512(_mm512_permutex2var_epi8(w0, idx_e, w1), flip);
+      const __m512i wo = _mm512_xor_si512(_mm512_permutex2var_epi8(w0, idx_o, w1), flip);
+      for (int t = 0; t < T; ++t) {
+        const int8_t* a = qa.codes.data() + ((t0 + t) * nsb + sb) * 128;
+        __m512i ai = _mm512_dpbusd_epi32(_mm512_setzero_si512(), we, _mm512_loadu_si512(a));
+        ai = _mm512_dpbusd_epi32(ai, wo, _mm512_loadu_si512(a + 64));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_loadu_ps(qa.lanes.data() + ((t0 + t) * nsb + sb) * 16), acc[t]);
+      }
+    }
+    for (int t = 0; t < T; ++t) y[(t0 + t) * ldy + r] = s * (_mm512_reduce_add_ps(acc[t]) - 128.0f * xsum[t]);
+  }
+}
+
 }  // namespace
 
 void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy) {
@@ -144,6 +196,16 @@ void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int6
   for (int64_t rb = r0; rb < r1; rb += kRows) {
     const int64_t re = std::min(r1, rb + kRows);
     int t = 0;
+    if (W.format == QuantFormat::I8) {
+      for (; t + 4 <= qa.T; t += 4) rows_vnni_i8<4>(W, qa, t, rb, re, y, ldy);
+      switch (qa.T - t) {
+        case 1: rows_vnni_i8<1>(W, qa, t, rb, re, y, ldy); break;
+        case 2: rows_vnni_i8<2>(W, qa, t, rb, re, y, ldy); break;
+        case 3: rows_vnni_i8<3>(W, qa, t, rb, re, y, ldy); break;
+        default: break;
+      }
+      continue;
+    }
     for (; t + 4 <= qa.T; t += 4) rows_vnni<4>(W, qa, t, rb, re, y, ldy);
     switch (qa.T - t) {
       case 1: rows_vnni<1>(W, qa, t, rb, re, y, ldy); break;
@@ -156,7 +218,7 @@ void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int6
 
 bool vnni_applies_gemm(const Matrix& W) {
   const bool int4 = W.format >= QuantFormat::I4 && W.format <= QuantFormat::I4_G128_ASYM;
-  return int4 && W.cols % 128 == 0 && vnni_available();
+  return int4 && W.cols % 128 == 0 && vnni_available();  // the AMX kernel takes int4 only
 }
 
 }  // namespace coli::cpu

@@ -53,6 +53,11 @@ TEST(FastBackend, Int8ContainerGivesTheGoldenTokens) {
     EXPECT_EQ(test::greedy_tokens(ef, ids), p["greedy"].get<std::vector<int>>());
     Session sr = er.new_session(), sf = ef.new_session();
     const auto lr = er.forward(sr, ids), lf = ef.forward(sf, ids);
-    for (std::size_t i = 0; i < lr.size(); ++i) ASSERT_NEAR(lr[i], lf[i], 2e-3f);
+    // The fast path quantizes activations to int8 per 32 columns for int8 and
+    // int4 weights (AVX512-VNNI): logits move by up to ~1e-3 of their range.
+    float err = 0, range = 0;
+    for (std::size_t i = 0; i < lr.size(); ++i) err = std::max(err, std::fabs(lr[i] - lf[i])), range = std::max(range, std::fabs(lr[i]));
+    std::printf("[ info     ] int8 container, fast vs reference: max |dlogit| %.4f of max |logit| %.2f\n", err, range);
+    EXPECT_LT(err, 2e-3f * range);
   }
 }

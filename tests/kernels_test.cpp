@@ -84,12 +84,12 @@ TEST(ThreadPool, RunsEveryJobOnceAcrossManyRuns) {
 
 #include "kernels_vnni.h"
 
-TEST(Kernels, VnniInt4MatchesTheSameMathInFloat) {
+TEST(Kernels, VnniInt4AndInt8MatchTheSameMathInFloat) {
   if (!coli::cpu::vnni_available()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
   for (QuantFormat f : {QuantFormat::I4, QuantFormat::I4_G32, QuantFormat::I4_G64, QuantFormat::I4_G128, QuantFormat::I4_G32_ASYM,
-                        QuantFormat::I4_G64_ASYM, QuantFormat::I4_G128_ASYM})
+                        QuantFormat::I4_G64_ASYM, QuantFormat::I4_G128_ASYM, QuantFormat::I8})
     for (int64_t cols : {128, 512, 2048})
       for (int T : {1, 2, 4}) {
         const int64_t rows = 9;
@@ -99,6 +99,7 @@ TEST(Kernels, VnniInt4MatchesTheSameMathInFloat) {
         std::vector<uint8_t> q(layout_of(f, rows, cols).total);
         quantize_matrix(f, w.data(), rows, cols, q.data());
         const Matrix m{f, q.data(), rows, cols, nullptr};
+        if (f == QuantFormat::I8 && !vnni_applies(m, T)) continue;  // needs AVX512-VBMI too
         ASSERT_TRUE(vnni_applies(m, T));
         QuantizedActs qa;
         quantize_acts(x.data(), T, cols, &qa);
