@@ -23,6 +23,21 @@ struct LevelGuard {
   CpuLevel saved = active_level();
   ~LevelGuard() { set_active_level(saved); }
 };
+
+// A random [rows, cols] weight matrix quantized to f, and T random token vectors.
+struct RandomProblem {
+  std::vector<float> w, x;
+  std::vector<uint8_t> q;
+  Matrix m;
+  RandomProblem(std::mt19937& rng, QuantFormat f, int64_t rows, int64_t cols, int T) : w(rows * cols), x(T * cols) {
+    std::normal_distribution<float> nd;
+    for (auto& v : w) v = nd(rng) * 0.05f;
+    for (auto& v : x) v = nd(rng);
+    q.resize(layout_of(f, rows, cols).total);
+    quantize_matrix(f, w.data(), rows, cols, q.data());
+    m = Matrix{f, q.data(), rows, cols, nullptr};
+  }
+};
 }  // namespace
 
 TEST(Kernels, EveryFormatEveryLevelMatchesReference) {
@@ -93,12 +108,9 @@ TEST(Kernels, VnniInt4AndInt8MatchTheSameMathInFloat) {
     for (int64_t cols : {128, 512, 2048})
       for (int T : {1, 2, 4}) {
         const int64_t rows = 9;
-        std::vector<float> w(rows * cols), x(T * cols);
-        for (auto& v : w) v = nd(rng) * 0.05f;
-        for (auto& v : x) v = nd(rng);
-        std::vector<uint8_t> q(layout_of(f, rows, cols).total);
-        quantize_matrix(f, w.data(), rows, cols, q.data());
-        const Matrix m{f, q.data(), rows, cols, nullptr};
+        RandomProblem p(rng, f, rows, cols, T);
+        const Matrix& m = p.m;
+        const std::vector<float>& x = p.x;
         if (f == QuantFormat::I8 && !vnni_applies(m, T)) continue;  // needs AVX512-VBMI too
         ASSERT_TRUE(vnni_applies(m, T));
         QuantizedActs qa;
@@ -171,12 +183,9 @@ TEST(Kernels, AmxInt4MatchesTheVnniKernel) {
     for (int64_t rows : {16, 37})
       for (int T : {16, 21, 48}) {
         const int64_t cols = 512;
-        std::vector<float> w(rows * cols), x(T * cols);
-        for (auto& v : w) v = nd(rng) * 0.05f;
-        for (auto& v : x) v = nd(rng);
-        std::vector<uint8_t> q(layout_of(f, rows, cols).total);
-        quantize_matrix(f, w.data(), rows, cols, q.data());
-        const Matrix m{f, q.data(), rows, cols, nullptr};
+        RandomProblem p(rng, f, rows, cols, T);
+        const Matrix& m = p.m;
+        const std::vector<float>& x = p.x;
         QuantizedActs qa;
         quantize_acts(x.data(), T, cols, &qa);
         std::vector<float> ya(T * rows, NAN), yv(T * rows, NAN);
