@@ -62,7 +62,6 @@ BINS     := $(addprefix $(BUILD)/bin/,$(TOOLS))
 TEST_BIN := $(BUILD)/bin/coli-tests
 
 .PHONY: all libs tools tests test check bench fuzz fuzz-run run install clean
-.SECONDARY:
 all: tools tests
 libs: $(LIBS)
 tools: $(BINS)
@@ -126,6 +125,8 @@ FUZZ_LIBS  := -Wl,-Bstatic -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic
 FUZZ_FLAGS := -std=c++20 -O1 -g -fno-sanitize-recover=all $(INCLUDES) -MMD -MP
 FUZZ_LIB   := $(BUILD)/fuzz/libcolicore-fuzz.a
 fuzz: $(FUZZ_BINS)
+# Keep the fuzz targets' own objects (make would delete them as intermediates).
+.SECONDARY: $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzzobj/tests/fuzz/%.cpp.o,$(FUZZ_SRC))
 $(BUILD)/fuzzobj/%.cpp.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
