@@ -20,7 +20,7 @@ namespace coli {
 
 using nlohmann::json;
 
-std::string TensorView::shape_str() const {
+std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";

@@ -17,6 +17,9 @@
 
 namespace coli {
 
+// "[2, 3]": a shape as error messages print it.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 struct TensorView {
   std::string name;
   DType dtype = DType::F32;
@@ -30,7 +33,7 @@ struct TensorView {
     for (auto d : shape) n *= d;
     return n;
   }
-  std::string shape_str() const;
+  std::string shape_str() const { return shape_string(shape); }
 };
 
 class SafetensorsFile {

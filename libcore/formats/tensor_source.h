@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/safetensors.h"
 #include "quant/format.h"
 
 namespace coli {
@@ -21,7 +22,7 @@ struct SourceTensor {
   const float* aux = nullptr;  // fp8 block scales (f32), else null
   std::string file;            // for messages
   std::vector<std::string> companions;  // other source names this one consumed (e.g. *_scale_inv)
-  std::string shape_str() const;
+  std::string shape_str() const { return shape_string(shape); }
 };
 
 class TensorSource {

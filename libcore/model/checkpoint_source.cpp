@@ -43,7 +43,7 @@ const SourceTensor* CheckpointSource::find(const std::string& canonical) {
       if (!sc) throw Error(t->file + ": fp8 tensor '" + name + "' has no '" + sn + "'");
       if (t->shape.size() != 2) throw Error(t->file + ": fp8 tensor '" + name + "' is not 2-D; only 2-D fp8 weights are supported");
       const std::vector<int64_t> want = {(t->shape[0] + 127) / 128, (t->shape[1] + 127) / 128};
-      if (sc->shape != want) throw Error(sc->file + ": '" + sn + "' has shape " + sc->shape_str() + "; 128x128 blocks of " + name + " need " + SourceTensor{"", {}, want}.shape_str());
+      if (sc->shape != want) throw Error(sc->file + ": '" + sn + "' has shape " + sc->shape_str() + "; 128x128 blocks of " + name + " need " + shape_string(want));
       if (sc->dtype != DType::F32 && sc->dtype != DType::BF16 && sc->dtype != DType::F16) throw Error(sc->file + ": '" + sn + "' must be f32, bf16 or f16");
       scales_.emplace_back(static_cast<std::size_t>(sc->numel()));
       to_f32(sc->dtype, sc->data, scales_.back().size(), scales_.back().data());

@@ -25,7 +25,7 @@ class Binder {
   const SourceTensor& get(const std::string& name, std::vector<int64_t> shape) {
     const SourceTensor* t = src_.find(name);
     if (!t) throw Error(where_ + ": missing tensor '" + name + "'");
-    if (t->shape != shape) throw Error(t->file + ": tensor '" + t->name + "' has shape " + t->shape_str() + ", expected " + SourceTensor{"", {}, shape}.shape_str());
+    if (t->shape != shape) throw Error(t->file + ": tensor '" + t->name + "' has shape " + t->shape_str() + ", expected " + shape_string(shape));
     used_.insert(name);
     for (const auto& c : t->companions) used_.insert(c);
     return *t;
