@@ -33,44 +33,7 @@ void CpuBackend::parallel(int n, const std::function<void(int)>& fn, bool fixed)
     for (int i = 0; i < n; ++i) fn(i);
 }
 
-void CpuBackend::mm(const Matrix& W, const float* x, int T, float* y) {
-  if (!fast_) return matmul(W, x, T, y);
-  if (amx_applies(W, T)) {  // prefill: AMX tiles, 16 rows per job unit
-    QuantizedActs qa;
-    quantize_acts(x, T, W.cols, &qa);
-    AmxActs aa;
-    prepare_amx_acts(qa, &aa);
-    const int64_t target = static_cast<int64_t>(pool_->size()) * 2;
-    const int64_t block = std::max<int64_t>(16, (W.rows + target - 1) / target / 16 * 16);
-    pool_->run(static_cast<int>((W.rows + block - 1) / block), [&](int j) {
-      const int64_t r0 = j * block, r1 = std::min(W.rows, r0 + block);
-      matmul_rows_amx(W, aa, r0, r1, y, W.rows);
-    });
-    return;
-  }
-  if (vnni_applies(W, T)) {  // int8 activations, VNNI dot products
-    QuantizedActs qa;
-    quantize_acts(x, T, W.cols, &qa);
-    const int64_t target = static_cast<int64_t>(pool_->size()) * 4;
-    const int64_t block = std::max<int64_t>(8, (W.rows + target - 1) / target);
-    pool_->run(static_cast<int>((W.rows + block - 1) / block), [&](int j) {
-      const int64_t r0 = j * block, r1 = std::min(W.rows, r0 + block);
-      matmul_rows_vnni(W, qa, r0, r1, y, W.rows);
-    });
-    return;
-  }
-  const int64_t nb = (W.cols + 31) / 32;
-  std::vector<float> xsum(static_cast<std::size_t>(T) * nb);
-  group_sums(x, T, W.cols, xsum.data());
-  // Enough jobs to balance the threads, each a few dozen rows or more.
-  const int64_t target = static_cast<int64_t>(pool_->size()) * 4;
-  const int64_t block = std::max<int64_t>(T > 4 ? 16 : 8, (W.rows + target - 1) / target);
-  const int jobs = static_cast<int>((W.rows + block - 1) / block);
-  pool_->run(jobs, [&](int j) {
-    const int64_t r0 = j * block, r1 = std::min(W.rows, r0 + block);
-    matmul_rows(W, x, xsum.data(), T, r0, r1, y, W.rows);
-  });
-}
+void CpuBackend::mm(const Matrix& W, const float* x, int T, float* y) { mm_many({{&W, y}}, x, T); }
 
 void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>> outs, const float* x, int T) {
   if (!fast_) {
@@ -86,8 +49,11 @@ void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>>
   std::vector<Job> jobs;
   int64_t total_rows = 0;
   for (const auto& o : outs) total_rows += o.first->rows;
+  // Enough jobs to balance the threads; prefill blocks are multiples of 16
+  // rows (an AMX tile), decode blocks at least 8.
   const int64_t target = static_cast<int64_t>(pool_->size()) * 4;
-  const int64_t block = std::max<int64_t>(8, (total_rows + target - 1) / target);
+  int64_t block = std::max<int64_t>(8, (total_rows + target - 1) / target);
+  if (T > 4) block = std::max<int64_t>(16, block / 16 * 16);
   for (const auto& [W, y] : outs)
     for (int64_t r = 0; r < W->rows; r += block) jobs.push_back({W, y, r, std::min(W->rows, r + block)});
   const int64_t cols = outs.begin()->first->cols;
@@ -169,15 +135,6 @@ void CpuBackend::route(int layer, int T, const float* hn, int* idx, float* w) {
       w[t * K + k] = pt[order[k]] / sum;
     }
   }
-}
-
-void swiglu(const ExpertWeights& e, const float* x, int T, float* out) {
-  const int I = static_cast<int>(e.gate.rows);
-  std::vector<float> g(static_cast<std::size_t>(T) * I), u(g.size());
-  matmul(e.gate, x, T, g.data());
-  matmul(e.up, x, T, u.data());
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
-  matmul(e.down, g.data(), T, out);
 }
 
 void CpuBackend::shared_expert(int layer, int T, const float* hn, float* out) {
@@ -285,7 +242,7 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
     xin.resize(static_cast<std::size_t>(cnt) * H);
     y.resize(xin.size());
     for (int c = 0; c < cnt; ++c) std::copy_n(hn + static_cast<std::size_t>(pairs[order[i + c]].token) * H, H, xin.data() + c * H);
-    swiglu(moe.experts[e], xin.data(), cnt, y.data());
+    swiglu_mm(moe.experts[e], xin.data(), cnt, y.data());
     for (int c = 0; c < cnt; ++c) {
       const ExpertPair& p = pairs[order[i + c]];
       for (int h = 0; h < H; ++h) out[static_cast<std::size_t>(p.token) * H + h] += p.weight * y[c * H + h];

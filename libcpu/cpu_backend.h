@@ -60,6 +60,7 @@ class CpuBackend : public Backend {
   void mm_many(std::initializer_list<std::pair<const Matrix*, float*>> outs, const float* x, int T);
   // fn(i) for i < n, on the pool in fast mode (fixed: same thread per i).
   void parallel(int n, const std::function<void(int)>& fn, bool fixed = false);
+  // out[T, H] = down(silu(gate . x) * (up . x)) for T rows of x.
   void swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out);
 
   const Model& m_;
@@ -68,7 +69,5 @@ class CpuBackend : public Backend {
   std::unique_ptr<ThreadPool> pool_;
 };
 
-// out[T, H] = down(silu(gate . x) * (up . x)) for T rows of x.
-void swiglu(const ExpertWeights& e, const float* x, int T, float* out);
 
 }  // namespace coli::cpu
