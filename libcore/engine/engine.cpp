@@ -13,6 +13,12 @@ Engine::Engine(const ModelSpec& spec, Backend& backend, int prefill_chunk)
 Session Engine::new_session() const { return Session{backend_.new_state(), 0}; }
 
 std::vector<float> Engine::forward(Session& s, std::span<const int> tokens, const RouteObserver& observe) {
+  return run(s, tokens, /*all_logits=*/false, observe);
+}
+
+std::vector<float> Engine::forward_all(Session& s, std::span<const int> tokens) { return run(s, tokens, /*all_logits=*/true, {}); }
+
+std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all_logits, const RouteObserver& observe) {
   if (tokens.empty()) throw Error("forward: no tokens");
   for (int id : tokens)
     if (id < 0 || id >= spec_.vocab_size)
@@ -21,23 +27,11 @@ std::vector<float> Engine::forward(Session& s, std::span<const int> tokens, cons
   for (std::size_t i = 0; i < tokens.size(); i += prefill_chunk_) {
     const int T = static_cast<int>(std::min<std::size_t>(prefill_chunk_, tokens.size() - i));
     const bool last = i + T == tokens.size();
-    auto l = forward_chunk(s, tokens.data() + i, T, last ? Logits::kLast : Logits::kNone, observe);
-    if (last) logits = std::move(l);
+    const Logits want = all_logits ? Logits::kAll : last ? Logits::kLast : Logits::kNone;
+    auto l = forward_chunk(s, tokens.data() + i, T, want, observe);
+    logits.insert(logits.end(), l.begin(), l.end());
   }
   return logits;
-}
-
-std::vector<float> Engine::forward_all(Session& s, std::span<const int> tokens) {
-  if (tokens.empty()) throw Error("forward: no tokens");
-  for (int id : tokens)
-    if (id < 0 || id >= spec_.vocab_size) throw Error("token id " + std::to_string(id) + " is outside the vocabulary");
-  std::vector<float> all;
-  for (std::size_t i = 0; i < tokens.size(); i += prefill_chunk_) {
-    const int T = static_cast<int>(std::min<std::size_t>(prefill_chunk_, tokens.size() - i));
-    auto l = forward_chunk(s, tokens.data() + i, T, Logits::kAll, {});
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  return all;
 }
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {

@@ -48,6 +48,8 @@ class Engine {
 
  private:
   enum class Logits { kNone, kLast, kAll };
+  // Checks the ids, then runs them chunk by chunk; last-token or all logits.
+  std::vector<float> run(Session& s, std::span<const int> tokens, bool all_logits, const RouteObserver& observe);
   // One chunk; returns the logits it was asked for.
   std::vector<float> forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe);
 
