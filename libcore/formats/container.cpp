@@ -1,9 +1,5 @@
 #include "formats/container.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
@@ -11,6 +7,7 @@
 #include <limits>
 
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace coli {
 
@@ -165,50 +162,28 @@ ContainerHeader read_container_header(const uint8_t* bytes, std::size_t size, co
   return h;
 }
 
-Container::Container(const std::string& path, std::optional<uint64_t> expect) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  size_ = static_cast<std::size_t>(st.st_size);
-  if (size_ == 0) {
-    ::close(fd);
-    throw Error(path + ": truncated container (0 bytes, no header)");
-  }
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    throw Error(path + ": cannot mmap: " + std::strerror(errno));
-  }
-  try {
-    const ContainerHeader h = read_container_header(base(), size_, path);
-    manifest_ = parse_manifest(std::string_view(reinterpret_cast<const char*>(base()) + h.manifest_offset, h.manifest_bytes), h.manifest_offset, path);
-    if (manifest_.fingerprint != h.fingerprint) throw Error(path + ": corrupt container: header and manifest fingerprints differ");
-    if (expect && *expect != manifest_.fingerprint)
-      throw Error(path + ": fingerprint " + hex64(manifest_.fingerprint) + " does not match the expected " + hex64(*expect) +
-                  " (another source checkpoint or other conversion settings)");
-    for (const auto& b : manifest_.blobs)
-      for (const auto& p : b.parts) {
-        SourceTensor t;
-        t.name = p.name;
-        t.format = p.format;
-        t.shape = p.shape;
-        t.data = base() + p.offset;
-        t.nbytes = p.bytes;
-        t.file = path;
-        if (!tensors_.emplace(p.name, std::move(t)).second) throw Error(path + ": manifest lists tensor '" + p.name + "' twice");
-      }
-  } catch (...) {
-    ::munmap(map_, size_);
-    map_ = nullptr;
-    throw;
-  }
+Container::Container(const std::string& path, std::optional<uint64_t> expect) : path_(path), file_(std::make_unique<MappedFile>(path)) {
+  if (file_->size() == 0) throw Error(path + ": truncated container (0 bytes, no header)");
+  const ContainerHeader h = read_container_header(base(), file_->size(), path);
+  manifest_ = parse_manifest(std::string_view(reinterpret_cast<const char*>(base()) + h.manifest_offset, h.manifest_bytes), h.manifest_offset, path);
+  if (manifest_.fingerprint != h.fingerprint) throw Error(path + ": corrupt container: header and manifest fingerprints differ");
+  if (expect && *expect != manifest_.fingerprint)
+    throw Error(path + ": fingerprint " + hex64(manifest_.fingerprint) + " does not match the expected " + hex64(*expect) +
+                " (another source checkpoint or other conversion settings)");
+  for (const auto& b : manifest_.blobs)
+    for (const auto& p : b.parts) {
+      SourceTensor t;
+      t.name = p.name;
+      t.format = p.format;
+      t.shape = p.shape;
+      t.data = base() + p.offset;
+      t.nbytes = p.bytes;
+      t.file = path;
+      if (!tensors_.emplace(p.name, std::move(t)).second) throw Error(path + ": manifest lists tensor '" + p.name + "' twice");
+    }
 }
 
-Container::~Container() {
-  if (map_) ::munmap(map_, size_);
-}
+Container::~Container() = default;
 
 const SourceTensor* Container::find(const std::string& name) {
   auto it = tensors_.find(name);

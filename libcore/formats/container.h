@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "formats/tensor_source.h"
+#include "util/mapped_file.h"
 
 namespace coli {
 
@@ -91,7 +93,7 @@ class Container : public TensorSource {
   const Manifest& manifest() const { return manifest_; }
   uint64_t fingerprint() const { return manifest_.fingerprint; }
   std::string config_json() const { return manifest_.config.dump(); }
-  const uint8_t* base() const { return static_cast<const uint8_t*>(map_); }
+  const uint8_t* base() const { return file_->data(); }
   // An embedded file (tokenizer.json, tokenizer_config.json), if present.
   std::optional<std::string_view> file(const std::string& name) const;
   // Rereads every blob and compares its xxh64; throws naming the first bad
@@ -100,8 +102,7 @@ class Container : public TensorSource {
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  std::size_t size_ = 0;
+  std::unique_ptr<MappedFile> file_;
   Manifest manifest_;
   std::map<std::string, SourceTensor> tensors_;
 };

@@ -1,9 +1,5 @@
 #include "formats/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -15,6 +11,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/mapped_file.h"
 
 namespace coli {
 
@@ -31,9 +28,6 @@ namespace {
 // before allocating anything.
 constexpr uint64_t kMaxHeader = 256ull << 20;
 
-std::string sys_error(const std::string& what, const std::string& path) {
-  return path + ": " + what + ": " + std::strerror(errno);
-}
 }  // namespace
 
 std::map<std::string, TensorView> SafetensorsFile::parse(const std::string& path, const uint8_t* bytes,
@@ -97,37 +91,12 @@ std::map<std::string, TensorView> SafetensorsFile::parse(const std::string& path
   return out;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(sys_error("cannot open", path));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw Error(sys_error("cannot stat", path));
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
-  if (size_ == 0) {
-    ::close(fd);
-    throw Error(path + ": truncated safetensors file (0 bytes, no header)");
-  }
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    throw Error(sys_error("cannot mmap", path));
-  }
-  try {
-    tensors_ = parse(path, static_cast<const uint8_t*>(map_), size_);
-  } catch (...) {
-    ::munmap(map_, size_);
-    map_ = nullptr;
-    throw;
-  }
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(std::make_unique<MappedFile>(path)) {
+  if (file_->size() == 0) throw Error(path + ": truncated safetensors file (0 bytes, no header)");
+  tensors_ = parse(path, file_->data(), file_->size());
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(map_, size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const TensorView* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);

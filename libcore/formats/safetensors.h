@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "util/mapped_file.h"
 
 namespace coli {
 
@@ -56,8 +57,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  std::size_t size_ = 0;
+  std::unique_ptr<MappedFile> file_;
   std::map<std::string, TensorView> tensors_;
 };
 

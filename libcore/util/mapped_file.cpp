@@ -1,0 +1,41 @@
+#include "util/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace coli {
+
+MappedFile::MappedFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw Error(path + ": cannot stat: " + std::strerror(e));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (map_ == MAP_FAILED) {
+      const int e = errno;
+      map_ = nullptr;
+      ::close(fd);
+      throw Error(path + ": cannot mmap: " + std::strerror(e));
+    }
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (map_) ::munmap(map_, size_);
+}
+
+}  // namespace coli
