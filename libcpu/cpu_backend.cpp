@@ -1,8 +1,9 @@
 #include "cpu_backend.h"
 
-#include <numeric>
+#include <malloc.h>
 
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 
 #include "kernels.h"
@@ -13,13 +14,28 @@
 
 namespace coli::cpu {
 
-// Routed experts use AMX from this many tokens on (VNNI below: a tile has 16
-// token columns). Dev machine, 1-layer model, pp512, one session: experts
-// 169 ms with a threshold of 64, 150 ms with 16.
-constexpr int kAmxExpertTokens = 16;
+namespace {
+// Tokens covered by the pairs: 1 + the largest token index.
+int num_tokens(const ExpertPair* pairs, int n) {
+  int T = 0;
+  for (int i = 0; i < n; ++i) T = std::max(T, pairs[i].token + 1);
+  return T;
+}
+}  // namespace
+
 
 CpuBackend::CpuBackend(const Model& model, CpuOptions opt) : m_(model), s_(model.spec()), fast_(opt.fast) {
-  if (fast_) pool_ = std::make_unique<ThreadPool>(opt.threads);
+  if (!fast_) return;
+  pool_ = std::make_unique<ThreadPool>(opt.threads);
+  // A prefill chunk allocates and frees buffers of 100 KB - 30 MB in every
+  // layer. glibc would map and unmap each one (page faults on every use, and
+  // a TLB shootdown across all threads on every unmap); keep them in the
+  // heap instead, and keep the heap.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  });
 }
 
 CpuBackend::~CpuBackend() = default;
@@ -31,6 +47,23 @@ void CpuBackend::parallel(int n, const std::function<void(int)>& fn, bool fixed)
   else if (pool_) pool_->run(n, fn);
   else
     for (int i = 0; i < n; ++i) fn(i);
+}
+
+void CpuBackend::parallel_ranges(int n, const std::function<void(int, int)>& fn) {
+  const int chunks = std::min(n, num_threads() * 4);
+  if (chunks <= 1) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  parallel(chunks, [&](int c) { fn(static_cast<int>(int64_t(n) * c / chunks), static_cast<int>(int64_t(n) * (c + 1) / chunks)); });
+}
+
+void CpuBackend::quantize_parallel(const float* x, int T, int64_t cols, QuantizedActs* qa, AmxActs* aa) {
+  qa->resize(T, cols);
+  parallel_ranges(T, [&](int t0, int t1) { quantize_acts_rows(x, t0, t1, qa); });
+  if (!aa) return;
+  aa->reset(*qa);
+  parallel_ranges(aa->token_blocks(), [&](int b0, int b1) { prepare_amx_acts_blocks(*qa, b0, b1, aa); });
 }
 
 void CpuBackend::mm(const Matrix& W, const float* x, int T, float* y) { mm_many({{&W, y}}, x, T); }
@@ -65,11 +98,11 @@ void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>>
     (vnni_applies(*o.first, T) ? need_q : need_f) = true;
     need_amx |= amx_applies(*o.first, T);
   }
-  if (need_q) quantize_acts(x, T, cols, &qa);
-  if (need_amx) prepare_amx_acts(qa, &aa);
+  if (need_q) quantize_parallel(x, T, cols, &qa, need_amx ? &aa : nullptr);
   if (need_f) {
-    xsum.resize(static_cast<std::size_t>(T) * ((cols + 31) / 32));
-    group_sums(x, T, cols, xsum.data());
+    const int64_t nb = (cols + 31) / 32;
+    xsum.resize(static_cast<std::size_t>(T) * nb);
+    parallel_ranges(T, [&](int t0, int t1) { group_sums(x + t0 * cols, t1 - t0, cols, xsum.data() + t0 * nb); });
   }
   pool_->run(static_cast<int>(jobs.size()), [&](int j) {
     const Job& jb = jobs[j];
@@ -83,7 +116,9 @@ void CpuBackend::swiglu_mm(const ExpertWeights& e, const float* x, int T, float*
   const int I = static_cast<int>(e.gate.rows);
   std::vector<float> g(static_cast<std::size_t>(T) * I), u(g.size());
   mm_many({{&e.gate, g.data()}, {&e.up, u.data()}}, x, T);
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
+  parallel_ranges(T, [&](int t0, int t1) {
+    for (std::size_t i = std::size_t(t0) * I; i < std::size_t(t1) * I; ++i) g[i] = silu(g[i]) * u[i];
+  });
   mm(e.down, g.data(), T, out);
 }
 
@@ -107,34 +142,42 @@ void CpuBackend::trunk_step(int layer, BackendState& state, int pos0, int T, flo
   LayerState& st = static_cast<CpuState&>(state).layers[layer];
   const int H = s_.hidden_size;
   std::vector<float> hn(static_cast<std::size_t>(T) * H), out(hn.size());
-  for (int t = 0; t < T; ++t) rms_norm_1p(x + t * H, lw.input_norm.data(), H, s_.rms_norm_eps, hn.data() + t * H);
+  parallel_ranges(T, [&](int t0, int t1) {
+    for (int t = t0; t < t1; ++t) rms_norm_1p(x + t * H, lw.input_norm.data(), H, s_.rms_norm_eps, hn.data() + t * H);
+  });
   if (lw.kind == LayerKind::kFullAttention) attention(lw, st, pos0, T, hn.data(), out.data());
   else deltanet(lw, st, T, hn.data(), out.data());
-  for (std::size_t i = 0; i < hn.size(); ++i) x[i] += out[i];
+  parallel_ranges(T, [&](int t0, int t1) {
+    for (std::size_t i = std::size_t(t0) * H; i < std::size_t(t1) * H; ++i) x[i] += out[i];
+  });
 }
 
 void CpuBackend::ffn_norm(int layer, int T, const float* x, float* hn) {
   const int H = s_.hidden_size;
-  for (int t = 0; t < T; ++t) rms_norm_1p(x + t * H, m_.layer(layer).post_norm.data(), H, s_.rms_norm_eps, hn + t * H);
+  parallel_ranges(T, [&](int t0, int t1) {
+    for (int t = t0; t < t1; ++t) rms_norm_1p(x + t * H, m_.layer(layer).post_norm.data(), H, s_.rms_norm_eps, hn + t * H);
+  });
 }
 
 void CpuBackend::route(int layer, int T, const float* hn, int* idx, float* w) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok;
   std::vector<float> p(static_cast<std::size_t>(T) * E);
   mm(m_.layer(layer).moe.router, hn, T, p.data());
-  std::vector<int> order(E);
-  for (int t = 0; t < T; ++t) {
-    float* pt = p.data() + static_cast<std::size_t>(t) * E;
-    softmax(pt, E);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int a, int b) { return pt[a] > pt[b] || (pt[a] == pt[b] && a < b); });
-    float sum = 0;
-    for (int k = 0; k < K; ++k) sum += pt[order[k]];
-    for (int k = 0; k < K; ++k) {
-      idx[t * K + k] = order[k];
-      w[t * K + k] = pt[order[k]] / sum;
+  parallel_ranges(T, [&](int t0, int t1) {
+    std::vector<int> order(E);
+    for (int t = t0; t < t1; ++t) {
+      float* pt = p.data() + static_cast<std::size_t>(t) * E;
+      softmax(pt, E);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int a, int b) { return pt[a] > pt[b] || (pt[a] == pt[b] && a < b); });
+      float sum = 0;
+      for (int k = 0; k < K; ++k) sum += pt[order[k]];
+      for (int k = 0; k < K; ++k) {
+        idx[t * K + k] = order[k];
+        w[t * K + k] = pt[order[k]] / sum;
+      }
     }
-  }
+  });
 }
 
 void CpuBackend::shared_expert(int layer, int T, const float* hn, float* out) {
@@ -143,93 +186,23 @@ void CpuBackend::shared_expert(int layer, int T, const float* hn, float* out) {
   std::vector<float> gate(T);
   swiglu_mm(moe.shared, hn, T, out);
   mm(moe.shared_gate, hn, T, gate.data());
-  for (int t = 0; t < T; ++t)
-    for (int i = 0; i < H; ++i) out[t * H + i] *= sigmoid(gate[t]);
+  parallel_ranges(T, [&](int t0, int t1) {
+    for (int t = t0; t < t1; ++t) {
+      const float s = sigmoid(gate[t]);
+      for (int i = 0; i < H; ++i) out[t * H + i] *= s;
+    }
+  });
 }
 
 void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) {
   const MoeWeights& moe = m_.layer(layer).moe;
   const int H = s_.hidden_size;
   if (fast_) {
-    // Two parallel jobs for all experts of the layer: (1) gate, up and
-    // SiLU*up for every (expert, row block); (2) down for every output row
-    // block, summing the experts' weighted outputs into rows it owns.
-    const int I = s_.moe_intermediate_size;
-    std::vector<int> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return pairs[a].expert < pairs[b].expert; });
-    struct Group {
-      int expert, begin, count;  // into order
-      std::vector<float> x, xsum, act, actsum;
-      QuantizedActs qx, qact;  // for the VNNI kernel (int4)
-      AmxActs ax, aact;        // for the AMX kernel (16 tokens or more)
-    };
-    std::vector<Group> groups;
-    for (int i = 0; i < n;) {
-      int j = i;
-      while (j < n && pairs[order[j]].expert == pairs[order[i]].expert) ++j;
-      Group g;
-      g.expert = pairs[order[i]].expert;
-      g.begin = i;
-      g.count = j - i;
-      g.x.resize(static_cast<std::size_t>(g.count) * H);
-      for (int c = 0; c < g.count; ++c) std::copy_n(hn + static_cast<std::size_t>(pairs[order[i + c]].token) * H, H, g.x.data() + c * H);
-      g.xsum.resize(static_cast<std::size_t>(g.count) * ((H + 31) / 32));
-      group_sums(g.x.data(), g.count, H, g.xsum.data());
-      g.act.resize(static_cast<std::size_t>(g.count) * I);
-      if (vnni_applies(moe.experts[g.expert].gate, g.count)) quantize_acts(g.x.data(), g.count, H, &g.qx);
-      // AMX pays for experts only with many tokens: a few are padded to a tile of 16.
-      if (g.count >= kAmxExpertTokens && amx_applies(moe.experts[g.expert].gate, g.count)) prepare_amx_acts(g.qx, &g.ax);
-      groups.push_back(std::move(g));
-      i = j;
-    }
-    constexpr int kRowBlock = 64;
-    const int iblocks = (I + kRowBlock - 1) / kRowBlock;
-    parallel(static_cast<int>(groups.size()) * iblocks, [&](int job) {
-      Group& g = groups[job / iblocks];
-      const int64_t r0 = int64_t(job % iblocks) * kRowBlock, r1 = std::min<int64_t>(I, r0 + kRowBlock);
-      const ExpertWeights& e = moe.experts[g.expert];
-      thread_local std::vector<float> gate, up;
-      gate.resize(static_cast<std::size_t>(g.count) * I);
-      up.resize(gate.size());
-      if (g.ax.T) {
-        matmul_rows_amx(e.gate, g.ax, r0, r1, gate.data(), I);
-        matmul_rows_amx(e.up, g.ax, r0, r1, up.data(), I);
-      } else if (g.qx.T) {
-        matmul_rows_vnni(e.gate, g.qx, r0, r1, gate.data(), I);
-        matmul_rows_vnni(e.up, g.qx, r0, r1, up.data(), I);
-      } else {
-        matmul_rows(e.gate, g.x.data(), g.xsum.data(), g.count, r0, r1, gate.data(), I);
-        matmul_rows(e.up, g.x.data(), g.xsum.data(), g.count, r0, r1, up.data(), I);
-      }
-      for (int t = 0; t < g.count; ++t)
-        for (int64_t r = r0; r < r1; ++r) g.act[t * I + r] = silu(gate[t * I + r]) * up[t * I + r];
-    });
-    for (auto& g : groups) {
-      g.actsum.resize(static_cast<std::size_t>(g.count) * ((I + 31) / 32));
-      group_sums(g.act.data(), g.count, I, g.actsum.data());
-      if (vnni_applies(moe.experts[g.expert].down, g.count)) quantize_acts(g.act.data(), g.count, I, &g.qact);
-      if (g.count >= kAmxExpertTokens && amx_applies(moe.experts[g.expert].down, g.count)) prepare_amx_acts(g.qact, &g.aact);
-    }
-    const int hblocks = (H + kRowBlock - 1) / kRowBlock;
-    parallel(hblocks, [&](int job) {
-      const int64_t r0 = int64_t(job) * kRowBlock, r1 = std::min<int64_t>(H, r0 + kRowBlock);
-      thread_local std::vector<float> y;
-      for (const Group& g : groups) {
-        y.resize(static_cast<std::size_t>(g.count) * H);
-        if (g.aact.T) matmul_rows_amx(moe.experts[g.expert].down, g.aact, r0, r1, y.data(), H);
-        else if (g.qact.T) matmul_rows_vnni(moe.experts[g.expert].down, g.qact, r0, r1, y.data(), H);
-        else matmul_rows(moe.experts[g.expert].down, g.act.data(), g.actsum.data(), g.count, r0, r1, y.data(), H);
-        for (int c = 0; c < g.count; ++c) {
-          const ExpertPair& p = pairs[order[g.begin + c]];
-          float* o = out + static_cast<std::size_t>(p.token) * H;
-          for (int64_t r = r0; r < r1; ++r) o[r] += p.weight * y[c * H + r];
-        }
-      }
-    });
+    routed_experts_fast(moe, pairs, n, hn, out);
     return;
   }
   // Group by expert so each expert's weights are read once for all its tokens.
+  std::fill(out, out + static_cast<std::size_t>(num_tokens(pairs, n)) * H, 0.0f);
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return pairs[a].expert < pairs[b].expert; });
@@ -249,6 +222,112 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
     }
     i = j;
   }
+}
+
+// Two parallel jobs for all experts of the layer: (1) gate, up and SiLU*up
+// for every (expert, row block); (2) down for every output row block,
+// summing the experts' weighted outputs into the rows it owns. Each
+// expert's inputs are gathered and quantized in parallel before each job.
+void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pairs, int n, const float* hn, float* out) {
+  const int H = s_.hidden_size, I = s_.moe_intermediate_size;
+  const int T = num_tokens(pairs, n);
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return pairs[a].expert < pairs[b].expert; });
+  struct Group {
+    int expert, begin, count;  // into order
+    bool amx;                  // tile kernel (kAmxMinTokens or more), else VNNI or float
+    std::vector<float> x, xsum, act, actsum;
+    QuantizedActs qx, qact;
+    AmxActs ax, aact;
+  };
+  std::vector<Group> groups;
+  for (int i = 0; i < n;) {
+    int j = i;
+    while (j < n && pairs[order[j]].expert == pairs[order[i]].expert) ++j;
+    Group g;
+    g.expert = pairs[order[i]].expert;
+    g.begin = i;
+    g.count = j - i;
+    g.amx = amx_applies(moe.experts[g.expert].gate, g.count);
+    groups.push_back(std::move(g));
+    i = j;
+  }
+  const int ng = static_cast<int>(groups.size());
+  // Inputs of each expert: gathered rows, then int8 codes (VNNI / AMX) or
+  // group sums (float kernels).
+  parallel(ng, [&](int gi) {
+    Group& g = groups[gi];
+    const Matrix& gate = moe.experts[g.expert].gate;
+    g.x.resize(static_cast<std::size_t>(g.count) * H);
+    for (int c = 0; c < g.count; ++c) std::copy_n(hn + static_cast<std::size_t>(pairs[order[g.begin + c]].token) * H, H, g.x.data() + c * H);
+    g.act.resize(static_cast<std::size_t>(g.count) * I);
+    if (vnni_applies(gate, g.count)) {
+      quantize_acts(g.x.data(), g.count, H, &g.qx);
+      if (g.amx) prepare_amx_acts(g.qx, &g.ax);
+    } else {
+      g.xsum.resize(static_cast<std::size_t>(g.count) * ((H + 31) / 32));
+      group_sums(g.x.data(), g.count, H, g.xsum.data());
+    }
+  });
+  constexpr int kRowBlock = 64;
+  const int iblocks = (I + kRowBlock - 1) / kRowBlock;
+  parallel(ng * iblocks, [&](int job) {
+    Group& g = groups[job / iblocks];
+    const int64_t r0 = int64_t(job % iblocks) * kRowBlock, r1 = std::min<int64_t>(I, r0 + kRowBlock);
+    const ExpertWeights& e = moe.experts[g.expert];
+    thread_local std::vector<float> gate, up;
+    gate.resize(static_cast<std::size_t>(g.count) * I);
+    up.resize(gate.size());
+    if (g.amx) {
+      matmul_rows_amx(e.gate, g.ax, r0, r1, gate.data(), I);
+      matmul_rows_amx(e.up, g.ax, r0, r1, up.data(), I);
+    } else if (g.qx.T) {
+      matmul_rows_vnni(e.gate, g.qx, r0, r1, gate.data(), I);
+      matmul_rows_vnni(e.up, g.qx, r0, r1, up.data(), I);
+    } else {
+      matmul_rows(e.gate, g.x.data(), g.xsum.data(), g.count, r0, r1, gate.data(), I);
+      matmul_rows(e.up, g.x.data(), g.xsum.data(), g.count, r0, r1, up.data(), I);
+    }
+    for (int t = 0; t < g.count; ++t)
+      for (int64_t r = r0; r < r1; ++r) g.act[t * I + r] = silu(gate[t * I + r]) * up[t * I + r];
+  });
+  parallel(ng, [&](int gi) {
+    Group& g = groups[gi];
+    const Matrix& down = moe.experts[g.expert].down;
+    if (vnni_applies(down, g.count)) {
+      quantize_acts(g.act.data(), g.count, I, &g.qact);
+      if (g.amx && amx_applies(down, g.count)) prepare_amx_acts(g.qact, &g.aact);
+    } else {
+      g.actsum.resize(static_cast<std::size_t>(g.count) * ((I + 31) / 32));
+      group_sums(g.act.data(), g.count, I, g.actsum.data());
+    }
+  });
+  const int hblocks = (H + kRowBlock - 1) / kRowBlock;
+  parallel(hblocks, [&](int job) {
+    const int64_t r0 = int64_t(job) * kRowBlock, r1 = std::min<int64_t>(H, r0 + kRowBlock);
+    for (int t = 0; t < T; ++t) std::fill(out + static_cast<std::size_t>(t) * H + r0, out + static_cast<std::size_t>(t) * H + r1, 0.0f);
+    thread_local std::vector<float> y;
+    for (const Group& g : groups) {
+      const Matrix& down = moe.experts[g.expert].down;
+      y.resize(static_cast<std::size_t>(g.count) * H);
+      if (g.aact.T) matmul_rows_amx(down, g.aact, r0, r1, y.data(), H);
+      else if (g.qact.T) matmul_rows_vnni(down, g.qact, r0, r1, y.data(), H);
+      else matmul_rows(down, g.act.data(), g.actsum.data(), g.count, r0, r1, y.data(), H);
+      for (int c = 0; c < g.count; ++c) {
+        const ExpertPair& p = pairs[order[g.begin + c]];
+        float* o = out + static_cast<std::size_t>(p.token) * H;
+        for (int64_t r = r0; r < r1; ++r) o[r] += p.weight * y[c * H + r];
+      }
+    }
+  });
+}
+
+void CpuBackend::add_moe_output(std::size_t n, const float* routed, const float* shared, float* x) {
+  constexpr int kBlock = 16384;
+  parallel_ranges(static_cast<int>((n + kBlock - 1) / kBlock), [&](int b0, int b1) {
+    for (std::size_t i = std::size_t(b0) * kBlock; i < std::min(n, std::size_t(b1) * kBlock); ++i) x[i] += routed[i] + shared[i];
+  });
 }
 
 void CpuBackend::logits(int T, const float* x, float* out) {

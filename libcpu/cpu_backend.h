@@ -33,6 +33,8 @@ struct CpuOptions {
 };
 
 class ThreadPool;
+struct QuantizedActs;
+struct AmxActs;
 
 class CpuBackend : public Backend {
  public:
@@ -49,6 +51,7 @@ class CpuBackend : public Backend {
   void shared_expert(int layer, int T, const float* hn, float* out) override;
   void routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) override;
   void logits(int T, const float* x, float* out) override;
+  void add_moe_output(std::size_t n, const float* routed, const float* shared, float* x) override;
 
  private:
   // out[T, H] = mixer output for normed input hn (no residual).
@@ -60,6 +63,11 @@ class CpuBackend : public Backend {
   void mm_many(std::initializer_list<std::pair<const Matrix*, float*>> outs, const float* x, int T);
   // fn(i) for i < n, on the pool in fast mode (fixed: same thread per i).
   void parallel(int n, const std::function<void(int)>& fn, bool fixed = false);
+  // fn(begin, end) over [0, n) split into a few ranges per thread.
+  void parallel_ranges(int n, const std::function<void(int, int)>& fn);
+  // qa (and aa, if given) for x[T, cols], token ranges in parallel.
+  void quantize_parallel(const float* x, int T, int64_t cols, QuantizedActs* qa, AmxActs* aa);
+  void routed_experts_fast(const MoeWeights& moe, const ExpertPair* pairs, int n, const float* hn, float* out);
   // out[T, H] = down(silu(gate . x) * (up . x)) for T rows of x.
   void swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out);
 

@@ -38,29 +38,40 @@ bool vnni_applies(const Matrix& W, int T) {
   return (int4 || int8) && W.cols % 128 == 0 && vnni_available();
 }
 
+void QuantizedActs::resize(int tokens, int64_t columns) {
+  T = tokens;
+  cols = columns;
+  codes.resize(static_cast<std::size_t>(T) * cols);
+  lanes.resize(static_cast<std::size_t>(T) * (cols / 128) * 16);
+  bsum.resize(static_cast<std::size_t>(T) * (cols / 32));
+}
+
 void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* qa) {
-  const int64_t nsb = cols / 128, nb = cols / 32;
-  qa->T = T;
-  qa->cols = cols;
-  qa->codes.resize(static_cast<std::size_t>(T) * cols);
-  qa->lanes.resize(static_cast<std::size_t>(T) * nsb * 16);
-  qa->bsum.resize(static_cast<std::size_t>(T) * nb);
-  for (int t = 0; t < T; ++t) {
+  qa->resize(T, cols);
+  quantize_acts_rows(x, 0, T, qa);
+}
+
+void quantize_acts_rows(const float* x, int t0, int t1, QuantizedActs* qa) {
+  const int64_t cols = qa->cols, nsb = cols / 128, nb = cols / 32;
+  // Per 32-column block: scale absmax / 127, codes rounded to nearest even
+  // (as nearbyint), split into even and odd columns.
+  const __m512i even_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd_idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int t = t0; t < t1; ++t) {
     const float* xt = x + t * cols;
     for (int64_t b = 0; b < nb; ++b) {
-      float amax = 0;
-      for (int c = 0; c < 32; ++c) amax = std::max(amax, std::fabs(xt[b * 32 + c]));
+      const __m512 lo = _mm512_loadu_ps(xt + b * 32), hi = _mm512_loadu_ps(xt + b * 32 + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
       const float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+      const __m512 vinv = _mm512_set1_ps(inv);
+      const __m512i qe = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_permutex2var_ps(lo, even_idx, hi), vinv));
+      const __m512i qo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_permutex2var_ps(lo, odd_idx, hi), vinv));
       const int64_t sb = b / 4, k = b % 4;
       int8_t* even = qa->codes.data() + (t * nsb + sb) * 128 + k * 16;
-      int8_t* odd = even + 64;
-      int sum = 0;
-      for (int c = 0; c < 16; ++c) {
-        even[c] = static_cast<int8_t>(std::nearbyint(xt[b * 32 + 2 * c] * inv));
-        odd[c] = static_cast<int8_t>(std::nearbyint(xt[b * 32 + 2 * c + 1] * inv));
-        sum += even[c] + odd[c];
-      }
-      for (int l = 0; l < 4; ++l) qa->lanes[(t * nsb + sb) * 16 + k * 4 + l] = s;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(even), _mm512_cvtsepi32_epi8(qe));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(even + 64), _mm512_cvtsepi32_epi8(qo));
+      const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qe, qo));
+      _mm_storeu_ps(qa->lanes.data() + (t * nsb + sb) * 16 + k * 4, _mm_set1_ps(s));
       qa->bsum[t * nb + b] = s * static_cast<float>(sum);
     }
   }

@@ -22,6 +22,7 @@ struct QuantizedActs {
   std::vector<int8_t> codes;   // [T][cols/128][128]: even 64, then odd 64
   std::vector<float> lanes;    // [T][cols/128][16]
   std::vector<float> bsum;     // [T][cols/32]
+  void resize(int tokens, int64_t columns);
 };
 
 bool vnni_available();
@@ -29,7 +30,10 @@ bool vnni_available();
 // in groups of 4 tokens per weight load).
 bool vnni_applies(const Matrix& W, int T);
 bool vnni_applies_gemm(const Matrix& W);
-void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* out);
+void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* out);  // resize + all rows
+// Rows [t0, t1) of x (x points at row 0) into qa, already sized; disjoint
+// ranges may run in parallel.
+void quantize_acts_rows(const float* x, int t0, int t1, QuantizedActs* qa);
 void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy);
 
 }  // namespace coli::cpu

@@ -175,13 +175,13 @@ TEST(ThreadPool, StaticRunsKeepJobsOnTheirThread) {
 
 #include "kernels_amx.h"
 
-TEST(Kernels, AmxInt4MatchesTheVnniKernel) {
+TEST(Kernels, AmxMatchesTheVnniKernel) {
   if (!coli::cpu::amx_available()) GTEST_SKIP() << "no AMX-INT8 (or no tile permission) on this CPU";
   std::mt19937 rng(8);
   std::normal_distribution<float> nd;
-  for (QuantFormat f : {QuantFormat::I4, QuantFormat::I4_G32, QuantFormat::I4_G64, QuantFormat::I4_G128_ASYM, QuantFormat::I4_G32_ASYM})
+  for (QuantFormat f : {QuantFormat::I4, QuantFormat::I4_G32, QuantFormat::I4_G64, QuantFormat::I4_G128_ASYM, QuantFormat::I4_G32_ASYM, QuantFormat::I8})
     for (int64_t rows : {16, 37})
-      for (int T : {16, 21, 48}) {
+      for (int T : {1, 16, 21, 48}) {
         const int64_t cols = 512;
         RandomProblem p(rng, f, rows, cols, T);
         const Matrix& m = p.m;

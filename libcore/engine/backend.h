@@ -7,6 +7,7 @@
 // The CPU backend implements every operation; it is the reference the others
 // are tested against.
 #pragma once
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -47,8 +48,13 @@ class Backend {
   virtual void route(int layer, int T, const float* hn, int* idx, float* w) = 0;
   // out[T, H] = sigmoid(shared_gate . hn) * SwiGLU_shared(hn).
   virtual void shared_expert(int layer, int T, const float* hn, float* out) = 0;
-  // For each pair p: out[p.token] += p.weight * SwiGLU_expert(hn[p.token]).
+  // out[t] = sum over the pairs p with p.token == t of
+  // p.weight * SwiGLU_expert(hn[t]), for t = 0 .. the largest p.token
+  // (rows without pairs become 0; rows after it are left alone).
   virtual void routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) = 0;
+  // x[i] += routed[i] + shared[i] for i < n: the MoE output added to the
+  // residual. Default: one loop on the calling thread.
+  virtual void add_moe_output(std::size_t n, const float* routed, const float* shared, float* x);
   // logits[T, V] = lm_head(final_norm(x)).
   virtual void logits(int T, const float* x, float* out) = 0;
 };

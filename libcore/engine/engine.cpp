@@ -7,6 +7,10 @@
 
 namespace coli {
 
+void Backend::add_moe_output(std::size_t n, const float* routed, const float* shared, float* x) {
+  for (std::size_t i = 0; i < n; ++i) x[i] += routed[i] + shared[i];
+}
+
 Engine::Engine(const ModelSpec& spec, Backend& backend, int prefill_chunk)
     : spec_(spec), backend_(backend), prefill_chunk_(std::max(1, prefill_chunk)) {}
 
@@ -61,13 +65,10 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
     step(&StageTimes::experts, [&] {
       for (int t = 0; t < T; ++t)
         for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
-      std::fill(routed.begin(), routed.end(), 0.0f);
       backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
     });
     // Combine: the MoE output is routed + shared, added to the residual.
-    step(&StageTimes::combine, [&] {
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] += routed[i] + shared[i];
-    });
+    step(&StageTimes::combine, [&] { backend_.add_moe_output(x.size(), routed.data(), shared.data(), x.data()); });
   }
   s.n_past += T;
   if (want == Logits::kNone) return {};

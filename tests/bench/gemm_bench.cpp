@@ -1,5 +1,5 @@
-// Prefill GEMM speed of the int4 VNNI and AMX kernels: y[T, rows] = x[T, cols] W^T on
-// one thread, W int4-g32 [rows, 2048]. items_per_second counts multiply-adds.
+// Prefill GEMM speed of the VNNI and AMX kernels: y[T, rows] = x[T, cols] W^T on
+// one thread, W int4-g32 or int8 [rows, 2048]. items_per_second counts multiply-adds.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -10,7 +10,7 @@
 
 namespace {
 
-template <bool kAmx>
+template <bool kAmx, coli::QuantFormat kF>
 void gemm(benchmark::State& st) {
   if (kAmx ? !coli::cpu::amx_available() : !coli::cpu::vnni_available()) {
     st.SkipWithError(kAmx ? "no AMX-INT8" : "no AVX512-VNNI");
@@ -23,9 +23,9 @@ void gemm(benchmark::State& st) {
   std::vector<float> w(rows * cols), x(T * cols), y(T * rows);
   for (auto& v : w) v = nd(rng) * 0.02f;
   for (auto& v : x) v = nd(rng);
-  std::vector<uint8_t> q(coli::layout_of(coli::QuantFormat::I4_G32, rows, cols).total);
-  coli::quantize_matrix(coli::QuantFormat::I4_G32, w.data(), rows, cols, q.data());
-  const coli::Matrix m{coli::QuantFormat::I4_G32, q.data(), rows, cols, nullptr};
+  std::vector<uint8_t> q(coli::layout_of(kF, rows, cols).total);
+  coli::quantize_matrix(kF, w.data(), rows, cols, q.data());
+  const coli::Matrix m{kF, q.data(), rows, cols, nullptr};
   coli::cpu::QuantizedActs qa;
   coli::cpu::quantize_acts(x.data(), T, cols, &qa);
   coli::cpu::AmxActs aa;
@@ -37,9 +37,13 @@ void gemm(benchmark::State& st) {
   }
   st.SetItemsProcessed(static_cast<int64_t>(rows * cols * T) * st.iterations());
 }
-void BM_GemmVnni(benchmark::State& st) { gemm<false>(st); }
-void BM_GemmAmx(benchmark::State& st) { gemm<true>(st); }
-BENCHMARK(BM_GemmVnni)->ArgsProduct({{512, 2048}, {16, 64, 256}})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GemmAmx)->ArgsProduct({{512, 2048}, {16, 64, 256}})->Unit(benchmark::kMillisecond);
+void BM_GemmVnni(benchmark::State& st) { gemm<false, coli::QuantFormat::I4_G32>(st); }
+void BM_GemmAmx(benchmark::State& st) { gemm<true, coli::QuantFormat::I4_G32>(st); }
+void BM_GemmVnniI8(benchmark::State& st) { gemm<false, coli::QuantFormat::I8>(st); }
+void BM_GemmAmxI8(benchmark::State& st) { gemm<true, coli::QuantFormat::I8>(st); }
+BENCHMARK(BM_GemmVnni)->ArgsProduct({{512, 2048}, {4, 8, 16, 64, 256}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmAmx)->ArgsProduct({{512, 2048}, {4, 8, 16, 64, 256}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmVnniI8)->ArgsProduct({{2048}, {4, 16, 256}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmAmxI8)->ArgsProduct({{2048}, {4, 16, 256}})->Unit(benchmark::kMillisecond);
 
 }  // namespace
