@@ -6,6 +6,7 @@
 #include "cpu_backend.h"
 #include "ref_kernels.h"
 #include "vec_ops.h"
+#include "util/buffer.h"
 
 namespace coli::cpu {
 
@@ -13,7 +14,7 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
   const AttentionWeights& a = lw.attn;
   const int hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
   const int qg_w = nh * hd * 2, kv_w = nkv * hd, group = nh / nkv;
-  std::vector<float> qg(static_cast<std::size_t>(T) * qg_w), k(static_cast<std::size_t>(T) * kv_w), v(k.size());
+  Buffer<float> qg(static_cast<std::size_t>(T) * qg_w), k(static_cast<std::size_t>(T) * kv_w), v(k.size());
   mm_many({{&a.q_proj, qg.data()}, {&a.k_proj, k.data()}, {&a.v_proj, v.data()}}, hn, T);
 
   // Normalise and rotate the new keys, then append them to the cache.
@@ -27,7 +28,7 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
   st.v.insert(st.v.end(), v.begin(), v.end());
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> gated(static_cast<std::size_t>(T) * nh * hd);
+  Buffer<float> gated(static_cast<std::size_t>(T) * nh * hd);
   // One job per (token, head): each writes its own slice of `gated`.
   parallel(T * nh, [&](int job) {
     const int t = job / nh, h = job % nh;

@@ -11,10 +11,16 @@
 #include "kernels_vnni.h"
 #include "ref_kernels.h"
 #include "thread_pool.h"
+#include "util/buffer.h"
 
 namespace coli::cpu {
 
 namespace {
+// Expert inputs are prepared on the pool from this many (token, expert)
+// pairs on (a prefill chunk); a decode step's 8 are cheaper inline than
+// two more pool dispatches.
+constexpr int kParallelPrepPairs = 64;
+
 // Tokens covered by the pairs: 1 + the largest token index.
 int num_tokens(const ExpertPair* pairs, int n) {
   int T = 0;
@@ -82,16 +88,17 @@ void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>>
   std::vector<Job> jobs;
   int64_t total_rows = 0;
   for (const auto& o : outs) total_rows += o.first->rows;
-  // Enough jobs to balance the threads; prefill blocks are multiples of 16
-  // rows (an AMX tile), decode blocks at least 8.
-  const int64_t target = static_cast<int64_t>(pool_->size()) * 4;
+  // Enough jobs to balance the threads (decode: 4 per thread, blocks of at
+  // least 8 rows; prefill: 8 per thread, blocks of 32 rows = two AMX row
+  // tiles, so a thread that draws one job more waits little).
+  const int64_t target = static_cast<int64_t>(pool_->size()) * (T > 4 ? 8 : 4);
   int64_t block = std::max<int64_t>(8, (total_rows + target - 1) / target);
-  if (T > 4) block = std::max<int64_t>(16, block / 16 * 16);
+  if (T > 4) block = std::max<int64_t>(32, block / 32 * 32);
   for (const auto& [W, y] : outs)
     for (int64_t r = 0; r < W->rows; r += block) jobs.push_back({W, y, r, std::min(W->rows, r + block)});
   const int64_t cols = outs.begin()->first->cols;
-  QuantizedActs qa;
-  AmxActs aa;
+  QuantizedActs& qa = mm_qa_;
+  AmxActs& aa = mm_aa_;
   std::vector<float> xsum;
   bool need_q = false, need_f = false, need_amx = false;
   for (const auto& o : outs) {
@@ -114,7 +121,7 @@ void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>>
 
 void CpuBackend::swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out) {
   const int I = static_cast<int>(e.gate.rows);
-  std::vector<float> g(static_cast<std::size_t>(T) * I), u(g.size());
+  Buffer<float> g(static_cast<std::size_t>(T) * I), u(g.size());
   mm_many({{&e.gate, g.data()}, {&e.up, u.data()}}, x, T);
   parallel_ranges(T, [&](int t0, int t1) {
     for (std::size_t i = std::size_t(t0) * I; i < std::size_t(t1) * I; ++i) g[i] = silu(g[i]) * u[i];
@@ -134,14 +141,16 @@ std::unique_ptr<BackendState> CpuBackend::new_state() const {
 }
 
 void CpuBackend::embed(const int* ids, int T, float* x) {
-  for (int t = 0; t < T; ++t) m_.embed().row_f32(ids[t], x + static_cast<std::size_t>(t) * s_.hidden_size);
+  parallel_ranges(T, [&](int t0, int t1) {
+    for (int t = t0; t < t1; ++t) m_.embed().row_f32(ids[t], x + static_cast<std::size_t>(t) * s_.hidden_size);
+  });
 }
 
 void CpuBackend::trunk_step(int layer, BackendState& state, int pos0, int T, float* x) {
   const LayerWeights& lw = m_.layer(layer);
   LayerState& st = static_cast<CpuState&>(state).layers[layer];
   const int H = s_.hidden_size;
-  std::vector<float> hn(static_cast<std::size_t>(T) * H), out(hn.size());
+  Buffer<float> hn(static_cast<std::size_t>(T) * H), out(hn.size());
   parallel_ranges(T, [&](int t0, int t1) {
     for (int t = t0; t < t1; ++t) rms_norm_1p(x + t * H, lw.input_norm.data(), H, s_.rms_norm_eps, hn.data() + t * H);
   });
@@ -161,7 +170,7 @@ void CpuBackend::ffn_norm(int layer, int T, const float* x, float* hn) {
 
 void CpuBackend::route(int layer, int T, const float* hn, int* idx, float* w) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok;
-  std::vector<float> p(static_cast<std::size_t>(T) * E);
+  Buffer<float> p(static_cast<std::size_t>(T) * E);
   mm(m_.layer(layer).moe.router, hn, T, p.data());
   parallel_ranges(T, [&](int t0, int t1) {
     std::vector<int> order(E);
@@ -255,8 +264,14 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
   }
   const int ng = static_cast<int>(groups.size());
   // Inputs of each expert: gathered rows, then int8 codes (VNNI / AMX) or
-  // group sums (float kernels).
-  parallel(ng, [&](int gi) {
+  // group sums (float kernels); on the pool when there are many (prefill),
+  // inline for a decode step's few.
+  auto per_group = [&](const std::function<void(int)>& fn) {
+    if (n >= kParallelPrepPairs) parallel(ng, fn);
+    else
+      for (int gi = 0; gi < ng; ++gi) fn(gi);
+  };
+  per_group([&](int gi) {
     Group& g = groups[gi];
     const Matrix& gate = moe.experts[g.expert].gate;
     g.x.resize(static_cast<std::size_t>(g.count) * H);
@@ -292,7 +307,7 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
     for (int t = 0; t < g.count; ++t)
       for (int64_t r = r0; r < r1; ++r) g.act[t * I + r] = silu(gate[t * I + r]) * up[t * I + r];
   });
-  parallel(ng, [&](int gi) {
+  per_group([&](int gi) {
     Group& g = groups[gi];
     const Matrix& down = moe.experts[g.expert].down;
     if (vnni_applies(down, g.count)) {
@@ -303,9 +318,11 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
       group_sums(g.act.data(), g.count, I, g.actsum.data());
     }
   });
-  const int hblocks = (H + kRowBlock - 1) / kRowBlock;
+  // Output rows in blocks of 32 (two AMX row tiles): 64 jobs for H = 2048.
+  constexpr int kOutBlock = 32;
+  const int hblocks = (H + kOutBlock - 1) / kOutBlock;
   parallel(hblocks, [&](int job) {
-    const int64_t r0 = int64_t(job) * kRowBlock, r1 = std::min<int64_t>(H, r0 + kRowBlock);
+    const int64_t r0 = int64_t(job) * kOutBlock, r1 = std::min<int64_t>(H, r0 + kOutBlock);
     for (int t = 0; t < T; ++t) std::fill(out + static_cast<std::size_t>(t) * H + r0, out + static_cast<std::size_t>(t) * H + r1, 0.0f);
     thread_local std::vector<float> y;
     for (const Group& g : groups) {
@@ -332,7 +349,7 @@ void CpuBackend::add_moe_output(std::size_t n, const float* routed, const float*
 
 void CpuBackend::logits(int T, const float* x, float* out) {
   const int H = s_.hidden_size;
-  std::vector<float> hn(static_cast<std::size_t>(T) * H);
+  Buffer<float> hn(static_cast<std::size_t>(T) * H);
   for (int t = 0; t < T; ++t) rms_norm_1p(x + t * H, m_.final_norm().data(), H, s_.rms_norm_eps, hn.data() + t * H);
   mm(m_.lm_head(), hn.data(), T, out);
 }

@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "engine/backend.h"
+#include "kernels_amx.h"
 #include "model/weights.h"
 
 namespace coli::cpu {
@@ -33,8 +34,6 @@ struct CpuOptions {
 };
 
 class ThreadPool;
-struct QuantizedActs;
-struct AmxActs;
 
 class CpuBackend : public Backend {
  public:
@@ -75,6 +74,9 @@ class CpuBackend : public Backend {
   const ModelSpec& s_;
   bool fast_ = false;
   std::unique_ptr<ThreadPool> pool_;
+  // mm_many's quantized input, kept so its arrays are allocated once.
+  QuantizedActs mm_qa_;
+  AmxActs mm_aa_;
 };
 
 

@@ -10,6 +10,7 @@
 #include "cpu_backend.h"
 #include "deltanet_step.h"
 #include "ref_kernels.h"
+#include "util/buffer.h"
 
 namespace coli::cpu {
 
@@ -18,14 +19,14 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
   const int nk = s_.linear_num_key_heads, nv = s_.linear_num_value_heads;
   const int dk = s_.linear_key_head_dim, dv = s_.linear_value_head_dim;
   const int kd = nk * dk, vd = nv * dv, cd = s_.linear_conv_dim(), K = s_.linear_conv_kernel;
-  std::vector<float> qkv(static_cast<std::size_t>(T) * cd), z(static_cast<std::size_t>(T) * vd);
-  std::vector<float> b(static_cast<std::size_t>(T) * nv), a(b.size());
+  Buffer<float> qkv(static_cast<std::size_t>(T) * cd), z(static_cast<std::size_t>(T) * vd);
+  Buffer<float> b(static_cast<std::size_t>(T) * nv), a(b.size());
   mm_many({{&g.in_proj_qkv, qkv.data()}, {&g.in_proj_z, z.data()}, {&g.in_proj_b, b.data()}, {&g.in_proj_a, a.data()}}, hn, T);
 
   // Three passes over the chunk, each parallel across independent lanes of
   // work, so a T-token prompt costs three parallel jobs, not 2T:
   // (1) causal depthwise conv + SiLU, per channel block, sequential in t;
-  std::vector<float> conv_out(static_cast<std::size_t>(T) * cd), normed(static_cast<std::size_t>(T) * vd);
+  Buffer<float> conv_out(static_cast<std::size_t>(T) * cd), normed(static_cast<std::size_t>(T) * vd);
   constexpr int kConvBlock = 512;
   parallel((cd + kConvBlock - 1) / kConvBlock, [&](int blk) {
     const int c0 = blk * kConvBlock, c1 = std::min(cd, (blk + 1) * kConvBlock);

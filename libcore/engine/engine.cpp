@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "util/buffer.h"
 #include "util/error.h"
 
 namespace coli {
@@ -40,7 +41,7 @@ std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {
   const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
-  std::vector<float> x(static_cast<std::size_t>(T) * H), hn(x.size()), shared(x.size()), routed(x.size());
+  Buffer<float> x(static_cast<std::size_t>(T) * H), hn(x.size()), shared(x.size()), routed(x.size());
   std::vector<int> idx(static_cast<std::size_t>(T) * K);
   std::vector<float> w(idx.size());
   std::vector<ExpertPair> pairs(idx.size());
