@@ -30,7 +30,7 @@ int num_tokens(const ExpertPair* pairs, int n) {
 }  // namespace
 
 
-CpuBackend::CpuBackend(const Model& model, CpuOptions opt) : m_(model), s_(model.spec()), fast_(opt.fast) {
+CpuBackend::CpuBackend(const Model& model, CpuOptions opt) : m_(model), s_(model.spec()), fast_(opt.fast), gdn_chunked_(opt.fast && opt.gdn_chunked) {
   if (!fast_) return;
   pool_ = std::make_unique<ThreadPool>(opt.threads);
   // A prefill chunk allocates and frees buffers of 100 KB - 30 MB in every

@@ -31,6 +31,10 @@ struct CpuState : BackendState {
 struct CpuOptions {
   int threads = 1;     // <= 0: all cores
   bool fast = false;   // SIMD kernels and fused jobs
+  // Gated DeltaNet prompts in the chunked (WY) form (fast mode, 16 tokens
+  // or more). Off by default: on the CPU the vectorised token step is
+  // faster (docs/perf/cpu.md); the chunked form is what the GPU runs.
+  bool gdn_chunked = false;
 };
 
 class ThreadPool;
@@ -73,6 +77,7 @@ class CpuBackend : public Backend {
   const Model& m_;
   const ModelSpec& s_;
   bool fast_ = false;
+  bool gdn_chunked_ = false;
   std::unique_ptr<ThreadPool> pool_;
   // mm_many's quantized input, kept so its arrays are allocated once.
   QuantizedActs mm_qa_;

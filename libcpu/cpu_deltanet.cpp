@@ -5,14 +5,20 @@
 //   out = out_proj(RMSNorm(o) * w * silu(z))  per value head.
 // Value head h reads key head h / (v_heads / k_heads). Decode cost is O(1)
 // in the context length: the state is all the past there is.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cpu_backend.h"
+#include "deltanet_chunk.h"
 #include "deltanet_step.h"
 #include "ref_kernels.h"
 #include "util/buffer.h"
 
 namespace coli::cpu {
+
+// Prompts of at least this many tokens take the chunked form.
+constexpr int kGdnChunkMinTokens = 16;
 
 void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out) {
   const DeltaNetWeights& g = lw.gdn;
@@ -55,26 +61,48 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
   });
   // (3) the recurrence, per value head (independent), sequential in t; each
   // head stays on one thread so its state stays in that core's cache.
+  // Token steps, or with gdn_chunked a prompt in chunks of kGdnChunk tokens
+  // in the chunked form.
+  const bool chunked = gdn_chunked_ && T >= kGdnChunkMinTokens;
   parallel(nv, [&](int h) {
-    thread_local std::vector<float> oh;
-    oh.resize(dv);
+    thread_local std::vector<float> oh, beta, gl;
     const int kh = h / (nv / nk);
     float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;  // [dk, dv]
+    const float a_h = -std::exp(g.A_log[h]);
+    // Gated RMSNorm of token t's head output: norm, then weight, then silu(z).
+    auto finish = [&](int t, const float* o) {
+      float* nh = normed.data() + static_cast<std::size_t>(t) * vd + h * dv;
+      rms_norm(o, g.norm.data(), dv, s_.rms_norm_eps, nh);
+      const float* zh = z.data() + static_cast<std::size_t>(t) * vd + h * dv;
+      for (int j = 0; j < dv; ++j) nh[j] *= silu(zh[j]);
+    };
+    if (chunked) {
+      oh.resize(static_cast<std::size_t>(kGdnChunk) * dv);
+      beta.resize(kGdnChunk);
+      gl.resize(kGdnChunk);
+      for (int t0 = 0; t0 < T; t0 += kGdnChunk) {
+        const int n = std::min(kGdnChunk, T - t0);
+        for (int i = 0; i < n; ++i) {
+          beta[i] = sigmoid(b[(t0 + i) * nv + h]);
+          gl[i] = a_h * softplus(a[(t0 + i) * nv + h] + g.dt_bias[h]);
+        }
+        const float* row = conv_out.data() + static_cast<std::size_t>(t0) * cd;
+        gdn_head_chunk(S, row + kh * dk, row + kd + kh * dk, cd, row + 2 * kd + h * dv, cd, beta.data(), gl.data(), n, dk, dv, oh.data());
+        for (int i = 0; i < n; ++i) finish(t0 + i, oh.data() + static_cast<std::size_t>(i) * dv);
+      }
+      return;
+    }
+    oh.resize(dv);
     for (int t = 0; t < T; ++t) {
       const float* row = conv_out.data() + static_cast<std::size_t>(t) * cd;
       const float* qh = row + kh * dk;
       const float* khv = row + kd + kh * dk;
       const float* vh = row + 2 * kd + h * dv;
-      const float beta = sigmoid(b[t * nv + h]);
-      const float gate = -std::exp(g.A_log[h]) * softplus(a[t * nv + h] + g.dt_bias[h]);
-      const float decay = std::exp(gate);
-      if (fast_) gdn_head_step(S, qh, khv, vh, beta, decay, dk, dv, oh.data());
-      else gdn_head_step_ref(S, qh, khv, vh, beta, decay, dk, dv, oh.data());
-      // Gated RMSNorm: norm first, then weight, then silu(z).
-      float* nh = normed.data() + static_cast<std::size_t>(t) * vd + h * dv;
-      rms_norm(oh.data(), g.norm.data(), dv, s_.rms_norm_eps, nh);
-      const float* zh = z.data() + static_cast<std::size_t>(t) * vd + h * dv;
-      for (int j = 0; j < dv; ++j) nh[j] *= silu(zh[j]);
+      const float beta_t = sigmoid(b[t * nv + h]);
+      const float decay = std::exp(a_h * softplus(a[t * nv + h] + g.dt_bias[h]));
+      if (fast_) gdn_head_step(S, qh, khv, vh, beta_t, decay, dk, dv, oh.data());
+      else gdn_head_step_ref(S, qh, khv, vh, beta_t, decay, dk, dv, oh.data());
+      finish(t, oh.data());
     }
   }, /*fixed=*/true);
   mm(g.out_proj, normed.data(), T, out);

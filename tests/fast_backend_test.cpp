@@ -39,6 +39,25 @@ TEST(FastBackend, MatchesGoldensOnTheCheckpoint) {
   }
 }
 
+TEST(FastBackend, ChunkedDeltaNetPrefillMatchesGoldens) {
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  cpu::CpuOptions o;
+  o.threads = 2;
+  o.fast = true;
+  o.gdn_chunked = true;
+  cpu::CpuBackend be(*m, o);
+  Engine e(m->spec(), be, 100);  // 60-token prompt: one chunk of 60 in the chunked form
+  for (const auto& p : goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    Session s = e.new_session();
+    const auto logits = e.forward(s, ids);
+    float err = 0;
+    for (std::size_t i = 0; i < logits.size(); ++i) err = std::max(err, std::fabs(logits[i] - p["last_logits"][i].get<float>()));
+    EXPECT_LT(err, 1e-3f) << "prompt of " << ids.size();
+    EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>());
+  }
+}
+
 TEST(FastBackend, Int8ContainerGivesTheGoldenTokens) {
   test::TempDir d;
   ConvertOptions o;

@@ -164,6 +164,41 @@ TEST(Kernels, DeltaNetStepMatchesReference) {
     }
 }
 
+#include "deltanet_chunk.h"
+
+// The chunked form against token steps of the reference, with mild and
+// strong decays (log decay down to -8 per token) and ragged chunk sizes.
+TEST(Kernels, DeltaNetChunkEqualsTokenSteps) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  for (float max_decay : {0.1f, 8.0f})
+    for (int n : {1, 17, kGdnChunk})
+      for (int dv : {128, 48}) {
+        const int dk = 32, ld = 2 * dk + dv + 5;  // q | k | v rows with padding, as in the conv output
+        std::vector<float> S(dk * dv), S2, rows(n * ld), beta(n), g(n), o(n * dv), o2(dv);
+        for (auto& x : S) x = nd(rng);
+        for (auto& x : rows) x = nd(rng);
+        for (int t = 0; t < n; ++t) {  // L2-normalised q (scaled) and k, as the layer feeds them
+          for (float* p : {rows.data() + t * ld, rows.data() + t * ld + dk}) {
+            float ss = 0;
+            for (int i = 0; i < dk; ++i) ss += p[i] * p[i];
+            for (int i = 0; i < dk; ++i) p[i] /= std::sqrt(ss);
+          }
+          beta[t] = ud(rng);
+          g[t] = -max_decay * ud(rng);
+        }
+        S2 = S;
+        gdn_head_chunk(S.data(), rows.data(), rows.data() + dk, ld, rows.data() + 2 * dk, ld, beta.data(), g.data(), n, dk, dv, o.data());
+        for (int t = 0; t < n; ++t) {
+          const float* r = rows.data() + t * ld;
+          gdn_head_step_ref(S2.data(), r, r + dk, r + 2 * dk, beta[t], std::exp(g[t]), dk, dv, o2.data());
+          for (int j = 0; j < dv; ++j) ASSERT_NEAR(o[t * dv + j], o2[j], 1e-4f * (1 + std::fabs(o2[j]))) << "n=" << n << " t=" << t << " dv=" << dv;
+        }
+        for (int i = 0; i < dk * dv; ++i) ASSERT_NEAR(S[i], S2[i], 1e-4f * (1 + std::fabs(S2[i]))) << "n=" << n;
+      }
+}
+
 TEST(ThreadPool, StaticRunsKeepJobsOnTheirThread) {
   ThreadPool pool(3);
   std::vector<std::thread::id> first(12), again(12);
