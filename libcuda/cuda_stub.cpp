@@ -1,4 +1,5 @@
 // Built instead of the .cu files when the toolkit is built without CUDA.
+#include "cuda_backend.h"
 #include "cuda_device.h"
 #include "util/error.h"
 
@@ -15,6 +16,10 @@ std::string describe_device(int) { return "none (built without CUDA)"; }
 
 void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {
   throw Error("CUDA: no usable device: built without CUDA");
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const Model&, const CudaOptions&) {
+  throw Error("CUDA backend: no usable device: built without CUDA");
 }
 
 }  // namespace coli::cuda

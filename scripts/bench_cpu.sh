@@ -14,7 +14,7 @@ mkdir -p "$work" "$out"
 [ -f "$work/q4.coli" ] || "$bin/coli-convert" "$work/synth8" -o "$work/q4.coli" --experts int4-g32 --trunk int4-g32 --lm-head int4-g32 >/dev/null
 [ -f "$work/q4g64.coli" ] || "$bin/coli-convert" "$work/synth8" -o "$work/q4g64.coli" --experts int4-g64 --trunk int4-g64 --lm-head int4-g64 >/dev/null
 [ -f "$work/q8.coli" ] || "$bin/coli-convert" "$work/synth8" -o "$work/q8.coli" --experts int8 --trunk int8 --lm-head int8 >/dev/null
-"$bin/coli-bench" -m "$work/q4.coli,$work/q4g64.coli,$work/q8.coli" -p 512 -n 128 -r 3 -t "$threads" -o tsv | tee "$out/cpu-bench.tsv" |
+"$bin/coli-bench" --device cpu -m "$work/q4.coli,$work/q4g64.coli,$work/q8.coli" -p 512 -n 128 -r 3 -t "$threads" -o tsv | tee "$out/cpu-bench.tsv" |
   awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
               { printf "%-14s %-8s t=%-3s %10.1f t/s  %8.1f MB/token  trunk %.0f ms, experts %.0f ms, lm_head %.0f ms %s\n",
                 $c["model_type"], $c["test"], $c["n_threads"], $c["avg_ts"], $c["bytes_read_per_token"] / 1e6,

@@ -24,3 +24,98 @@ TEST(Cuda, RmsNormMatchesCpuReference) {
     for (int i = 0; i < rows * n; ++i) ASSERT_NEAR(y[i], ref[i], 1e-5f * (1 + std::fabs(ref[i]))) << "n=" << n << " i=" << i;
   }
 }
+
+// The whole model on the GPU (CudaBackend) against the CPU reference
+// backend on the same weights, and against the transformers goldens.
+#include <nlohmann/json.hpp>
+
+#include "convert/convert.h"
+#include "cpu_backend.h"
+#include "cuda_backend.h"
+#include "engine/engine.h"
+#include "engine_util.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace coli;
+
+const nlohmann::json& cuda_goldens() {
+  static const nlohmann::json g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-qwen35moe.json"));
+  return g;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
+  return e;
+}
+
+// GPU and CPU reference on one model: greedy tokens (prefill in chunks of 7,
+// then decode steps from the graph) and the last logits of every prompt.
+void expect_gpu_matches_cpu(const Model& m, float tol, bool same_tokens, const char* what) {
+  cpu::CpuBackend ref(m);
+  auto gpu = cuda::make_cuda_backend(m);
+  Engine er(m.spec(), ref, 7), eg(m.spec(), *gpu, 7);
+  for (const auto& p : cuda_goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    Session sr = er.new_session(), sg = eg.new_session();
+    const auto lr = er.forward(sr, ids), lg = eg.forward(sg, ids);
+    ASSERT_EQ(lr.size(), lg.size());
+    const float err = max_abs_diff(lr, lg);
+    std::printf("[ info     ] %s, prompt of %zu: max |dlogit| GPU vs CPU %.2e\n", what, ids.size(), err);
+    EXPECT_LT(err, tol) << what;
+    // Decode steps continue the same sessions: next-token logits stay equal.
+    for (int step = 0; step < 3; ++step) {
+      const int next = static_cast<int>(std::max_element(lr.begin(), lr.end()) - lr.begin());
+      const std::vector<int> one{next};
+      EXPECT_LT(max_abs_diff(er.forward(sr, one), eg.forward(sg, one)), tol) << what << " decode step " << step;
+    }
+    if (same_tokens) EXPECT_EQ(test::greedy_tokens(eg, ids), test::greedy_tokens(er, ids)) << what;
+  }
+}
+
+bool have_device(std::string* why) { return cuda::device_count(why) > 0; }
+
+}  // namespace
+
+TEST(CudaBackend, CheckpointMatchesTheGoldens) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  auto gpu = cuda::make_cuda_backend(*m);
+  Engine e(m->spec(), *gpu, 7);
+  for (const auto& p : cuda_goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    Session s = e.new_session();
+    const auto logits = e.forward(s, ids);
+    float err = 0;
+    for (std::size_t i = 0; i < logits.size(); ++i) err = std::max(err, std::fabs(logits[i] - p["last_logits"][i].get<float>()));
+    EXPECT_LT(err, 1e-3f) << "prompt of " << ids.size();
+    EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>());
+  }
+}
+
+TEST(CudaBackend, ContainersMatchTheCpuReference) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  struct Case {
+    QuantFormat f;
+    float tol;
+    bool same_tokens;
+  };
+  // bf16 and int8: the same dequantized weights, float activations on both
+  // sides: only summation order differs. int4 likewise (tolerance as the
+  // CPU's quantized path, docs/quality.md).
+  for (const Case c : {Case{QuantFormat::BF16, 1e-3f, true}, Case{QuantFormat::I8, 1e-3f, true}, Case{QuantFormat::I4_G32, 2e-3f, true},
+                       Case{QuantFormat::I4_G64_ASYM, 2e-3f, true}, Case{QuantFormat::I4, 2e-3f, true}}) {
+    test::TempDir d;
+    ConvertOptions o;
+    o.experts = o.down = o.trunk = o.shared = o.lm_head = c.f;
+    o.threads = 2;
+    convert_checkpoint(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", o);
+    auto m = Model::load(d / "m.coli");
+    expect_gpu_matches_cpu(*m, c.tol, c.same_tokens, format_name(c.f));
+  }
+}

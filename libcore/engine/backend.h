@@ -57,6 +57,14 @@ class Backend {
   virtual void add_moe_output(std::size_t n, const float* routed, const float* shared, float* x);
   // logits[T, V] = lm_head(final_norm(x)).
   virtual void logits(int T, const float* x, float* out) = 0;
+
+  // A backend that keeps activations on its own device runs a whole chunk
+  // (embedding, every layer, the logits) in one call: the engine then calls
+  // forward_chunk instead of the steps above (unless it must observe the
+  // routing). Tokens ids[0..T) at positions pos0.. of the session; logits of
+  // the last logit_rows tokens (0, 1 or T) into logits[logit_rows, V].
+  virtual bool runs_whole_chunks() const { return false; }
+  virtual void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits);
 };
 
 }  // namespace coli

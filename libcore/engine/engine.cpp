@@ -8,6 +8,10 @@
 
 namespace coli {
 
+void Backend::forward_chunk(BackendState&, const int*, int, int, int, float*) {
+  throw Error("backend " + name() + " does not run whole chunks");
+}
+
 void Backend::add_moe_output(std::size_t n, const float* routed, const float* shared, float* x) {
   for (std::size_t i = 0; i < n; ++i) x[i] += routed[i] + shared[i];
 }
@@ -41,6 +45,15 @@ std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {
   const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
+  if (backend_.runs_whole_chunks() && !observe) {
+    const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;
+    std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
+    const auto t0 = std::chrono::steady_clock::now();
+    backend_.forward_chunk(*s.state, ids, T, s.n_past, rows, logits.data());
+    if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.n_past += T;
+    return logits;
+  }
   Buffer<float> x(static_cast<std::size_t>(T) * H), hn(x.size()), shared(x.size()), routed(x.size());
   std::vector<int> idx(static_cast<std::size_t>(T) * K);
   std::vector<float> w(idx.size());

@@ -24,7 +24,8 @@ struct Session {
 // Time spent in each kind of step, accumulated while stats are enabled.
 struct StageTimes {
   double embed = 0, trunk = 0, router = 0, shared = 0, experts = 0, combine = 0, lm_head = 0;  // seconds
-  double total() const { return embed + trunk + router + shared + experts + combine + lm_head; }
+  double device = 0;  // whole chunks run by a device backend (forward_chunk)
+  double total() const { return embed + trunk + router + shared + experts + combine + lm_head + device; }
 };
 
 // Called once per layer per chunk with the chunk's router choices:

@@ -1,5 +1,6 @@
 // coli-bench: llama-bench-style benchmarks whose records a shell pipeline
 // can consume while the run goes on. Thin: flags in, libcore runner out.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include "bench/record_writer.h"
 #include "bench/runner.h"
 #include "cpu_backend.h"
+#include "cuda_backend.h"
 #include "util/error.h"
 #include "util/parse.h"
 #include "util/progress.h"
@@ -70,6 +72,7 @@ int run(int argc, char** argv) {
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
       ("prompt-file", po::value<std::string>(), "take token ids from this text (model's tokenizer) instead")
       ("no-warmup", po::bool_switch(), "skip the untimed warm-up run")
+      ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
       ("progress", po::bool_switch(), "log each test to stderr (default when stderr is a terminal)");
   po::variables_map vm;
@@ -115,8 +118,17 @@ int run(int argc, char** argv) {
   coli::RecordWriter writer(fmt, stdout);
   const bool log = vm["progress"].as<bool>() || coli::stderr_is_tty();
   const bool fast = !vm["reference"].as<bool>();
+  const std::string device = fast ? vm["device"].as<std::string>() : "cpu";
+  if (device != "cpu" && device != "cuda" && device != "auto") throw coli::UsageError("--device must be cuda, cpu or auto, not '" + device + "'");
+  coli::cuda::CudaOptions co;
+  co.max_chunk = *std::max_element(o.n_ubatch.begin(), o.n_ubatch.end());
   const int failures = coli::run_bench(
-      o, [fast](const coli::Model& m, int threads) { return std::make_unique<coli::cpu::CpuBackend>(m, coli::cpu::CpuOptions{threads, fast}); },
+      o,
+      [&](const coli::Model& m, int threads) -> std::unique_ptr<coli::Backend> {
+        std::string why;
+        if (auto b = coli::cuda::make_device_backend(device, m, co, &why)) return b;
+        return std::make_unique<coli::cpu::CpuBackend>(m, coli::cpu::CpuOptions{threads, fast});
+      },
       writer, log ? stderr : nullptr);
   if (failures) std::fprintf(stderr, "coli-bench: %d record(s) failed\n", failures);
   return failures ? 1 : 0;

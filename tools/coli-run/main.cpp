@@ -9,6 +9,7 @@
 #include <random>
 
 #include "cpu_backend.h"
+#include "cuda_backend.h"
 #include "cuda_device.h"
 #include "engine/chat_session.h"
 #include "engine/engine.h"
@@ -164,6 +165,7 @@ int run(int argc, char** argv) {
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
+      ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
       ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
       ("tokenize", po::bool_switch(), "print the ids of the text on stdin (or of --messages) and exit")
@@ -197,9 +199,15 @@ int run(int argc, char** argv) {
   auto tok = load_tokenizer(f, !f.has("prompt-ids"));
   auto model = coli::Model::load(f.get<std::string>("model"));
   std::string why;
-  if (coli::cuda::compiled_with_cuda() && coli::cuda::device_count(&why) == 0)
-    std::fprintf(stderr, "coli-run: no CUDA device (%s); running on the CPU\n", why.c_str());
-  coli::cpu::CpuBackend backend(*model, {f.get<int>("threads"), !f.get<bool>("reference")});
+  const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
+  coli::cuda::CudaOptions co;
+  co.max_chunk = f.get<int>("prefill-chunk");
+  std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
+  if (!backend_ptr) {
+    if (device == "auto" && coli::cuda::compiled_with_cuda()) std::fprintf(stderr, "coli-run: no CUDA device used (%s); running on the CPU\n", why.c_str());
+    backend_ptr = std::make_unique<coli::cpu::CpuBackend>(*model, coli::cpu::CpuOptions{f.get<int>("threads"), !f.get<bool>("reference")});
+  }
+  coli::Backend& backend = *backend_ptr;
   coli::Engine engine(model->spec(), backend, f.get<int>("prefill-chunk"));
   const bool json = f.get<bool>("json");
   auto emit = [](const std::string& s) {

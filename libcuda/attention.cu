@@ -1,0 +1,100 @@
+// Gated full attention on the device (Qwen3.5): per-head RMSNorm (1 + w) of
+// q and k, rotary embedding on the first `rot` dims (rotate-half), GQA over
+// the KV cache, sigmoid(gate) on the output. Same float steps as the CPU
+// reference (cpu_attention.cpp).
+#include "cuda_util.cuh"
+#include "device_math.cuh"
+#include "kernels.cuh"
+
+namespace coli::cuda {
+
+namespace {
+
+// Normalises v[0..hd) in shared memory with (1 + w), then rotates the first
+// rot dims at position pos. All threads of the block take part.
+__device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, double theta, float eps) {
+  float ss = 0;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += v[i] * v[i];
+  const float r = rsqrtf(block_sum(ss) / hd + eps);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = v[i] * r * (1.0f + w[i]);
+  __syncthreads();
+  const int half = rot / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    // As the reference: inv_freq in double then f32, angle = pos * inv_freq in f32.
+    const float inv_freq = static_cast<float>(1.0 / pow(theta, double(2 * i) / rot));
+    const float angle = static_cast<float>(pos) * inv_freq;
+    const float c = static_cast<float>(cos(double(angle))), s = static_cast<float>(sin(double(angle)));
+    const float x1 = v[i], x2 = v[i + half];
+    v[i] = x1 * c - x2 * s;
+    v[i + half] = x2 * c + x1 * s;
+  }
+  __syncthreads();
+}
+
+// Block (t, kv head): k normalised and rotated, k and v into the cache.
+__global__ void store_kv_kernel(const float* k, const float* v, const float* k_norm, const int* d_pos, int kv_heads, int hd, int rot, double theta,
+                                float eps, float* kc, float* vc) {
+  extern __shared__ float sh[];
+  const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd;
+  const int pos = *d_pos + t;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = k[static_cast<long long>(t) * kv_w + h * hd + i];
+  __syncthreads();
+  norm_rope(sh, k_norm, hd, rot, pos, theta, eps);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    kc[static_cast<long long>(pos) * kv_w + h * hd + i] = sh[i];
+    vc[static_cast<long long>(pos) * kv_w + h * hd + i] = v[static_cast<long long>(t) * kv_w + h * hd + i];
+  }
+}
+
+// Block (t, head): scores over positions 0 .. pos, softmax, weighted values.
+__global__ void attention_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads, int kv_heads,
+                                 int hd, int rot, double theta, float eps, float* scores, int cap, float* out) {
+  extern __shared__ float q[];
+  const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd, qg_w = heads * hd * 2;
+  const int pos = *d_pos + t, n_ctx = pos + 1;
+  const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * 2 * hd;  // query, then gate
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qsrc[i];
+  __syncthreads();
+  norm_rope(q, q_norm, hd, rot, pos, theta, eps);
+  const int kvh = h / (heads / kv_heads);
+  const float scale = rsqrtf(static_cast<float>(hd));
+  float* sc = scores + (static_cast<long long>(t) * heads + h) * cap;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < n_ctx; j += blockDim.x) {
+    const float* kj = kc + static_cast<long long>(j) * kv_w + kvh * hd;
+    float d = 0;
+    for (int i = 0; i < hd; ++i) d += q[i] * kj[i];
+    sc[j] = d * scale;
+    m = fmaxf(m, sc[j]);
+  }
+  m = block_max(m);
+  float sum = 0;
+  for (int j = threadIdx.x; j < n_ctx; j += blockDim.x) {
+    const float e = expf(sc[j] - m);
+    sc[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / block_sum(sum);  // block_sum syncs: sc is complete
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0;
+    for (int j = 0; j < n_ctx; ++j) o += sc[j] * vc[static_cast<long long>(j) * kv_w + kvh * hd + d];
+    const float gate = qsrc[hd + d];
+    out[static_cast<long long>(t) * heads * hd + h * hd + d] = o * inv * sigmoidf(gate);
+  }
+}
+
+}  // namespace
+
+void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, double theta,
+                   float eps, float* kc, float* vc, cudaStream_t s) {
+  store_kv_kernel<<<dim3(T, kv_heads), 128, hd * sizeof(float), s>>>(k, v, k_norm, d_pos, kv_heads, hd, rot, theta, eps, kc, vc);
+  check(cudaGetLastError(), "store_kv launch");
+}
+
+void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
+               int rot, double theta, float eps, float* scores, int cap, float* out, cudaStream_t s) {
+  attention_kernel<<<dim3(T, heads), 256, hd * sizeof(float), s>>>(qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, theta, eps, scores, cap, out);
+  check(cudaGetLastError(), "attention launch");
+}
+
+}  // namespace coli::cuda

@@ -1,0 +1,407 @@
+// CudaBackend: the forward pass of a chunk on one GPU, top to bottom as in
+// Engine::forward_chunk and the CPU backend, with every activation on the
+// device. Kernels live in the other .cu files; this file uploads weights,
+// owns the buffers and sequences the launches.
+#include "cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cuda_device.h"
+#include "cuda_util.cuh"
+#include "kernels.cuh"
+
+namespace coli::cuda {
+
+namespace {
+
+// Device copies of the weights, sub-allocated from one allocation.
+class WeightArena {
+ public:
+  void reserve(std::size_t bytes) { base_.resize(bytes); }
+  // Copies n bytes from host; returns the device address (256-byte aligned).
+  const uint8_t* put(const void* src, std::size_t n) {
+    used_ = (used_ + 255) / 256 * 256;
+    if (used_ + n > base_.size()) throw Error("CUDA: weight arena overflow (internal)");
+    uint8_t* dst = base_.get() + used_;
+    check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "upload weights");
+    used_ += n;
+    return dst;
+  }
+  static std::size_t padded(std::size_t n) { return (n + 255) / 256 * 256; }
+
+ private:
+  DeviceArray<uint8_t> base_;
+  std::size_t used_ = 0;
+};
+
+Kind kind_of(QuantFormat f, const char* what) {
+  switch (f) {
+    case QuantFormat::F32: return Kind::kF32;
+    case QuantFormat::BF16: return Kind::kBF16;
+    case QuantFormat::F16: return Kind::kF16;
+    case QuantFormat::I8: return Kind::kI8;
+    case QuantFormat::FP8_E4M3_B128:
+      throw Error(std::string("CUDA backend: ") + what + " is fp8 (a checkpoint format); convert the model with coli-convert first");
+    default: return Kind::kI4;
+  }
+}
+
+DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what) {
+  const MatrixLayout l = layout_of(m.format, m.rows, m.cols);
+  const FormatInfo& fi = format_info(m.format);
+  DevMatrix d;
+  d.kind = kind_of(m.format, what);
+  d.data = data;
+  d.rows = static_cast<int>(m.rows);
+  d.cols = static_cast<int>(m.cols);
+  d.row_stride = static_cast<int>(l.row_stride);
+  d.scale_offset = static_cast<long long>(l.scale_offset);
+  d.scale_row_bytes = static_cast<int>(l.scale_row_bytes);
+  d.group = fi.group ? fi.group : d.cols;
+  d.asym = fi.asym;
+  d.f16_scales = d.kind == Kind::kI4 && fi.group;
+  if (d.cols % 4) throw Error(std::string("CUDA backend: ") + what + " has " + std::to_string(d.cols) + " columns; the kernels need a multiple of 4");
+  return d;
+}
+
+struct DevExperts {
+  ExpertTable table;
+  DeviceArray<const uint8_t*> gate_ptrs, up_ptrs, down_ptrs;
+};
+
+struct DevLayer {
+  LayerKind kind;
+  const float *input_norm, *post_norm;
+  // attention
+  DevMatrix q_proj, k_proj, v_proj, o_proj;
+  const float *q_norm, *k_norm;
+  // Gated DeltaNet
+  DevMatrix in_qkv, in_z, in_b, in_a, out_proj;
+  const float *conv1d, *dt_bias, *A_log, *gdn_norm;
+  // MoE
+  DevMatrix router, sh_gate, sh_up, sh_down, sh_gate_proj;
+  DevExperts experts;
+};
+
+// Per-session state on the device.
+struct CudaState : BackendState {
+  struct Layer {
+    DeviceArray<float> k, v;       // attention: [cap, kv_heads * hd]
+    DeviceArray<float> conv, S;    // DeltaNet: [K-1, cd], [nv, dk, dv]
+  };
+  std::vector<Layer> layers;
+  int cap = 0;                     // KV cache positions allocated
+  cudaGraphExec_t graph = nullptr; // decode step, valid for graph_cap / graph_rows
+  int graph_cap = -1, graph_rows = -1;
+  ~CudaState() override {
+    if (graph) cudaGraphExecDestroy(graph);
+  }
+};
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(const Model& model, const CudaOptions& opt);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  std::unique_ptr<BackendState> new_state() const override;
+  bool runs_whole_chunks() const override { return true; }
+  void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) override;
+
+  // The per-layer steps exist only on the CPU: the engine asks for them when
+  // it must observe the routing.
+  void embed(const int*, int, float*) override { unsupported(); }
+  void trunk_step(int, BackendState&, int, int, float*) override { unsupported(); }
+  void ffn_norm(int, int, const float*, float*) override { unsupported(); }
+  void route(int, int, const float*, int*, float*) override { unsupported(); }
+  void shared_expert(int, int, const float*, float*) override { unsupported(); }
+  void routed_experts(int, const ExpertPair*, int, const float*, float*) override { unsupported(); }
+  void logits(int, const float*, float*) override { unsupported(); }
+
+ private:
+  [[noreturn]] static void unsupported() { throw Error("the CUDA backend runs whole chunks only (routing observation needs --device cpu)"); }
+  const float* put_floats(const std::vector<float>& v) { return reinterpret_cast<const float*>(arena_.put(v.data(), v.size() * 4)); }
+  DevMatrix put_matrix(const Matrix& m, const std::string& what) { return describe(m, arena_.put(m.data, m.bytes()), what.c_str()); }
+  void ensure_buffers(int T);
+  void ensure_cap(CudaState& st, int needed);
+  // The forward pass of T tokens whose ids are in d_ids_ and position in d_pos_.
+  void run(CudaState& st, int T, int logit_rows);
+  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T);
+  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T);
+  void moe_layer(const DevLayer& L, int T);
+
+  const ModelSpec& s_;
+  CudaOptions opt_;
+  cudaStream_t stream_ = nullptr;
+  WeightArena arena_;
+  DevMatrix embed_, lm_head_;
+  const float* final_norm_ = nullptr;
+  std::vector<DevLayer> layers_;
+  // Activations, sized for buf_T_ tokens.
+  int buf_T_ = 0;
+  DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
+      logits_, scores_;
+  DeviceArray<int> ids_, pos_, ridx_;
+  int scores_cap_ = 0;
+  int* h_ids_ = nullptr;   // pinned
+  int* h_pos_ = nullptr;   // pinned
+  float* h_logits_ = nullptr;
+  std::size_t h_logits_n_ = 0;
+};
+
+CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
+  std::string why;
+  if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
+  check(cudaSetDevice(opt.device), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  init_kernels();
+  // One allocation for every weight.
+  std::size_t total = WeightArena::padded(model.embed().bytes()) + WeightArena::padded(model.lm_head().bytes()) +
+                      WeightArena::padded(model.final_norm().size() * 4);
+  auto add_m = [&](const Matrix& m) { total += WeightArena::padded(m.bytes()); };
+  auto add_v = [&](const std::vector<float>& v) { total += WeightArena::padded(v.size() * 4); };
+  for (int l = 0; l < s_.num_layers; ++l) {
+    const LayerWeights& lw = model.layer(l);
+    add_v(lw.input_norm), add_v(lw.post_norm);
+    if (lw.kind == LayerKind::kFullAttention) {
+      add_m(lw.attn.q_proj), add_m(lw.attn.k_proj), add_m(lw.attn.v_proj), add_m(lw.attn.o_proj);
+      add_v(lw.attn.q_norm), add_v(lw.attn.k_norm);
+    } else {
+      const DeltaNetWeights& g = lw.gdn;
+      add_m(g.in_proj_qkv), add_m(g.in_proj_z), add_m(g.in_proj_b), add_m(g.in_proj_a), add_m(g.out_proj);
+      add_v(g.conv1d), add_v(g.dt_bias), add_v(g.A_log), add_v(g.norm);
+    }
+    const MoeWeights& moe = lw.moe;
+    add_m(moe.router), add_m(moe.shared.gate), add_m(moe.shared.up), add_m(moe.shared.down), add_m(moe.shared_gate);
+    for (const ExpertWeights& e : moe.experts) add_m(e.gate), add_m(e.up), add_m(e.down);
+  }
+  std::size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (total + (256u << 20) > free_b)
+    throw Error("CUDA backend: the weights need " + std::to_string(total >> 20) + " MiB, the device has " + std::to_string(free_b >> 20) +
+                " MiB free");
+  arena_.reserve(total);
+  embed_ = put_matrix(model.embed(), "embed_tokens");
+  lm_head_ = put_matrix(model.lm_head(), "lm_head");
+  final_norm_ = put_floats(model.final_norm());
+  layers_.resize(s_.num_layers);
+  for (int l = 0; l < s_.num_layers; ++l) {
+    const LayerWeights& lw = model.layer(l);
+    DevLayer& d = layers_[l];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    d.kind = lw.kind;
+    d.input_norm = put_floats(lw.input_norm);
+    d.post_norm = put_floats(lw.post_norm);
+    if (lw.kind == LayerKind::kFullAttention) {
+      d.q_proj = put_matrix(lw.attn.q_proj, p + "q_proj");
+      d.k_proj = put_matrix(lw.attn.k_proj, p + "k_proj");
+      d.v_proj = put_matrix(lw.attn.v_proj, p + "v_proj");
+      d.o_proj = put_matrix(lw.attn.o_proj, p + "o_proj");
+      d.q_norm = put_floats(lw.attn.q_norm);
+      d.k_norm = put_floats(lw.attn.k_norm);
+    } else {
+      const DeltaNetWeights& g = lw.gdn;
+      d.in_qkv = put_matrix(g.in_proj_qkv, p + "in_proj_qkv");
+      d.in_z = put_matrix(g.in_proj_z, p + "in_proj_z");
+      d.in_b = put_matrix(g.in_proj_b, p + "in_proj_b");
+      d.in_a = put_matrix(g.in_proj_a, p + "in_proj_a");
+      d.out_proj = put_matrix(g.out_proj, p + "out_proj");
+      d.conv1d = put_floats(g.conv1d);
+      d.dt_bias = put_floats(g.dt_bias);
+      d.A_log = put_floats(g.A_log);
+      d.gdn_norm = put_floats(g.norm);
+    }
+    const MoeWeights& moe = lw.moe;
+    d.router = put_matrix(moe.router, p + "router");
+    d.sh_gate = put_matrix(moe.shared.gate, p + "shared_expert.gate_proj");
+    d.sh_up = put_matrix(moe.shared.up, p + "shared_expert.up_proj");
+    d.sh_down = put_matrix(moe.shared.down, p + "shared_expert.down_proj");
+    d.sh_gate_proj = put_matrix(moe.shared_gate, p + "shared_expert_gate");
+    const int E = static_cast<int>(moe.experts.size());
+    std::vector<const uint8_t*> gp(E), upp(E), dp(E);
+    for (int e = 0; e < E; ++e) {
+      const ExpertWeights& ew = moe.experts[e];
+      const std::string pe = p + "expert " + std::to_string(e) + " ";
+      const DevMatrix g = put_matrix(ew.gate, pe + "gate"), u = put_matrix(ew.up, pe + "up"), dn = put_matrix(ew.down, pe + "down");
+      if (e == 0) d.experts.table.gate = g, d.experts.table.up = u, d.experts.table.down = dn;
+      else if (g.kind != d.experts.table.gate.kind || u.kind != d.experts.table.up.kind || dn.kind != d.experts.table.down.kind)
+        throw Error("CUDA backend: " + pe + "differs in format from expert 0");
+      gp[e] = g.data, upp[e] = u.data, dp[e] = dn.data;
+    }
+    d.experts.gate_ptrs.resize(E), d.experts.up_ptrs.resize(E), d.experts.down_ptrs.resize(E);
+    check(cudaMemcpy(d.experts.gate_ptrs.get(), gp.data(), E * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+    check(cudaMemcpy(d.experts.up_ptrs.get(), upp.data(), E * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+    check(cudaMemcpy(d.experts.down_ptrs.get(), dp.data(), E * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+    d.experts.table.gate_ptrs = d.experts.gate_ptrs.get();
+    d.experts.table.up_ptrs = d.experts.up_ptrs.get();
+    d.experts.table.down_ptrs = d.experts.down_ptrs.get();
+  }
+  check(cudaMallocHost(&h_ids_, sizeof(int) * std::max(1, opt_.max_chunk)), "cudaMallocHost");
+  check(cudaMallocHost(&h_pos_, sizeof(int)), "cudaMallocHost");
+  pos_.resize(1);
+}
+
+CudaBackend::~CudaBackend() {
+  if (h_ids_) cudaFreeHost(h_ids_);
+  if (h_pos_) cudaFreeHost(h_pos_);
+  if (h_logits_) cudaFreeHost(h_logits_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::unique_ptr<BackendState> CudaBackend::new_state() const {
+  auto st = std::make_unique<CudaState>();
+  st->layers.resize(s_.num_layers);
+  for (int l = 0; l < s_.num_layers; ++l) {
+    if (s_.layer_kinds[l] != LayerKind::kLinearAttention) continue;
+    auto& L = st->layers[l];
+    L.conv.resize(static_cast<std::size_t>(s_.linear_conv_kernel - 1) * s_.linear_conv_dim());
+    L.S.resize(static_cast<std::size_t>(s_.linear_num_value_heads) * s_.linear_key_head_dim * s_.linear_value_head_dim);
+    check(cudaMemset(L.conv.get(), 0, L.conv.size() * 4), "cudaMemset");
+    check(cudaMemset(L.S.get(), 0, L.S.size() * 4), "cudaMemset");
+  }
+  return st;
+}
+
+void CudaBackend::ensure_buffers(int T) {
+  if (T <= buf_T_) return;
+  const std::size_t H = s_.hidden_size, t = T;
+  const std::size_t qg = std::size_t(s_.num_heads) * s_.head_dim * 2, cd = s_.linear_conv_dim();
+  const std::size_t heads_out = std::max<std::size_t>(std::size_t(s_.num_heads) * s_.head_dim, s_.linear_value_dim());
+  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim, K = s_.num_experts_per_tok;
+  x_.resize(t * H), hn_.resize(t * H), mix_.resize(t * H), sh_.resize(t * H), routed_.resize(t * H);
+  proj_.resize(t * std::max(qg, cd));
+  z_.resize(t * s_.linear_value_dim()), b_.resize(t * s_.linear_num_value_heads), a_.resize(t * s_.linear_num_value_heads);
+  conv_out_.resize(t * cd), heads_out_.resize(t * heads_out), k_.resize(t * kv), v_.resize(t * kv);
+  rlogits_.resize(t * s_.num_experts), ridx_.resize(t * K), rw_.resize(t * K);
+  sg_.resize(t * s_.shared_expert_intermediate_size), su_.resize(t * s_.shared_expert_intermediate_size), sgate_.resize(t);
+  act_.resize(t * K * s_.moe_intermediate_size);
+  ids_.resize(t);
+  buf_T_ = T;
+}
+
+void CudaBackend::ensure_cap(CudaState& st, int needed) {
+  if (needed <= st.cap) return;
+  const int cap = std::max({needed, 2 * st.cap, 256});
+  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
+  for (int l = 0; l < s_.num_layers; ++l) {
+    if (s_.layer_kinds[l] != LayerKind::kFullAttention) continue;
+    auto& L = st.layers[l];
+    DeviceArray<float> k(cap * kv), v(cap * kv);
+    if (st.cap) {
+      check(cudaMemcpy(k.get(), L.k.get(), st.cap * kv * 4, cudaMemcpyDeviceToDevice), "grow KV cache");
+      check(cudaMemcpy(v.get(), L.v.get(), st.cap * kv * 4, cudaMemcpyDeviceToDevice), "grow KV cache");
+    }
+    L.k = std::move(k), L.v = std::move(v);
+  }
+  st.cap = cap;
+}
+
+void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T) {
+  const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
+  matmul(L.q_proj, hn_.get(), T, proj_.get(), qg_w, stream_);
+  matmul(L.k_proj, hn_.get(), T, k_.get(), nkv * hd, stream_);
+  matmul(L.v_proj, hn_.get(), T, v_.get(), nkv * hd, stream_);
+  attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(), stream_);
+  attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, pos_.get(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, scores_.get(),
+            scores_cap_, heads_out_.get(), stream_);
+  matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_);
+}
+
+void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T) {
+  const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
+  matmul(L.in_qkv, hn_.get(), T, proj_.get(), cd, stream_);
+  matmul(L.in_z, hn_.get(), T, z_.get(), s_.linear_value_dim(), stream_);
+  matmul(L.in_b, hn_.get(), T, b_.get(), nv, stream_);
+  matmul(L.in_a, hn_.get(), T, a_.get(), nv, stream_);
+  gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
+  gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
+  gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
+                 s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_);
+  matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_);
+}
+
+void CudaBackend::moe_layer(const DevLayer& L, int T) {
+  const int H = s_.hidden_size, E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
+  matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_);
+  route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_);
+  // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn)).
+  matmul(L.sh_gate, hn_.get(), T, sg_.get(), Is, stream_);
+  matmul(L.sh_up, hn_.get(), T, su_.get(), Is, stream_);
+  silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
+  matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_);
+  matmul(L.sh_gate_proj, hn_.get(), T, sgate_.get(), 1, stream_);
+  scale_rows_sigmoid(sh_.get(), sgate_.get(), T, H, stream_);
+  // Routed experts over all T * K pairs.
+  moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_);
+  moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_);
+}
+
+void CudaBackend::run(CudaState& st, int T, int logit_rows) {
+  const int H = s_.hidden_size;
+  const float eps = s_.rms_norm_eps;
+  embed_rows(embed_, ids_.get(), T, x_.get(), stream_);
+  for (int l = 0; l < s_.num_layers; ++l) {
+    const DevLayer& L = layers_[l];
+    rms_norm(x_.get(), L.input_norm, T, H, eps, true, hn_.get(), stream_);
+    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T);
+    else deltanet_layer(L, st.layers[l], T);
+    add_inplace(x_.get(), mix_.get(), std::size_t(T) * H, stream_);
+    rms_norm(x_.get(), L.post_norm, T, H, eps, true, hn_.get(), stream_);
+    moe_layer(L, T);
+    add2_inplace(x_.get(), routed_.get(), sh_.get(), std::size_t(T) * H, stream_);
+  }
+  if (logit_rows == 0) return;
+  const float* last = x_.get() + std::size_t(T - logit_rows) * H;
+  rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_);
+  matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_);
+}
+
+void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) {
+  auto& st = static_cast<CudaState&>(state);
+  if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
+  ensure_buffers(T);
+  ensure_cap(st, pos0 + T);
+  if (s_.num_attention_layers() > 0 && (scores_cap_ < st.cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * st.cap)) {
+    scores_.resize(std::size_t(buf_T_) * s_.num_heads * st.cap);
+    scores_cap_ = st.cap;
+  }
+  const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;
+  if (nlog > h_logits_n_) {
+    if (h_logits_) cudaFreeHost(h_logits_);
+    check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
+    h_logits_n_ = nlog;
+  }
+  if (logits_.size() < nlog) logits_.resize(nlog);
+  std::memcpy(h_ids_, ids, T * sizeof(int));
+  *h_pos_ = pos0;
+  check(cudaMemcpyAsync(ids_.get(), h_ids_, T * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
+  check(cudaMemcpyAsync(pos_.get(), h_pos_, sizeof(int), cudaMemcpyHostToDevice, stream_), "copy position");
+  if (T == 1 && opt_.graphs) {
+    // A decode step as one graph; captured again when a buffer moved.
+    if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || scores_cap_ != st.cap) {
+      if (st.graph) cudaGraphExecDestroy(st.graph), st.graph = nullptr;
+      cudaGraph_t g;
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+      run(st, 1, logit_rows);
+      check(cudaStreamEndCapture(stream_, &g), "end capture");
+      check(cudaGraphInstantiate(&st.graph, g, 0), "graph instantiate");
+      cudaGraphDestroy(g);
+      st.graph_cap = st.cap, st.graph_rows = logit_rows;
+    }
+    check(cudaGraphLaunch(st.graph, stream_), "graph launch");
+  } else {
+    run(st, T, logit_rows);
+  }
+  if (nlog) check(cudaMemcpyAsync(h_logits_, logits_.get(), nlog * sizeof(float), cudaMemcpyDeviceToHost, stream_), "copy logits");
+  check(cudaStreamSynchronize(stream_), "forward");
+  std::memcpy(logits, h_logits_, nlog * sizeof(float));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt) { return std::make_unique<CudaBackend>(model, opt); }
+
+}  // namespace coli::cuda

@@ -1,0 +1,45 @@
+// The CUDA backend: the whole model on one GPU. Weights are uploaded in
+// their container formats (f32, bf16, f16, int8, int4 per row / grouped /
+// asym) and every step of a chunk runs on the device: embedding, Gated
+// DeltaNet and gated attention with their state and KV cache resident,
+// router softmax + top-k, routed experts as two fused launches over all
+// (token, expert) pairs, shared expert, lm_head. Only the token ids go in
+// and the asked-for logits come out; a decode step is captured once as a
+// CUDA graph and replayed. Plain C++ header: callers need no CUDA headers.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+#include "model/weights.h"
+#include "util/error.h"
+
+namespace coli::cuda {
+
+struct CudaOptions {
+  int device = 0;
+  int max_chunk = 512;   // most tokens per forward_chunk call (engine's prefill chunk)
+  bool graphs = true;    // replay decode steps from a captured CUDA graph
+};
+
+// Throws coli::Error naming the reason when no device is usable (or the
+// build has no CUDA), a matrix has a format the GPU kernels do not take
+// (fp8 checkpoints: convert them first), or the model does not fit.
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt = {});
+
+// The tools' --device: "cuda" (this backend or an error), "cpu" (nullptr:
+// the caller builds its CPU backend) or "auto" (this backend when it can be
+// made, else nullptr with *why saying why). Other values: coli::UsageError.
+inline std::unique_ptr<Backend> make_device_backend(const std::string& device, const Model& model, const CudaOptions& opt, std::string* why) {
+  if (device == "cpu") return nullptr;
+  if (device == "cuda") return make_cuda_backend(model, opt);
+  if (device != "auto") throw UsageError("--device must be cuda, cpu or auto, not '" + device + "'");
+  try {
+    return make_cuda_backend(model, opt);
+  } catch (const Error& e) {
+    if (why) *why = e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace coli::cuda

@@ -1,0 +1,138 @@
+// A weight matrix on the device in its container format (quant/format.h:
+// codes row-major with 16-byte-padded rows, scales after them), and the
+// warp-level row dot products every matmul kernel is built from: lane l
+// takes 16-byte chunks l, l+32, ... of the row, unpacks them in registers
+// and multiplies them with NT token rows of x; one shuffle reduction at the
+// end. Memory-bound by design (decode): every weight byte is read once per
+// NT tokens.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "quant/format.h"
+
+namespace coli::cuda {
+
+enum class Kind : int { kF32, kBF16, kF16, kI8, kI4 };
+
+struct DevMatrix {
+  Kind kind = Kind::kF32;
+  const uint8_t* data = nullptr;
+  int rows = 0, cols = 0;
+  int row_stride = 0;        // bytes per row of codes / values
+  long long scale_offset = 0;
+  int scale_row_bytes = 0;
+  int group = 0;             // int4: columns per scale (cols when one per row)
+  bool asym = false, f16_scales = false;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
+
+// acc[t] += W[r, c0 + i] * x[t][c0 + i] for the n <= 32 values of one chunk.
+template <int NT>
+__device__ __forceinline__ void fma_chunk(const float* vals, int n, const float* x, int ldx, int c0, float (&acc)[NT]) {
+  for (int t = 0; t < NT; ++t) {
+    const float* xt = x + static_cast<long long>(t) * ldx + c0;
+    float s = 0.0f;
+    if (n == 32 || n == 16 || n == 8 || n == 4) {
+      for (int i = 0; i < n; i += 4) {
+        const float4 xv = *reinterpret_cast<const float4*>(xt + i);
+        s += vals[i] * xv.x + vals[i + 1] * xv.y + vals[i + 2] * xv.z + vals[i + 3] * xv.w;
+      }
+    } else {
+      for (int i = 0; i < n; ++i) s += vals[i] * xt[i];
+    }
+    acc[t] += s;
+  }
+}
+
+// Dequantizes chunk `ch` of row r: up to 32 values at column *c0, count *n.
+template <Kind K>
+__device__ __forceinline__ void load_chunk(const DevMatrix& W, int r, int ch, float* vals, int* c0, int* n) {
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  constexpr int per = K == Kind::kF32 ? 4 : K == Kind::kI8 ? 16 : K == Kind::kI4 ? 32 : 8;
+  *c0 = ch * per;
+  const int m = min(per, W.cols - *c0);
+  *n = m;
+  const bool full = m == per;
+  if (K == Kind::kF32) {
+    const float* p = reinterpret_cast<const float*>(row) + *c0;
+    if (full && (W.row_stride & 15) == 0) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+      vals[0] = v.x, vals[1] = v.y, vals[2] = v.z, vals[3] = v.w;
+    } else {
+      for (int i = 0; i < m; ++i) vals[i] = p[i];
+    }
+  } else if (K == Kind::kBF16 || K == Kind::kF16) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + *c0;
+    uint16_t h[8];
+    if (full && (W.row_stride & 15) == 0) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      for (int i = 0; i < 4; ++i) h[2 * i] = w[i] & 0xffff, h[2 * i + 1] = w[i] >> 16;
+    } else {
+      for (int i = 0; i < m; ++i) h[i] = p[i];
+    }
+    for (int i = 0; i < m; ++i)
+      vals[i] = K == Kind::kBF16 ? bf16_bits_to_f32(h[i]) : __half2float(__ushort_as_half(h[i]));
+  } else if (K == Kind::kI8) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + *c0));  // rows padded to 16 bytes
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const float s = *reinterpret_cast<const float*>(W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes);
+    for (int i = 0; i < 16; ++i) vals[i] = static_cast<float>(static_cast<int8_t>((w[i / 4] >> (8 * (i % 4))) & 0xff)) * s;
+  } else {  // int4: byte j holds column 2j (low nibble) and 2j+1 (high)
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + *c0 / 2));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
+    float s, mn;
+    if (W.f16_scales) {
+      const int g = *c0 / W.group;  // a chunk of 32 never spans two groups (groups of 32, 64, 128)
+      const __half* hs = reinterpret_cast<const __half*>(sc);
+      if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
+      else s = __half2float(hs[g]), mn = -8.0f * s;
+    } else {
+      s = *reinterpret_cast<const float*>(sc);
+      mn = -8.0f * s;
+    }
+    for (int i = 0; i < 32; ++i) vals[i] = static_cast<float>((w[i / 8] >> (4 * (i % 8))) & 0xf) * s + mn;
+  }
+}
+
+// acc[t] = sum_c W[r, c] x[t][c] for NT tokens, on one warp (result in every lane).
+template <Kind K, int NT>
+__device__ __forceinline__ void warp_row_dot(const DevMatrix& W, int r, const float* x, int ldx, float (&acc)[NT]) {
+  constexpr int per = K == Kind::kF32 ? 4 : K == Kind::kI8 ? 16 : K == Kind::kI4 ? 32 : 8;
+  const int lane = threadIdx.x & 31;
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  const int chunks = (W.cols + per - 1) / per;
+  for (int ch = lane; ch < chunks; ch += 32) {
+    float vals[per];
+    int c0, n;
+    load_chunk<K>(W, r, ch, vals, &c0, &n);
+    fma_chunk<NT>(vals, n, x, ldx, c0, acc);
+  }
+  for (int t = 0; t < NT; ++t) acc[t] = warp_sum(acc[t]);
+}
+
+// Calls f.template operator()<K>() with the matrix's kind as a constant (host).
+template <typename F>
+inline void dispatch_kind(Kind k, F&& f) {
+  switch (k) {
+    case Kind::kF32: f.template operator()<Kind::kF32>(); break;
+    case Kind::kBF16: f.template operator()<Kind::kBF16>(); break;
+    case Kind::kF16: f.template operator()<Kind::kF16>(); break;
+    case Kind::kI8: f.template operator()<Kind::kI8>(); break;
+    case Kind::kI4: f.template operator()<Kind::kI4>(); break;
+  }
+}
+
+}  // namespace coli::cuda

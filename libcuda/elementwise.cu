@@ -1,0 +1,83 @@
+#include "cuda_util.cuh"
+#include "device_math.cuh"
+#include "kernels.cuh"
+
+namespace coli::cuda {
+
+namespace {
+
+template <Kind K>
+__global__ void embed_kernel(DevMatrix E, const int* ids, float* x) {
+  const int t = blockIdx.x, r = ids[t];
+  constexpr int per = K == Kind::kF32 ? 4 : K == Kind::kI8 ? 16 : K == Kind::kI4 ? 32 : 8;
+  const int chunks = (E.cols + per - 1) / per;
+  for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {
+    float vals[per];
+    int c0, n;
+    load_chunk<K>(E, r, ch, vals, &c0, &n);
+    for (int i = 0; i < n; ++i) x[static_cast<long long>(t) * E.cols + c0 + i] = vals[i];
+  }
+}
+
+__global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps, bool plus_one, float* y) {
+  const float* xr = x + static_cast<long long>(blockIdx.x) * n;
+  float* yr = y + static_cast<long long>(blockIdx.x) * n;
+  float ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  const float r = rsqrtf(block_sum(ss) / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (plus_one ? 1.0f + w[i] : w[i]);
+}
+
+__global__ void add_kernel(float* x, const float* a, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) x[i] += a[i];
+}
+
+__global__ void add2_kernel(float* x, const float* a, const float* b, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) x[i] += a[i] + b[i];
+}
+
+__global__ void silu_mul_kernel(const float* g, const float* u, float* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    out[i] = g[i] * sigmoidf(g[i]) * u[i];
+}
+
+__global__ void scale_rows_sigmoid_kernel(float* x, const float* gate, int n) {
+  const float s = sigmoidf(gate[blockIdx.x]);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[static_cast<long long>(blockIdx.x) * n + i] *= s;
+}
+
+int grid_for(std::size_t n) { return static_cast<int>(std::min<std::size_t>((n + 255) / 256, 4096)); }
+
+}  // namespace
+
+void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s) {
+  dispatch_kind(E.kind, [&]<Kind K>() { embed_kernel<K><<<T, 256, 0, s>>>(E, ids, x); });
+  check(cudaGetLastError(), "embed launch");
+}
+
+void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s) {
+  rms_norm_kernel<<<rows, 256, 0, s>>>(x, w, n, eps, plus_one, y);
+  check(cudaGetLastError(), "rms_norm launch");
+}
+
+void add_inplace(float* x, const float* a, std::size_t n, cudaStream_t s) {
+  add_kernel<<<grid_for(n), 256, 0, s>>>(x, a, n);
+  check(cudaGetLastError(), "add launch");
+}
+
+void add2_inplace(float* x, const float* a, const float* b, std::size_t n, cudaStream_t s) {
+  add2_kernel<<<grid_for(n), 256, 0, s>>>(x, a, b, n);
+  check(cudaGetLastError(), "add2 launch");
+}
+
+void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s) {
+  silu_mul_kernel<<<grid_for(n), 256, 0, s>>>(g, u, out, n);
+  check(cudaGetLastError(), "silu_mul launch");
+}
+
+void scale_rows_sigmoid(float* x, const float* gate, int rows, int n, cudaStream_t s) {
+  scale_rows_sigmoid_kernel<<<rows, 256, 0, s>>>(x, gate, n);
+  check(cudaGetLastError(), "scale_rows_sigmoid launch");
+}
+
+}  // namespace coli::cuda

@@ -1,0 +1,69 @@
+// Launchers of the CUDA backend's kernels, one concept per .cu file:
+//   matmul.cu       y = x W^T for every weight format (warp per row)
+//   elementwise.cu  embedding rows, norms, residual adds, SiLU*up, gates
+//   attention.cu    gated attention: k/v into the cache, softmax over it
+//   deltanet.cu     Gated DeltaNet: causal conv, q/k norms, recurrence
+//   moe.cu          router softmax + top-k, routed experts over all pairs
+// All run on the given stream; positions come from device memory (d_pos:
+// tokens already in the session) so a captured decode graph stays valid.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "dev_matrix.cuh"
+
+namespace coli::cuda {
+
+// y[t, r] = W[r, :] . x[t, :], x [T, W.cols], y [T, ldy] (ldy >= W.rows).
+void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s);
+
+void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
+// y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
+void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s);
+void add_inplace(float* x, const float* a, std::size_t n, cudaStream_t s);                    // x += a
+void add2_inplace(float* x, const float* a, const float* b, std::size_t n, cudaStream_t s);   // x += a + b
+void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s);     // out = silu(g) u
+void scale_rows_sigmoid(float* x, const float* gate, int rows, int n, cudaStream_t s);        // x[r] *= sigmoid(gate[r])
+
+// Attention. qg [T, heads * 2 * hd] (per head: query, then output gate);
+// k, v [T, kv_heads * hd]. Normalises and rotates the new keys and writes
+// keys and values at positions *d_pos + t of the cache [cap, kv_heads * hd].
+void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, double theta,
+                   float eps, float* kc, float* vc, cudaStream_t s);
+// out [T, heads * hd] = sigmoid(gate) * softmax(q K^T / sqrt(hd)) V over
+// positions 0 .. *d_pos + t; scores [T * heads, cap] scratch.
+void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
+               int rot, double theta, float eps, float* scores, int cap, float* out, cudaStream_t s);
+
+// Kernel attributes that must be set before any launch (and outside graph
+// capture): the recurrence's large shared-memory state.
+void init_kernels();
+
+// Gated DeltaNet. conv: out[t, c] = silu(causal conv of qkv over the state
+// [K-1, cd] then this token); advances the state.
+void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s);
+// q and k heads of conv_out [T, cd] L2-normalised, q scaled by 1/sqrt(dk).
+void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s);
+// Token by token per value head with S [nv, dk, dv] resident; writes the
+// gated-normed output [T, nv * dv].
+void gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
+                    const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s);
+
+// Routed experts of one layer: every expert's gate, up and down matrix
+// share a format and shape; gate[e] etc. are the device addresses.
+struct ExpertTable {
+  DevMatrix gate, up, down;                       // format and shape (data unused)
+  const uint8_t* const* gate_ptrs = nullptr;      // [E] device array
+  const uint8_t* const* up_ptrs = nullptr;
+  const uint8_t* const* down_ptrs = nullptr;
+};
+// Softmax over E logits per token, top-K (ties to the lower index), weights
+// renormalised: idx, w [T, K].
+void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s);
+// act[p, :] = silu(gate_e . x_t) * (up_e . x_t) for every pair p = t*K + k.
+void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s);
+// out[t, :] = sum_k w[t, k] * down_e(act[t*K + k]).
+void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s);
+
+}  // namespace coli::cuda

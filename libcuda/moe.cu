@@ -1,0 +1,127 @@
+// The MoE block's routing and routed experts on the device. The experts of
+// a step run as two launches over all (token, expert) pairs, reading the
+// chosen expert ids from device memory (no host round trip, so a decode
+// step can be one graph): gate+up+SiLU per pair, then down with the
+// router-weighted sum per token in a fixed order (deterministic).
+#include "cuda_util.cuh"
+#include "device_math.cuh"
+#include "kernels.cuh"
+
+namespace coli::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+
+// Block per token: softmax over E (sum in double, as the reference), then
+// K rounds of block argmax (ties to the lower index).
+__global__ void route_kernel(const float* logits, int E, int K, int* idx, float* w) {
+  extern __shared__ float p[];
+  __shared__ double dsum[32];
+  __shared__ int best_i[32];
+  __shared__ float best_v[32];
+  const int t = blockIdx.x;
+  const float* lt = logits + static_cast<long long>(t) * E;
+  float m = -INFINITY;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, lt[e]);
+  m = block_max(m);
+  double s = 0;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    p[e] = expf(lt[e] - m);
+    s += p[e];
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) dsum[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double tot = 0;
+    for (int i = 0; i < blockDim.x / 32; ++i) tot += dsum[i];
+    dsum[0] = tot;
+  }
+  __syncthreads();
+  const float inv = static_cast<float>(1.0 / dsum[0]);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] *= inv;
+  __syncthreads();
+  float picked_sum = 0;  // meaningful in thread 0
+  for (int k = 0; k < K; ++k) {
+    float v = -1.0f;
+    int bi = E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (p[e] > v || (p[e] == v && e < bi)) v = p[e], bi = e;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > v || (ov == v && oi < bi)) v = ov, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) best_v[threadIdx.x / 32] = v, best_i[threadIdx.x / 32] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int i = 1; i < blockDim.x / 32; ++i)
+        if (best_v[i] > v || (best_v[i] == v && best_i[i] < bi)) v = best_v[i], bi = best_i[i];
+      idx[t * K + k] = bi;
+      w[t * K + k] = v;
+      picked_sum += v;
+      p[bi] = -2.0f;  // taken
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    for (int k = 0; k < K; ++k) w[t * K + k] /= picked_sum;
+}
+
+// Warp per (pair, row of the expert's intermediate).
+template <Kind KG, Kind KU>
+__global__ void gate_up_kernel(ExpertTable tab, const float* hn, const int* idx, int K, float* act) {
+  const int p = blockIdx.y, I = tab.gate.rows, H = tab.gate.cols;
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (r >= I) return;
+  const int e = idx[p], t = p / K;
+  DevMatrix g = tab.gate, u = tab.up;
+  g.data = tab.gate_ptrs[e];
+  u.data = tab.up_ptrs[e];
+  const float* x = hn + static_cast<long long>(t) * H;
+  float gv[1], uv[1];
+  warp_row_dot<KG, 1>(g, r, x, H, gv);
+  warp_row_dot<KU, 1>(u, r, x, H, uv);
+  if ((threadIdx.x & 31) == 0) act[static_cast<long long>(p) * I + r] = siluf(gv[0]) * uv[0];
+}
+
+// Warp per (token, output row): the K experts' rows in order, weighted.
+template <Kind KD>
+__global__ void down_kernel(ExpertTable tab, const float* act, const int* idx, const float* w, int K, float* out) {
+  const int t = blockIdx.y, H = tab.down.rows, I = tab.down.cols;
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (r >= H) return;
+  float sum = 0;
+  for (int k = 0; k < K; ++k) {
+    const int p = t * K + k;
+    DevMatrix d = tab.down;
+    d.data = tab.down_ptrs[idx[p]];
+    float y[1];
+    warp_row_dot<KD, 1>(d, r, act + static_cast<long long>(p) * I, I, y);
+    sum += w[p] * y[0];
+  }
+  if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
+}
+
+}  // namespace
+
+void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s) {
+  route_kernel<<<T, 256, E * sizeof(float), s>>>(logits, E, K, idx, w);
+  check(cudaGetLastError(), "route launch");
+}
+
+void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s) {
+  const dim3 grid((tab.gate.rows + kWarps - 1) / kWarps, T * K), block(kWarps * 32);
+  if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
+  dispatch_kind(tab.gate.kind, [&]<Kind K_>() { gate_up_kernel<K_, K_><<<grid, block, 0, s>>>(tab, hn, idx, K, act); });
+  check(cudaGetLastError(), "moe gate_up launch");
+}
+
+void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s) {
+  const dim3 grid((tab.down.rows + kWarps - 1) / kWarps, T), block(kWarps * 32);
+  dispatch_kind(tab.down.kind, [&]<Kind K_>() { down_kernel<K_><<<grid, block, 0, s>>>(tab, act, idx, w, K, out); });
+  check(cudaGetLastError(), "moe down launch");
+}
+
+}  // namespace coli::cuda
