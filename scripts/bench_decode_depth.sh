@@ -14,7 +14,7 @@ vocab=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1]+'/config.json'
 printf 'depth\tdecode_tok_s\tms_per_token\n'
 for d in $depths; do
   ids=$(python3 -c "import random,sys; r=random.Random(int(sys.argv[1])); print(','.join(str(r.randrange(int(sys.argv[2]))) for _ in range(int(sys.argv[1]))))" "$d" "$vocab")
-  stats=$("$BIN/coli-run" --model "$model" --prompt-ids "$ids" -n "$N" --ignore-eos 2>&1 >/dev/null | grep 'decode')
+  stats=$("$BIN/coli-run" --device cpu --model "$model" --prompt-ids "$ids" -n "$N" --ignore-eos 2>&1 >/dev/null | grep 'decode')
   tps=$(sed -E 's/.*decode ([0-9.]+) tok\/s.*/\1/' <<<"$stats")
   printf '%s\t%s\t%.3f\n' "$d" "$tps" "$(python3 -c "print(1000/float('$tps'))")"
 done

@@ -40,7 +40,7 @@ trap 'rm -rf "$tmp"' EXIT
     for i in 0 1 2; do
       ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('tests/data/goldens/tiny-qwen35moe.json'))['prompts'][$i]['ids'])))")
       want=$(python3 -c "import json;print(' '.join(map(str,json.load(open('tests/data/goldens/tiny-qwen35moe.json'))['prompts'][$i]['greedy'])))")
-      got=$("$bin/coli-run" -m "$tmp/m.coli" --prompt-ids "$ids" -n 16 --temp 0 --ignore-eos 2>/dev/null)
+      got=$("$bin/coli-run" --device cpu -m "$tmp/m.coli" --prompt-ids "$ids" -n 16 --temp 0 --ignore-eos 2>/dev/null)
       same=$((same + $(python3 -c "import sys;a=sys.argv[1].split();b=sys.argv[2].split();print(sum(x==y for x,y in zip(a,b)))" "$want" "$got")))
     done
     echo "$row" | awk -F'\t' -v e="$1" -v t="$2" -v s="$same" '{printf "| %s | %s | %.2e | %.2e | %.1f %% | %.3f | %.4f | %d / 48 |\n", e, t, $2, $3, 100*$4, $5, $6, s}'
