@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -146,6 +148,27 @@ class CudaBackend : public Backend {
       logits_, scores_;
   DeviceArray<int> ids_, pos_, ridx_;
   int scores_cap_ = 0;
+  // COLI_CUDA_PROFILE=1: kernel time per step kind (events around each group
+  // of launches, graphs off), printed to stderr when the backend goes.
+  struct ProfRow {
+    double ms = 0;
+    long calls = 0;
+  };
+  bool profile_ = false;
+  std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;
+  std::vector<std::pair<std::string, ProfRow>> prof_;
+  long prof_tokens_ = 0;
+  template <typename F>
+  void step(const char* name, F&& f) {
+    if (!profile_) return f();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    cudaEventRecord(a, stream_);
+    f();
+    cudaEventRecord(b, stream_);
+    prof_pending_.push_back({name, {a, b}});
+  }
+  void collect_profile();
   int* h_ids_ = nullptr;   // pinned
   int* h_pos_ = nullptr;   // pinned
   float* h_logits_ = nullptr;
@@ -158,6 +181,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   check(cudaSetDevice(opt.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   init_kernels();
+  const char* prof = std::getenv("COLI_CUDA_PROFILE");
+  profile_ = prof && *prof && std::string(prof) != "0";
+  if (profile_) opt_.graphs = false;
   // One allocation for every weight.
   std::size_t total = WeightArena::padded(model.embed().bytes()) + WeightArena::padded(model.lm_head().bytes()) +
                       WeightArena::padded(model.final_norm().size() * 4);
@@ -244,7 +270,26 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   pos_.resize(1);
 }
 
+void CudaBackend::collect_profile() {
+  for (auto& [name, ev] : prof_pending_) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, ev.first, ev.second);
+    cudaEventDestroy(ev.first), cudaEventDestroy(ev.second);
+    auto it = std::find_if(prof_.begin(), prof_.end(), [&](const auto& p) { return p.first == name; });
+    if (it == prof_.end()) prof_.push_back({name, {}}), it = prof_.end() - 1;
+    it->second.ms += ms, ++it->second.calls;
+  }
+  prof_pending_.clear();
+}
+
 CudaBackend::~CudaBackend() {
+  if (profile_ && !prof_.empty()) {
+    double total = 0;
+    for (const auto& p : prof_) total += p.second.ms;
+    std::fprintf(stderr, "coli cuda profile: %ld tokens, %.3f ms of kernels\n%-14s %10s %8s %7s\n", prof_tokens_, total, "step", "ms", "calls", "share");
+    for (const auto& [name, row] : prof_)
+      std::fprintf(stderr, "%-14s %10.3f %8ld %6.1f%%\n", name.c_str(), row.ms, row.calls, 100.0 * row.ms / total);
+  }
   if (h_ids_) cudaFreeHost(h_ids_);
   if (h_pos_) cudaFreeHost(h_pos_);
   if (h_logits_) cudaFreeHost(h_logits_);
@@ -301,32 +346,45 @@ void CudaBackend::ensure_cap(CudaState& st, int needed) {
 
 void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T) {
   const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
-  matmul(L.q_proj, hn_.get(), T, proj_.get(), qg_w, stream_);
-  matmul(L.k_proj, hn_.get(), T, k_.get(), nkv * hd, stream_);
-  matmul(L.v_proj, hn_.get(), T, v_.get(), nkv * hd, stream_);
+  step("attn proj", [&] {
+    matmul(L.q_proj, hn_.get(), T, proj_.get(), qg_w, stream_);
+    matmul(L.k_proj, hn_.get(), T, k_.get(), nkv * hd, stream_);
+    matmul(L.v_proj, hn_.get(), T, v_.get(), nkv * hd, stream_);
+  });
+  step("attention", [&] {
   attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(), stream_);
   attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, pos_.get(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, scores_.get(),
             scores_cap_, heads_out_.get(), stream_);
-  matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_);
+  });
+  step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_); });
 }
 
 void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T) {
   const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
-  matmul(L.in_qkv, hn_.get(), T, proj_.get(), cd, stream_);
-  matmul(L.in_z, hn_.get(), T, z_.get(), s_.linear_value_dim(), stream_);
-  matmul(L.in_b, hn_.get(), T, b_.get(), nv, stream_);
-  matmul(L.in_a, hn_.get(), T, a_.get(), nv, stream_);
+  step("gdn proj", [&] {
+    matmul(L.in_qkv, hn_.get(), T, proj_.get(), cd, stream_);
+    matmul(L.in_z, hn_.get(), T, z_.get(), s_.linear_value_dim(), stream_);
+    matmul(L.in_b, hn_.get(), T, b_.get(), nv, stream_);
+    matmul(L.in_a, hn_.get(), T, a_.get(), nv, stream_);
+  });
+  step("gdn conv+norm", [&] {
   gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
   gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
+  });
+  step("gdn recurrence", [&] {
   gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
                  s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_);
-  matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_);
+  });
+  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_); });
 }
 
 void CudaBackend::moe_layer(const DevLayer& L, int T) {
   const int H = s_.hidden_size, E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
-  matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_);
-  route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_);
+  step("router", [&] {
+    matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_);
+    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_);
+  });
+  step("shared expert", [&] {
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn)).
   matmul(L.sh_gate, hn_.get(), T, sg_.get(), Is, stream_);
   matmul(L.sh_up, hn_.get(), T, su_.get(), Is, stream_);
@@ -334,29 +392,34 @@ void CudaBackend::moe_layer(const DevLayer& L, int T) {
   matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_);
   matmul(L.sh_gate_proj, hn_.get(), T, sgate_.get(), 1, stream_);
   scale_rows_sigmoid(sh_.get(), sgate_.get(), T, H, stream_);
+  });
   // Routed experts over all T * K pairs.
-  moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_);
-  moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_);
+  step("experts up", [&] { moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_); });
+  step("experts down", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_); });
 }
 
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
-  embed_rows(embed_, ids_.get(), T, x_.get(), stream_);
+  step("embed", [&] { embed_rows(embed_, ids_.get(), T, x_.get(), stream_); });
   for (int l = 0; l < s_.num_layers; ++l) {
     const DevLayer& L = layers_[l];
-    rms_norm(x_.get(), L.input_norm, T, H, eps, true, hn_.get(), stream_);
+    step("norms+adds", [&] { rms_norm(x_.get(), L.input_norm, T, H, eps, true, hn_.get(), stream_); });
     if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T);
     else deltanet_layer(L, st.layers[l], T);
-    add_inplace(x_.get(), mix_.get(), std::size_t(T) * H, stream_);
-    rms_norm(x_.get(), L.post_norm, T, H, eps, true, hn_.get(), stream_);
+    step("norms+adds", [&] {
+      add_inplace(x_.get(), mix_.get(), std::size_t(T) * H, stream_);
+      rms_norm(x_.get(), L.post_norm, T, H, eps, true, hn_.get(), stream_);
+    });
     moe_layer(L, T);
-    add2_inplace(x_.get(), routed_.get(), sh_.get(), std::size_t(T) * H, stream_);
+    step("norms+adds", [&] { add2_inplace(x_.get(), routed_.get(), sh_.get(), std::size_t(T) * H, stream_); });
   }
   if (logit_rows == 0) return;
   const float* last = x_.get() + std::size_t(T - logit_rows) * H;
-  rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_);
-  matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_);
+  step("lm_head", [&] {
+    rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_);
+    matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_);
+  });
 }
 
 void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) {
@@ -379,6 +442,7 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
   *h_pos_ = pos0;
   check(cudaMemcpyAsync(ids_.get(), h_ids_, T * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
   check(cudaMemcpyAsync(pos_.get(), h_pos_, sizeof(int), cudaMemcpyHostToDevice, stream_), "copy position");
+  prof_tokens_ += T;
   if (T == 1 && opt_.graphs) {
     // A decode step as one graph; captured again when a buffer moved.
     if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || scores_cap_ != st.cap) {
@@ -397,6 +461,7 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
   }
   if (nlog) check(cudaMemcpyAsync(h_logits_, logits_.get(), nlog * sizeof(float), cudaMemcpyDeviceToHost, stream_), "copy logits");
   check(cudaStreamSynchronize(stream_), "forward");
+  if (profile_) collect_profile();
   std::memcpy(logits, h_logits_, nlog * sizeof(float));
 }
 

@@ -107,19 +107,103 @@ __device__ __forceinline__ void load_chunk(const DevMatrix& W, int r, int ch, fl
   }
 }
 
-// acc[t] = sum_c W[r, c] x[t][c] for NT tokens, on one warp (result in every lane).
+// Byte k of v (0..255) as the float 2^23 + byte: one byte permute, exact
+// after subtracting 2^23 (no integer-to-float conversion).
+__device__ __forceinline__ float magic_byte(uint32_t v, int k) { return __int_as_float(__byte_perm(v, 0x4B000000u, 0x7440 + k)); }
+constexpr float kMagic = 8388608.0f;  // 2^23
+
+// acc[t] += W[r, chunk ch] . x[t, chunk ch]: the integer formats multiply the
+// codes (minus their offset) with x and scale the chunk's sum once.
+template <Kind K, int NT>
+__device__ __forceinline__ void chunk_dot(const DevMatrix& W, int r, int ch, const float* x, int ldx, float (&acc)[NT]) {
+  if constexpr (K == Kind::kI4) {
+    const int c0 = ch * 32;
+    const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+    if (c0 + 32 > W.cols) {  // ragged last chunk: the generic path
+      float vals[32];
+      int cc, n;
+      load_chunk<K>(W, r, ch, vals, &cc, &n);
+      fma_chunk<NT>(vals, n, x, ldx, cc, acc);
+      return;
+    }
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + c0 / 2));
+    const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
+    float s, mn;
+    if (W.f16_scales) {
+      const int g = c0 / W.group;
+      const __half* hs = reinterpret_cast<const __half*>(sc);
+      if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
+      else s = __half2float(hs[g]), mn = -8.0f * s;
+    } else {
+      s = *reinterpret_cast<const float*>(sc);
+      mn = -8.0f * s;
+    }
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    // Symmetric: sum (code - 8) x, scaled. Asym: s sum code x + min sum x.
+    auto dot = [&]<bool kAsym>() {
+      const float off = kAsym ? kMagic : kMagic + 8.0f;
+      for (int t = 0; t < NT; ++t) {
+        const float* xt = x + static_cast<long long>(t) * ldx + c0;
+        float dq = 0.0f, sx = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t lo = w[q] & 0x0F0F0F0Fu, hi = (w[q] >> 4) & 0x0F0F0F0Fu;
+          const float4 xa = *reinterpret_cast<const float4*>(xt + 8 * q), xb = *reinterpret_cast<const float4*>(xt + 8 * q + 4);
+          const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            dq += (magic_byte(lo, j) - off) * xs[2 * j] + (magic_byte(hi, j) - off) * xs[2 * j + 1];
+            if (kAsym) sx += xs[2 * j] + xs[2 * j + 1];
+          }
+        }
+        acc[t] += kAsym ? s * dq + mn * sx : s * dq;
+      }
+    };
+    if (W.asym) dot.template operator()<true>();
+    else dot.template operator()<false>();
+  } else if constexpr (K == Kind::kI8) {
+    const int c0 = ch * 16;
+    const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+    if (c0 + 16 > W.cols) {
+      float vals[16];
+      int cc, n;
+      load_chunk<K>(W, r, ch, vals, &cc, &n);
+      fma_chunk<NT>(vals, n, x, ldx, cc, acc);
+      return;
+    }
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + c0));
+    const float s = *reinterpret_cast<const float*>(W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes);
+    // Codes with the sign bit flipped are code + 128, unsigned.
+    const uint32_t w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
+    for (int t = 0; t < NT; ++t) {
+      const float* xt = x + static_cast<long long>(t) * ldx + c0;
+      float dq = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float4 xa = *reinterpret_cast<const float4*>(xt + 4 * q);
+        dq += (magic_byte(w[q], 0) - (kMagic + 128.0f)) * xa.x + (magic_byte(w[q], 1) - (kMagic + 128.0f)) * xa.y +
+              (magic_byte(w[q], 2) - (kMagic + 128.0f)) * xa.z + (magic_byte(w[q], 3) - (kMagic + 128.0f)) * xa.w;
+      }
+      acc[t] += s * dq;
+    }
+  } else {
+    float vals[K == Kind::kF32 ? 4 : 8];
+    int c0, n;
+    load_chunk<K>(W, r, ch, vals, &c0, &n);
+    fma_chunk<NT>(vals, n, x, ldx, c0, acc);
+  }
+}
+
+// acc[t] = sum_c W[r, c] x[t][c] for NT tokens, on one warp (result in every
+// lane). Two chunks per lane per step so two loads are in flight.
 template <Kind K, int NT>
 __device__ __forceinline__ void warp_row_dot(const DevMatrix& W, int r, const float* x, int ldx, float (&acc)[NT]) {
   constexpr int per = K == Kind::kF32 ? 4 : K == Kind::kI8 ? 16 : K == Kind::kI4 ? 32 : 8;
   const int lane = threadIdx.x & 31;
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   const int chunks = (W.cols + per - 1) / per;
-  for (int ch = lane; ch < chunks; ch += 32) {
-    float vals[per];
-    int c0, n;
-    load_chunk<K>(W, r, ch, vals, &c0, &n);
-    fma_chunk<NT>(vals, n, x, ldx, c0, acc);
-  }
+#pragma unroll 2
+  for (int ch = lane; ch < chunks; ch += 32) chunk_dot<K, NT>(W, r, ch, x, ldx, acc);
   for (int t = 0; t < NT; ++t) acc[t] = warp_sum(acc[t]);
 }
 
