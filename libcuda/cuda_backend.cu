@@ -147,6 +147,12 @@ class CudaBackend : public Backend {
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
       logits_, scores_;
   DeviceArray<int> ids_, pos_, ridx_;
+  // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
+  // the T * K experts' activations).
+  DeviceArray<int8_t> qx_codes_;
+  DeviceArray<float> qx_scale_;
+  DeviceArray<int> qx_sum_;
+  QuantX qx_;
   int scores_cap_ = 0;
   // COLI_CUDA_PROFILE=1: kernel time per step kind (events around each group
   // of launches, graphs off), printed to stderr when the backend goes.
@@ -324,6 +330,11 @@ void CudaBackend::ensure_buffers(int T) {
   sg_.resize(t * s_.shared_expert_intermediate_size), su_.resize(t * s_.shared_expert_intermediate_size), sgate_.resize(t);
   act_.resize(t * K * s_.moe_intermediate_size);
   ids_.resize(t);
+  const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
+                                       std::size_t(s_.moe_intermediate_size), std::size_t(s_.shared_expert_intermediate_size)});
+  const std::size_t qn = std::max(t * widest, t * K * s_.moe_intermediate_size) + 32;
+  qx_codes_.resize(qn), qx_scale_.resize(qn / 32 + 1), qx_sum_.resize(qn / 32 + 1);
+  qx_ = QuantX{qx_codes_.get(), qx_scale_.get(), qx_sum_.get()};
   buf_T_ = T;
 }
 
@@ -347,25 +358,25 @@ void CudaBackend::ensure_cap(CudaState& st, int needed) {
 void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T) {
   const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
   step("attn proj", [&] {
-    matmul(L.q_proj, hn_.get(), T, proj_.get(), qg_w, stream_);
-    matmul(L.k_proj, hn_.get(), T, k_.get(), nkv * hd, stream_);
-    matmul(L.v_proj, hn_.get(), T, v_.get(), nkv * hd, stream_);
+    matmul(L.q_proj, hn_.get(), T, proj_.get(), qg_w, stream_, &qx_);
+    matmul(L.k_proj, hn_.get(), T, k_.get(), nkv * hd, stream_, &qx_);
+    matmul(L.v_proj, hn_.get(), T, v_.get(), nkv * hd, stream_, &qx_);
   });
   step("attention", [&] {
   attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(), stream_);
   attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, pos_.get(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, scores_.get(),
             scores_cap_, heads_out_.get(), stream_);
   });
-  step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_); });
+  step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
 }
 
 void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T) {
   const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
   step("gdn proj", [&] {
-    matmul(L.in_qkv, hn_.get(), T, proj_.get(), cd, stream_);
-    matmul(L.in_z, hn_.get(), T, z_.get(), s_.linear_value_dim(), stream_);
-    matmul(L.in_b, hn_.get(), T, b_.get(), nv, stream_);
-    matmul(L.in_a, hn_.get(), T, a_.get(), nv, stream_);
+    matmul(L.in_qkv, hn_.get(), T, proj_.get(), cd, stream_, &qx_);
+    matmul(L.in_z, hn_.get(), T, z_.get(), s_.linear_value_dim(), stream_, &qx_);
+    matmul(L.in_b, hn_.get(), T, b_.get(), nv, stream_, &qx_);
+    matmul(L.in_a, hn_.get(), T, a_.get(), nv, stream_, &qx_);
   });
   step("gdn conv+norm", [&] {
   gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
@@ -375,27 +386,27 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T)
   gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
                  s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_);
   });
-  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_); });
+  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
 }
 
 void CudaBackend::moe_layer(const DevLayer& L, int T) {
   const int H = s_.hidden_size, E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
   step("router", [&] {
-    matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_);
+    matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_);
     route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_);
   });
   step("shared expert", [&] {
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn)).
-  matmul(L.sh_gate, hn_.get(), T, sg_.get(), Is, stream_);
-  matmul(L.sh_up, hn_.get(), T, su_.get(), Is, stream_);
+  matmul(L.sh_gate, hn_.get(), T, sg_.get(), Is, stream_, &qx_);
+  matmul(L.sh_up, hn_.get(), T, su_.get(), Is, stream_, &qx_);
   silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
-  matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_);
-  matmul(L.sh_gate_proj, hn_.get(), T, sgate_.get(), 1, stream_);
+  matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
+  matmul(L.sh_gate_proj, hn_.get(), T, sgate_.get(), 1, stream_, &qx_);
   scale_rows_sigmoid(sh_.get(), sgate_.get(), T, H, stream_);
   });
   // Routed experts over all T * K pairs.
-  step("experts up", [&] { moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_); });
-  step("experts down", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_); });
+  step("experts up", [&] { moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_); });
+  step("experts down", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
 }
 
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {
@@ -418,7 +429,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const float* last = x_.get() + std::size_t(T - logit_rows) * H;
   step("lm_head", [&] {
     rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_);
-    matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_);
+    matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_, &qx_);
   });
 }
 

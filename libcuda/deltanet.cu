@@ -3,8 +3,8 @@
 //   q scaled by 1/sqrt(d_k); beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias)
 //   S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
 //   out = RMSNorm(o) * w * silu(z) per value head.
-// The recurrence keeps each head's state S [dk, dv] in shared memory for
-// the whole chunk, one thread per value column.
+// The recurrence keeps each head's state S [dk, dv] in registers for the
+// whole chunk, spread over dk/32 x dv threads.
 #include "cuda_util.cuh"
 #include "device_math.cuh"
 #include "kernels.cuh"
@@ -40,52 +40,69 @@ __global__ void qk_norm_kernel(float* conv_out, int T, int cd, int nk, int dk) {
   for (int i = lane; i < dk; i += 32) x[i] *= r;
 }
 
-// Block per value head, thread j per column of S (blockDim = dv rounded up to 32).
+// Block per value head. Thread (p, j) holds rows p*32 .. p*32+31 of column
+// j of the head's state S [dk, dv] in registers for the whole chunk (dk up
+// to 32 * kMaxParts); the column sums over i are combined through shared
+// memory. Threads: parts x dv rounded up to 32.
+constexpr int kMaxParts = 8;
+
 __global__ void recurrence_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
                                   const float* dt_bias, const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps,
                                   float* normed) {
   extern __shared__ float sh[];
-  float* S = sh;              // [dk][dv]
-  float* qk = S + dk * dv;    // q [dk], k [dk]
-  const int h = blockIdx.x, j = threadIdx.x, kh = h / (nv / nk), kd = nk * dk, vd = nv * dv;
+  const int dvp = (dv + 31) / 32 * 32, parts = (dk + 31) / 32;
+  float* q = sh;                 // [dk]
+  float* k = q + dk;             // [dk]
+  float* red = k + dk;           // [parts][dvp]
+  const int h = blockIdx.x, j = threadIdx.x % dvp, p = threadIdx.x / dvp;
+  const int kh = h / (nv / nk), kd = nk * dk, vd = nv * dv;
+  const int i0 = p * 32, cnt = j < dv ? max(0, min(32, dk - i0)) : 0;
   float* Sg = S_all + static_cast<long long>(h) * dk * dv;
-  for (int i = threadIdx.x; i < dk * dv; i += blockDim.x) S[i] = Sg[i];
+  float s[32];
+#pragma unroll
+  for (int ii = 0; ii < 32; ++ii) s[ii] = ii < cnt ? Sg[(i0 + ii) * dv + j] : 0.0f;
   const float a_h = -expf(A_log[h]);
   for (int t = 0; t < T; ++t) {
     const float* row = conv_out + static_cast<long long>(t) * cd;
-    __syncthreads();
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) qk[i] = row[kh * dk + i], qk[dk + i] = row[kd + kh * dk + i];
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) q[i] = row[kh * dk + i], k[i] = row[kd + kh * dk + i];
     __syncthreads();
     const float beta = sigmoidf(b[t * nv + h]);
     const float decay = expf(a_h * softplusf(a[t * nv + h] + dt_bias[h]));
+    float part = 0;
+#pragma unroll
+    for (int ii = 0; ii < 32; ++ii) part += s[ii] * k[min(i0 + ii, dk - 1)] * (ii < cnt);
+    red[p * dvp + j] = part;
+    __syncthreads();
+    float mem = 0;
+    for (int pp = 0; pp < parts; ++pp) mem += red[pp * dvp + j];
+    const float v = j < dv ? row[2 * kd + h * dv + j] : 0.0f;
+    const float delta = (v - decay * mem) * beta;
     float o = 0;
-    if (j < dv) {
-      float mem = 0;
-      for (int i = 0; i < dk; ++i) mem += S[i * dv + j] * qk[dk + i];
-      const float delta = (row[2 * kd + h * dv + j] - decay * mem) * beta;
-      for (int i = 0; i < dk; ++i) {
-        const float s = decay * S[i * dv + j] + qk[dk + i] * delta;
-        S[i * dv + j] = s;
-        o += s * qk[i];
-      }
+#pragma unroll
+    for (int ii = 0; ii < 32; ++ii) {
+      s[ii] = decay * s[ii] + k[min(i0 + ii, dk - 1)] * delta * (ii < cnt);
+      o += s[ii] * q[min(i0 + ii, dk - 1)] * (ii < cnt);
     }
-    // Gated RMSNorm over the head's dv outputs.
-    const float r = rsqrtf(block_sum(j < dv ? o * o : 0.0f) / dv + eps);
-    if (j < dv) {
+    __syncthreads();  // red is reused
+    red[p * dvp + j] = o;
+    __syncthreads();
+    float out = 0;
+    for (int pp = 0; pp < parts; ++pp) out += red[pp * dvp + j];
+    // Gated RMSNorm over the head's dv outputs (counted once, by part 0).
+    const float r = rsqrtf(block_sum(p == 0 && j < dv ? out * out : 0.0f) / dv + eps);
+    if (p == 0 && j < dv) {
       const float zz = z[static_cast<long long>(t) * vd + h * dv + j];
-      normed[static_cast<long long>(t) * vd + h * dv + j] = o * r * norm_w[j] * siluf(zz);
+      normed[static_cast<long long>(t) * vd + h * dv + j] = out * r * norm_w[j] * siluf(zz);
     }
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < dk * dv; i += blockDim.x) Sg[i] = S[i];
+#pragma unroll
+  for (int ii = 0; ii < 32; ++ii)
+    if (ii < cnt) Sg[(i0 + ii) * dv + j] = s[ii];
 }
 
 }  // namespace
 
-void init_kernels() {
-  // 64 KB of state per head (128 x 128 floats) needs the opt-in above 48 KB.
-  check(cudaFuncSetAttribute(recurrence_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024), "gdn shared memory");
-}
+void init_kernels() {}
 
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s) {
   conv_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, taps, state, T, cd, K, out);
@@ -100,9 +117,10 @@ void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s)
 
 void gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s) {
-  const std::size_t shmem = (static_cast<std::size_t>(dk) * dv + 2 * dk) * sizeof(float);
-  const int threads = (dv + 31) / 32 * 32;
-  recurrence_kernel<<<nv, threads, shmem, s>>>(S, conv_out, z, b, a, A_log, dt_bias, norm_w, T, nk, nv, dk, dv, cd, eps, normed);
+  const int dvp = (dv + 31) / 32 * 32, parts = (dk + 31) / 32;
+  if (parts > kMaxParts || parts * dvp > 1024) throw Error("CUDA: Gated DeltaNet head of " + std::to_string(dk) + " x " + std::to_string(dv) + " is too large");
+  const std::size_t shmem = (2 * static_cast<std::size_t>(dk) + static_cast<std::size_t>(parts) * dvp) * sizeof(float);
+  recurrence_kernel<<<nv, parts * dvp, shmem, s>>>(S, conv_out, z, b, a, A_log, dt_bias, norm_w, T, nk, nv, dk, dv, cd, eps, normed);
   check(cudaGetLastError(), "gdn recurrence launch");
 }
 

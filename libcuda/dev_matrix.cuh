@@ -207,6 +207,60 @@ __device__ __forceinline__ void warp_row_dot(const DevMatrix& W, int r, const fl
   for (int t = 0; t < NT; ++t) acc[t] = warp_sum(acc[t]);
 }
 
+// x quantized to int8 per 32-column block (see quantize_x in kernels.cuh).
+struct QuantX {
+  int8_t* codes = nullptr;
+  float* scale = nullptr;
+  int* sum = nullptr;
+};
+
+// One token's W[r, :] . x with x in int8 (row qrow of q), int4 or int8
+// weights with cols % 32 == 0, on one warp (result in every lane).
+template <Kind K>
+__device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const QuantX& q, long long qrow) {
+  const int lane = threadIdx.x & 31, nb = W.cols / 32;
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
+  float row_scale = 0;
+  if (K == Kind::kI8 || !W.f16_scales) row_scale = *reinterpret_cast<const float*>(sc);
+  float acc = 0.0f;
+#pragma unroll 2
+  for (int b = lane; b < nb; b += 32) {
+    const long long qb = qrow * nb + b;
+    const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
+    const int4 xa = xp[0], xb = xp[1];
+    const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    int d = 0;
+    if constexpr (K == Kind::kI4) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        d = __dp4a(static_cast<int>(w[k] & 0x0F0F0F0Fu), xw[2 * k], d);
+        d = __dp4a(static_cast<int>((w[k] >> 4) & 0x0F0F0F0Fu), xw[2 * k + 1], d);
+      }
+      float s = row_scale, mn = -8.0f * row_scale;
+      if (W.f16_scales) {
+        const int g = b * 32 / W.group;
+        const __half* hs = reinterpret_cast<const __half*>(sc);
+        if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
+        else s = __half2float(hs[g]), mn = -8.0f * s;
+      }
+      acc += q.scale[qb] * (s * static_cast<float>(d) + mn * static_cast<float>(q.sum[qb]));
+    } else {
+      const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
+      const int w[8] = {int(v0.x), int(v0.y), int(v0.z), int(v0.w), int(v1.x), int(v1.y), int(v1.z), int(v1.w)};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
+      acc += q.scale[qb] * static_cast<float>(d);
+    }
+  }
+  acc = warp_sum(acc);
+  return K == Kind::kI8 ? acc * row_scale : acc;
+}
+
+__host__ inline bool takes_int8_x(const DevMatrix& W) { return (W.kind == Kind::kI4 || W.kind == Kind::kI8) && W.cols % 32 == 0; }
+
 // Calls f.template operator()<K>() with the matrix's kind as a constant (host).
 template <typename F>
 inline void dispatch_kind(Kind k, F&& f) {

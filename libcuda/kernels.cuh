@@ -15,8 +15,13 @@
 
 namespace coli::cuda {
 
+// x quantized to int8 per 32-column block for the dp4a kernels (QuantX:
+// codes [T][cols], per block the scale absmax / 127 and the sum of codes).
+void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s);
 // y[t, r] = W[r, :] . x[t, :], x [T, W.cols], y [T, ldy] (ldy >= W.rows).
-void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s);
+// With q (scratch for T x W.cols codes), int4 / int8 matrices with a
+// multiple of 32 columns take int8 activations and dp4a.
+void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q = nullptr);
 
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
@@ -62,8 +67,10 @@ struct ExpertTable {
 // renormalised: idx, w [T, K].
 void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s);
 // act[p, :] = silu(gate_e . x_t) * (up_e . x_t) for every pair p = t*K + k.
-void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s);
+// With q (scratch), int4 / int8 experts take int8 activations and dp4a.
+void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q = nullptr);
 // out[t, :] = sum_k w[t, k] * down_e(act[t*K + k]).
-void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s);
+void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s,
+              const QuantX* q = nullptr);
 
 }  // namespace coli::cuda

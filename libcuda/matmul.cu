@@ -1,3 +1,9 @@
+// y = x W^T on the device for every weight format, one warp per weight row.
+// int4 and int8 weights with a multiple of 32 columns meet x quantized to
+// int8 per 32-column block (scale absmax/127, as the CPU's VNNI path) in
+// __dp4a: four multiply-adds per instruction and a quarter of the x bytes
+// of the float path, which bounds decode (x is read once per weight chunk).
+// Other matrices take the float path (dev_matrix.cuh).
 #include "cuda_util.cuh"
 #include "kernels.cuh"
 
@@ -7,8 +13,9 @@ namespace {
 
 constexpr int kWarps = 8;  // rows per block of 256 threads
 
-// One warp per row; tokens in groups of NT per pass over the row (a tail
-// group reads the last token again and stores nothing for it).
+// ---- float path ----------------------------------------------------------
+
+// Tokens in groups of NT per pass over the row (a tail group goes one token at a time).
 template <Kind K, int NT>
 __global__ void matmul_kernel(DevMatrix W, const float* __restrict__ x, int T, float* __restrict__ y, int ldy) {
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
@@ -19,7 +26,6 @@ __global__ void matmul_kernel(DevMatrix W, const float* __restrict__ x, int T, f
     if (t0 + NT <= T) {
       warp_row_dot<K, NT>(W, r, x + static_cast<long long>(t0) * W.cols, W.cols, acc);
     } else {
-      // Fewer than NT tokens left: one at a time.
       for (int t = t0; t < T; ++t) {
         float one[1];
         warp_row_dot<K, 1>(W, r, x + static_cast<long long>(t) * W.cols, W.cols, one);
@@ -32,10 +38,120 @@ __global__ void matmul_kernel(DevMatrix W, const float* __restrict__ x, int T, f
   }
 }
 
+// ---- int8-activation path ------------------------------------------------
+
+// Warp per (token, 32-column block), lane per column: codes in the order the
+// weights need (int4: per 8 columns the 4 even ones, then the 4 odd ones, so
+// a word of low / high nibbles meets one word of x; int8: natural order).
+__global__ void quantize_x_kernel(const float* x, int T, int cols, bool nibble_order, QuantX q) {
+  const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int nb = cols / 32;
+  if (w >= T * nb) return;
+  const int t = w / nb, b = w % nb;
+  const float v = x[static_cast<long long>(t) * cols + b * 32 + lane];
+  float amax = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+  const int c = __float2int_rn(v * inv);
+  int sum = c;
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const int pos = nibble_order ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
+  q.codes[(static_cast<long long>(t) * nb + b) * 32 + pos] = static_cast<int8_t>(c);
+  if (lane == 0) q.scale[static_cast<long long>(t) * nb + b] = s, q.sum[static_cast<long long>(t) * nb + b] = sum;
+}
+
+template <Kind K, int NT>
+__global__ void matmul_q_kernel(DevMatrix W, QuantX q, int T, float* __restrict__ y, int ldy) {
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (r >= W.rows) return;
+  const int lane = threadIdx.x & 31, nb = W.cols / 32;
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
+  float row_scale = 0;
+  if (K == Kind::kI8 || !W.f16_scales) row_scale = *reinterpret_cast<const float*>(sc);
+  for (int t0 = 0; t0 < T; t0 += NT) {
+    const int nt = min(NT, T - t0);
+    float acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+#pragma unroll 2
+    for (int b = lane; b < nb; b += 32) {
+      int dot[NT];
+      if constexpr (K == Kind::kI4) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        for (int t = 0; t < NT; ++t) {
+          if (t >= nt) break;
+          const int4* xp = reinterpret_cast<const int4*>(q.codes + (static_cast<long long>(t0 + t) * nb + b) * 32);
+          const int4 xa = xp[0], xb = xp[1];
+          const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+          int d = 0;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            d = __dp4a(static_cast<int>(w[k] & 0x0F0F0F0Fu), xw[2 * k], d);
+            d = __dp4a(static_cast<int>((w[k] >> 4) & 0x0F0F0F0Fu), xw[2 * k + 1], d);
+          }
+          dot[t] = d;
+        }
+        float s = row_scale, mn = -8.0f * row_scale;
+        if (W.f16_scales) {
+          const int g = b * 32 / W.group;
+          const __half* hs = reinterpret_cast<const __half*>(sc);
+          if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
+          else s = __half2float(hs[g]), mn = -8.0f * s;
+        }
+        for (int t = 0; t < NT; ++t) {
+          if (t >= nt) break;
+          const long long qb = static_cast<long long>(t0 + t) * nb + b;
+          const float xs = q.scale[qb];
+          // Sum of (s code + mn) x = xs (s dot + mn sum of x codes).
+          acc[t] += xs * (s * static_cast<float>(dot[t]) + mn * static_cast<float>(q.sum[qb]));
+        }
+      } else {  // int8 weights, natural order, one f32 scale per row (applied at the end)
+        const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
+        const int w[8] = {int(v0.x), int(v0.y), int(v0.z), int(v0.w), int(v1.x), int(v1.y), int(v1.z), int(v1.w)};
+        for (int t = 0; t < NT; ++t) {
+          if (t >= nt) break;
+          const long long qb = static_cast<long long>(t0 + t) * nb + b;
+          const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
+          const int4 xa = xp[0], xb = xp[1];
+          const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+          int d = 0;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
+          acc[t] += q.scale[qb] * static_cast<float>(d);
+        }
+      }
+    }
+    for (int t = 0; t < nt; ++t) {
+      float v = warp_sum(acc[t]);
+      if (K == Kind::kI8) v *= row_scale;
+      if (lane == 0) y[static_cast<long long>(t0 + t) * ldy + r] = v;
+    }
+  }
+}
+
 }  // namespace
 
-void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s) {
+void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s) {
+  const int warps = T * (cols / 32);
+  quantize_x_kernel<<<(warps + 7) / 8, 256, 0, s>>>(x, T, cols, nibble_order, q);
+  check(cudaGetLastError(), "quantize_x launch");
+}
+
+void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q) {
   const dim3 grid((W.rows + kWarps - 1) / kWarps), block(kWarps * 32);
+  if (q && takes_int8_x(W)) {
+    quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
+    if (W.kind == Kind::kI4) {
+      if (T == 1) matmul_q_kernel<Kind::kI4, 1><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
+      else matmul_q_kernel<Kind::kI4, 8><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
+    } else {
+      if (T == 1) matmul_q_kernel<Kind::kI8, 1><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
+      else matmul_q_kernel<Kind::kI8, 8><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
+    }
+    check(cudaGetLastError(), "matmul_q launch");
+    return;
+  }
   dispatch_kind(W.kind, [&]<Kind K>() {
     if (T == 1) matmul_kernel<K, 1><<<grid, block, 0, s>>>(W, x, T, y, ldy);
     else matmul_kernel<K, 8><<<grid, block, 0, s>>>(W, x, T, y, ldy);

@@ -104,6 +104,36 @@ __global__ void down_kernel(ExpertTable tab, const float* act, const int* idx, c
   if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
 }
 
+// The same two kernels with the inputs in int8 (dp4a): hn quantized per
+// token (q row t), act per pair (q row p).
+template <Kind KG>
+__global__ void gate_up_q_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act) {
+  const int p = blockIdx.y, I = tab.gate.rows;
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (r >= I) return;
+  const int e = idx[p], t = p / K;
+  DevMatrix g = tab.gate, u = tab.up;
+  g.data = tab.gate_ptrs[e];
+  u.data = tab.up_ptrs[e];
+  const float gv = warp_row_dot_q<KG>(g, r, qx, t), uv = warp_row_dot_q<KG>(u, r, qx, t);
+  if ((threadIdx.x & 31) == 0) act[static_cast<long long>(p) * I + r] = siluf(gv) * uv;
+}
+
+template <Kind KD>
+__global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
+  const int t = blockIdx.y, H = tab.down.rows;
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (r >= H) return;
+  float sum = 0;
+  for (int k = 0; k < K; ++k) {
+    const int p = t * K + k;
+    DevMatrix d = tab.down;
+    d.data = tab.down_ptrs[idx[p]];
+    sum += w[p] * warp_row_dot_q<KD>(d, r, qa, p);
+  }
+  if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
+}
+
 }  // namespace
 
 void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s) {
@@ -111,15 +141,29 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
   check(cudaGetLastError(), "route launch");
 }
 
-void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s) {
+void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q) {
   const dim3 grid((tab.gate.rows + kWarps - 1) / kWarps, T * K), block(kWarps * 32);
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
+  if (q && takes_int8_x(tab.gate)) {
+    quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
+    if (tab.gate.kind == Kind::kI4) gate_up_q_kernel<Kind::kI4><<<grid, block, 0, s>>>(tab, idx, K, *q, act);
+    else gate_up_q_kernel<Kind::kI8><<<grid, block, 0, s>>>(tab, idx, K, *q, act);
+    check(cudaGetLastError(), "moe gate_up launch");
+    return;
+  }
   dispatch_kind(tab.gate.kind, [&]<Kind K_>() { gate_up_kernel<K_, K_><<<grid, block, 0, s>>>(tab, hn, idx, K, act); });
   check(cudaGetLastError(), "moe gate_up launch");
 }
 
-void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s) {
+void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s, const QuantX* q) {
   const dim3 grid((tab.down.rows + kWarps - 1) / kWarps, T), block(kWarps * 32);
+  if (q && takes_int8_x(tab.down)) {
+    quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
+    if (tab.down.kind == Kind::kI4) down_q_kernel<Kind::kI4><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
+    else down_q_kernel<Kind::kI8><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
+    check(cudaGetLastError(), "moe down launch");
+    return;
+  }
   dispatch_kind(tab.down.kind, [&]<Kind K_>() { down_kernel<K_><<<grid, block, 0, s>>>(tab, act, idx, w, K, out); });
   check(cudaGetLastError(), "moe down launch");
 }
