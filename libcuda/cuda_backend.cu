@@ -413,17 +413,18 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
   step("embed", [&] { embed_rows(embed_, ids_.get(), T, x_.get(), stream_); });
+  // Each residual add is fused with the norm that reads its result.
+  step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, true, hn_.get(), stream_); });
   for (int l = 0; l < s_.num_layers; ++l) {
     const DevLayer& L = layers_[l];
-    step("norms+adds", [&] { rms_norm(x_.get(), L.input_norm, T, H, eps, true, hn_.get(), stream_); });
     if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T);
     else deltanet_layer(L, st.layers[l], T);
-    step("norms+adds", [&] {
-      add_inplace(x_.get(), mix_.get(), std::size_t(T) * H, stream_);
-      rms_norm(x_.get(), L.post_norm, T, H, eps, true, hn_.get(), stream_);
-    });
+    step("norms+adds", [&] { add_rms_norm(x_.get(), mix_.get(), nullptr, L.post_norm, T, H, eps, hn_.get(), stream_); });
     moe_layer(L, T);
-    step("norms+adds", [&] { add2_inplace(x_.get(), routed_.get(), sh_.get(), std::size_t(T) * H, stream_); });
+    step("norms+adds", [&] {
+      if (l + 1 < s_.num_layers) add_rms_norm(x_.get(), routed_.get(), sh_.get(), layers_[l + 1].input_norm, T, H, eps, hn_.get(), stream_);
+      else add2_inplace(x_.get(), routed_.get(), sh_.get(), std::size_t(T) * H, stream_);
+    });
   }
   if (logit_rows == 0) return;
   const float* last = x_.get() + std::size_t(T - logit_rows) * H;

@@ -46,7 +46,7 @@ __global__ void qk_norm_kernel(float* conv_out, int T, int cd, int nk, int dk) {
 // memory. Threads: parts x dv rounded up to 32.
 constexpr int kMaxParts = 8;
 
-__global__ void recurrence_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
+__global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
                                   const float* dt_bias, const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps,
                                   float* normed) {
   extern __shared__ float sh[];

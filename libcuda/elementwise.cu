@@ -28,6 +28,18 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (plus_one ? 1.0f + w[i] : w[i]);
 }
 
+__global__ void add_rms_norm_kernel(float* x, const float* a, const float* b, const float* w, int n, float eps, float* y) {
+  const long long o = static_cast<long long>(blockIdx.x) * n;
+  float ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = x[o + i] + a[o + i] + (b ? b[o + i] : 0.0f);
+    x[o + i] = v;
+    ss += v * v;
+  }
+  const float r = rsqrtf(block_sum(ss) / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) y[o + i] = x[o + i] * r * (1.0f + w[i]);
+}
+
 __global__ void add_kernel(float* x, const float* a, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) x[i] += a[i];
 }
@@ -58,6 +70,11 @@ void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_
 void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s) {
   rms_norm_kernel<<<rows, 256, 0, s>>>(x, w, n, eps, plus_one, y);
   check(cudaGetLastError(), "rms_norm launch");
+}
+
+void add_rms_norm(float* x, const float* a, const float* b, const float* w, int rows, int n, float eps, float* y, cudaStream_t s) {
+  add_rms_norm_kernel<<<rows, 256, 0, s>>>(x, a, b, w, n, eps, y);
+  check(cudaGetLastError(), "add_rms_norm launch");
 }
 
 void add_inplace(float* x, const float* a, std::size_t n, cudaStream_t s) {

@@ -26,6 +26,9 @@ void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaSt
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
 void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s);
+// x[r] += a[r] (+ b[r] when b); then y[r] = rms_norm(x[r]) * (1 + w): the
+// residual add and the next norm in one pass.
+void add_rms_norm(float* x, const float* a, const float* b, const float* w, int rows, int n, float eps, float* y, cudaStream_t s);
 void add_inplace(float* x, const float* a, std::size_t n, cudaStream_t s);                    // x += a
 void add2_inplace(float* x, const float* a, const float* b, std::size_t n, cudaStream_t s);   // x += a + b
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s);     // out = silu(g) u

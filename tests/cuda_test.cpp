@@ -52,8 +52,9 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return e;
 }
 
-// GPU and CPU reference on one model: greedy tokens (prefill in chunks of 7,
-// then decode steps from the graph) and the last logits of every prompt.
+// GPU and CPU reference on one model: the last logits of every prompt
+// (prefill in chunks of 7), three decode steps (graph replays), greedy
+// tokens. tol bounds |dlogit|.
 void expect_gpu_matches_cpu(const Model& m, float tol, bool same_tokens, const char* what) {
   cpu::CpuBackend ref(m);
   auto gpu = cuda::make_cuda_backend(m);
@@ -64,16 +65,36 @@ void expect_gpu_matches_cpu(const Model& m, float tol, bool same_tokens, const c
     const auto lr = er.forward(sr, ids), lg = eg.forward(sg, ids);
     ASSERT_EQ(lr.size(), lg.size());
     const float err = max_abs_diff(lr, lg);
-    std::printf("[ info     ] %s, prompt of %zu: max |dlogit| GPU vs CPU %.2e\n", what, ids.size(), err);
+    std::printf("[ info     ] %s, prompt of %zu: max |dlogit| GPU vs CPU %.2e (bound %.2e)\n", what, ids.size(), err, tol);
     EXPECT_LT(err, tol) << what;
-    // Decode steps continue the same sessions: next-token logits stay equal.
     for (int step = 0; step < 3; ++step) {
       const int next = static_cast<int>(std::max_element(lr.begin(), lr.end()) - lr.begin());
       const std::vector<int> one{next};
       EXPECT_LT(max_abs_diff(er.forward(sr, one), eg.forward(sg, one)), tol) << what << " decode step " << step;
     }
-    if (same_tokens) EXPECT_EQ(test::greedy_tokens(eg, ids), test::greedy_tokens(er, ids)) << what;
+    const auto tg = test::greedy_tokens(eg, ids), tr = test::greedy_tokens(er, ids);
+    int same = 0;
+    while (same < static_cast<int>(tg.size()) && tg[same] == tr[same]) ++same;
+    std::printf("[ info     ] %s, prompt of %zu: greedy tokens equal for %d of %zu\n", what, ids.size(), same, tg.size());
+    if (same_tokens) {
+      EXPECT_EQ(tg, tr) << what;
+    }
   }
+}
+
+// The error the CPU reference itself makes on a quantized container, against
+// the transformers goldens (max |dlogit| over the prompts): the bound the
+// GPU's int8 activations (dp4a path) must stay within on that container.
+float cpu_quantization_error(const Model& m) {
+  cpu::CpuBackend ref(m);
+  Engine e(m.spec(), ref);
+  float err = 0;
+  for (const auto& p : cuda_goldens()["prompts"]) {
+    Session s = e.new_session();
+    const auto l = e.forward(s, p["ids"].get<std::vector<int>>());
+    for (std::size_t i = 0; i < l.size(); ++i) err = std::max(err, std::fabs(l[i] - p["last_logits"][i].get<float>()));
+  }
+  return err;
 }
 
 bool have_device(std::string* why) { return cuda::device_count(why) > 0; }
@@ -100,22 +121,20 @@ TEST(CudaBackend, CheckpointMatchesTheGoldens) {
 TEST(CudaBackend, ContainersMatchTheCpuReference) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  struct Case {
-    QuantFormat f;
-    float tol;
-    bool same_tokens;
-  };
-  // bf16 and int8: the same dequantized weights, float activations on both
-  // sides: only summation order differs. int4 likewise (tolerance as the
-  // CPU's quantized path, docs/quality.md).
-  for (const Case c : {Case{QuantFormat::BF16, 1e-3f, true}, Case{QuantFormat::I8, 1e-3f, true}, Case{QuantFormat::I4_G32, 2e-3f, true},
-                       Case{QuantFormat::I4_G64_ASYM, 2e-3f, true}, Case{QuantFormat::I4, 2e-3f, true}}) {
+  // bf16: float activations on both sides, only the summation order differs.
+  // int8 / int4: the GPU quantizes activations to int8 per 32 columns
+  // (dp4a), so its logits may move by as much as the container's own
+  // quantization moves the CPU reference's; greedy tokens stay identical
+  // for int8.
+  for (QuantFormat f : {QuantFormat::BF16, QuantFormat::I8, QuantFormat::I4_G32, QuantFormat::I4_G64_ASYM, QuantFormat::I4}) {
     test::TempDir d;
     ConvertOptions o;
-    o.experts = o.down = o.trunk = o.shared = o.lm_head = c.f;
+    o.experts = o.down = o.trunk = o.shared = o.lm_head = f;
     o.threads = 2;
     convert_checkpoint(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", o);
     auto m = Model::load(d / "m.coli");
-    expect_gpu_matches_cpu(*m, c.tol, c.same_tokens, format_name(c.f));
+    const bool exact = f == QuantFormat::BF16;
+    const float tol = exact ? 1e-3f : std::max(1e-3f, cpu_quantization_error(*m));
+    expect_gpu_matches_cpu(*m, tol, f == QuantFormat::BF16 || f == QuantFormat::I8, format_name(f));
   }
 }
