@@ -358,9 +358,8 @@ void CudaBackend::ensure_cap(CudaState& st, int needed) {
 void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T) {
   const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
   step("attn proj", [&] {
-    matmul(L.q_proj, hn_.get(), T, proj_.get(), qg_w, stream_, &qx_);
-    matmul(L.k_proj, hn_.get(), T, k_.get(), nkv * hd, stream_, &qx_);
-    matmul(L.v_proj, hn_.get(), T, v_.get(), nkv * hd, stream_, &qx_);
+    const MatmulOut outs[] = {{L.q_proj, proj_.get(), qg_w}, {L.k_proj, k_.get(), nkv * hd}, {L.v_proj, v_.get(), nkv * hd}};
+    matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
   });
   step("attention", [&] {
   attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(), stream_);
@@ -373,10 +372,8 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
 void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T) {
   const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
   step("gdn proj", [&] {
-    matmul(L.in_qkv, hn_.get(), T, proj_.get(), cd, stream_, &qx_);
-    matmul(L.in_z, hn_.get(), T, z_.get(), s_.linear_value_dim(), stream_, &qx_);
-    matmul(L.in_b, hn_.get(), T, b_.get(), nv, stream_, &qx_);
-    matmul(L.in_a, hn_.get(), T, a_.get(), nv, stream_, &qx_);
+    const MatmulOut outs[] = {{L.in_qkv, proj_.get(), cd}, {L.in_z, z_.get(), s_.linear_value_dim()}, {L.in_b, b_.get(), nv}, {L.in_a, a_.get(), nv}};
+    matmul_many(outs, 4, hn_.get(), T, stream_, &qx_);
   });
   step("gdn conv+norm", [&] {
   gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
@@ -397,11 +394,10 @@ void CudaBackend::moe_layer(const DevLayer& L, int T) {
   });
   step("shared expert", [&] {
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn)).
-  matmul(L.sh_gate, hn_.get(), T, sg_.get(), Is, stream_, &qx_);
-  matmul(L.sh_up, hn_.get(), T, su_.get(), Is, stream_, &qx_);
+  const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
+  matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
   silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
   matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
-  matmul(L.sh_gate_proj, hn_.get(), T, sgate_.get(), 1, stream_, &qx_);
   scale_rows_sigmoid(sh_.get(), sgate_.get(), T, H, stream_);
   });
   // Routed experts over all T * K pairs.

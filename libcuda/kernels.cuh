@@ -22,6 +22,15 @@ void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX
 // With q (scratch for T x W.cols codes), int4 / int8 matrices with a
 // multiple of 32 columns take int8 activations and dp4a.
 void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q = nullptr);
+// Several matrices with the same input in one launch (one kind and width;
+// otherwise one launch each).
+constexpr int kMaxBatch = 4;
+struct MatmulOut {
+  DevMatrix W;
+  float* y;
+  int ldy;
+};
+void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q = nullptr);
 
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.

@@ -4,6 +4,8 @@
 // __dp4a: four multiply-adds per instruction and a quarter of the x bytes
 // of the float path, which bounds decode (x is read once per weight chunk).
 // Other matrices take the float path (dev_matrix.cuh).
+#include <vector>
+
 #include "cuda_util.cuh"
 #include "kernels.cuh"
 
@@ -17,9 +19,7 @@ constexpr int kWarps = 8;  // rows per block of 256 threads
 
 // Tokens in groups of NT per pass over the row (a tail group goes one token at a time).
 template <Kind K, int NT>
-__global__ void matmul_kernel(DevMatrix W, const float* __restrict__ x, int T, float* __restrict__ y, int ldy) {
-  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (r >= W.rows) return;
+__device__ void matmul_row(const DevMatrix& W, int r, const float* __restrict__ x, int T, float* __restrict__ y, int ldy) {
   const int lane = threadIdx.x & 31;
   for (int t0 = 0; t0 < T; t0 += NT) {
     float acc[NT];
@@ -36,6 +36,28 @@ __global__ void matmul_kernel(DevMatrix W, const float* __restrict__ x, int T, f
     if (lane == 0)
       for (int t = 0; t < NT; ++t) y[static_cast<long long>(t0 + t) * ldy + r] = acc[t];
   }
+}
+
+// The matrices of a MatmulBatch share x; block b belongs to the matrix
+// whose [first[i], first[i+1]) holds it.
+struct Batch {
+  MatmulOut m[kMaxBatch];
+  int first[kMaxBatch + 1];
+  int n;
+};
+
+__device__ __forceinline__ int batch_index(const Batch& b, int* r) {
+  int i = 0;
+  while (i + 1 < b.n && static_cast<int>(blockIdx.x) >= b.first[i + 1]) ++i;
+  *r = (blockIdx.x - b.first[i]) * kWarps + threadIdx.x / 32;
+  return i;
+}
+
+template <Kind K, int NT>
+__global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
+  int r;
+  const MatmulOut& o = b.m[batch_index(b, &r)];
+  if (r < o.W.rows) matmul_row<K, NT>(o.W, r, x, T, o.y, o.ldy);
 }
 
 // ---- int8-activation path ------------------------------------------------
@@ -61,9 +83,7 @@ __global__ void quantize_x_kernel(const float* x, int T, int cols, bool nibble_o
 }
 
 template <Kind K, int NT>
-__global__ void matmul_q_kernel(DevMatrix W, QuantX q, int T, float* __restrict__ y, int ldy) {
-  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (r >= W.rows) return;
+__device__ void matmul_q_row(const DevMatrix& W, int r, const QuantX& q, int T, float* __restrict__ y, int ldy) {
   const int lane = threadIdx.x & 31, nb = W.cols / 32;
   const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
   const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
@@ -130,6 +150,13 @@ __global__ void matmul_q_kernel(DevMatrix W, QuantX q, int T, float* __restrict_
   }
 }
 
+template <Kind K, int NT>
+__global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
+  int r;
+  const MatmulOut& o = b.m[batch_index(b, &r)];
+  if (r < o.W.rows) matmul_q_row<K, NT>(o.W, r, q, T, o.y, o.ldy);
+}
+
 }  // namespace
 
 void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s) {
@@ -138,25 +165,50 @@ void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX
   check(cudaGetLastError(), "quantize_x launch");
 }
 
-void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q) {
-  const dim3 grid((W.rows + kWarps - 1) / kWarps), block(kWarps * 32);
+void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q) {
+  // One launch per group of one kind and input width.
+  bool same = n <= kMaxBatch;
+  for (int i = 1; i < n && same; ++i) same = outs[i].W.kind == outs[0].W.kind && outs[i].W.cols == outs[0].W.cols;
+  if (!same) {
+    std::vector<char> done(n, 0);
+    for (int i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      MatmulOut group[kMaxBatch];
+      int g = 0;
+      for (int j = i; j < n && g < kMaxBatch; ++j)
+        if (!done[j] && outs[j].W.kind == outs[i].W.kind && outs[j].W.cols == outs[i].W.cols) group[g++] = outs[j], done[j] = 1;
+      matmul_many(group, g, x, T, s, q);
+    }
+    return;
+  }
+  Batch b{};
+  b.n = n;
+  b.first[0] = 0;
+  for (int i = 0; i < n; ++i) b.m[i] = outs[i], b.first[i + 1] = b.first[i] + (outs[i].W.rows + kWarps - 1) / kWarps;
+  const DevMatrix& W = outs[0].W;
+  const dim3 grid(b.first[n]), block(kWarps * 32);
   if (q && takes_int8_x(W)) {
     quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
     if (W.kind == Kind::kI4) {
-      if (T == 1) matmul_q_kernel<Kind::kI4, 1><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
-      else matmul_q_kernel<Kind::kI4, 8><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
+      if (T == 1) matmul_q_kernel<Kind::kI4, 1><<<grid, block, 0, s>>>(b, *q, T);
+      else matmul_q_kernel<Kind::kI4, 8><<<grid, block, 0, s>>>(b, *q, T);
     } else {
-      if (T == 1) matmul_q_kernel<Kind::kI8, 1><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
-      else matmul_q_kernel<Kind::kI8, 8><<<grid, block, 0, s>>>(W, *q, T, y, ldy);
+      if (T == 1) matmul_q_kernel<Kind::kI8, 1><<<grid, block, 0, s>>>(b, *q, T);
+      else matmul_q_kernel<Kind::kI8, 8><<<grid, block, 0, s>>>(b, *q, T);
     }
     check(cudaGetLastError(), "matmul_q launch");
     return;
   }
   dispatch_kind(W.kind, [&]<Kind K>() {
-    if (T == 1) matmul_kernel<K, 1><<<grid, block, 0, s>>>(W, x, T, y, ldy);
-    else matmul_kernel<K, 8><<<grid, block, 0, s>>>(W, x, T, y, ldy);
+    if (T == 1) matmul_kernel<K, 1><<<grid, block, 0, s>>>(b, x, T);
+    else matmul_kernel<K, 8><<<grid, block, 0, s>>>(b, x, T);
   });
   check(cudaGetLastError(), "matmul launch");
+}
+
+void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q) {
+  const MatmulOut o{W, y, ldy};
+  matmul_many(&o, 1, x, T, s, q);
 }
 
 }  // namespace coli::cuda
