@@ -392,16 +392,26 @@ void CudaBackend::moe_layer(const DevLayer& L, int T) {
     matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_);
     route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_);
   });
+  // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn));
+  // the sigmoid gate is applied where the output joins the residual.
   step("shared expert", [&] {
-  // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn)).
-  const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
-  matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
-  silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
-  matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
-  scale_rows_sigmoid(sh_.get(), sgate_.get(), T, H, stream_);
+    const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
+    matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
   });
-  // Routed experts over all T * K pairs.
-  step("experts up", [&] { moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_); });
+  // Routed experts over all T * K pairs; hn is still in qx_ when the shared
+  // expert's gate took the same int8 path.
+  const DevMatrix& eg = L.experts.table.gate;
+  const bool hn_in_q = takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols;
+  step("experts up", [&] { moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q); });
+  step("shared expert", [&] {
+    if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
+      quantize_x(sg_.get(), T, Is, L.sh_down.kind == Kind::kI4, qx_, stream_, su_.get());
+      matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_, /*x_in_q=*/true);
+    } else {
+      silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
+      matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
+    }
+  });
   step("experts down", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
 }
 
@@ -415,11 +425,13 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
     const DevLayer& L = layers_[l];
     if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T);
     else deltanet_layer(L, st.layers[l], T);
-    step("norms+adds", [&] { add_rms_norm(x_.get(), mix_.get(), nullptr, L.post_norm, T, H, eps, hn_.get(), stream_); });
+    step("norms+adds", [&] { add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_); });
     moe_layer(L, T);
     step("norms+adds", [&] {
-      if (l + 1 < s_.num_layers) add_rms_norm(x_.get(), routed_.get(), sh_.get(), layers_[l + 1].input_norm, T, H, eps, hn_.get(), stream_);
-      else add2_inplace(x_.get(), routed_.get(), sh_.get(), std::size_t(T) * H, stream_);
+      // x += routed + sigmoid(shared gate) * shared, then the next layer's input norm.
+      const bool last = l + 1 == s_.num_layers;
+      add_rms_norm(x_.get(), routed_.get(), sh_.get(), sgate_.get(), last ? nullptr : layers_[l + 1].input_norm, T, H, eps,
+                   last ? nullptr : hn_.get(), stream_);
     });
   }
   if (logit_rows == 0) return;

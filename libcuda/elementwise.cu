@@ -28,34 +28,23 @@ __global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (plus_one ? 1.0f + w[i] : w[i]);
 }
 
-__global__ void add_rms_norm_kernel(float* x, const float* a, const float* b, const float* w, int n, float eps, float* y) {
+__global__ void add_rms_norm_kernel(float* x, const float* a, const float* b, const float* b_gate, const float* w, int n, float eps, float* y) {
   const long long o = static_cast<long long>(blockIdx.x) * n;
+  const float g = b_gate ? sigmoidf(b_gate[blockIdx.x]) : 1.0f;
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = x[o + i] + a[o + i] + (b ? b[o + i] : 0.0f);
+    const float v = x[o + i] + a[o + i] + (b ? g * b[o + i] : 0.0f);
     x[o + i] = v;
     ss += v * v;
   }
+  if (!y) return;
   const float r = rsqrtf(block_sum(ss) / n + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) y[o + i] = x[o + i] * r * (1.0f + w[i]);
-}
-
-__global__ void add_kernel(float* x, const float* a, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) x[i] += a[i];
-}
-
-__global__ void add2_kernel(float* x, const float* a, const float* b, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) x[i] += a[i] + b[i];
 }
 
 __global__ void silu_mul_kernel(const float* g, const float* u, float* out, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
     out[i] = g[i] * sigmoidf(g[i]) * u[i];
-}
-
-__global__ void scale_rows_sigmoid_kernel(float* x, const float* gate, int n) {
-  const float s = sigmoidf(gate[blockIdx.x]);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) x[static_cast<long long>(blockIdx.x) * n + i] *= s;
 }
 
 int grid_for(std::size_t n) { return static_cast<int>(std::min<std::size_t>((n + 255) / 256, 4096)); }
@@ -72,29 +61,15 @@ void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool p
   check(cudaGetLastError(), "rms_norm launch");
 }
 
-void add_rms_norm(float* x, const float* a, const float* b, const float* w, int rows, int n, float eps, float* y, cudaStream_t s) {
-  add_rms_norm_kernel<<<rows, 256, 0, s>>>(x, a, b, w, n, eps, y);
+void add_rms_norm(float* x, const float* a, const float* b, const float* b_gate, const float* w, int rows, int n, float eps, float* y,
+                  cudaStream_t s) {
+  add_rms_norm_kernel<<<rows, 256, 0, s>>>(x, a, b, b_gate, w, n, eps, y);
   check(cudaGetLastError(), "add_rms_norm launch");
-}
-
-void add_inplace(float* x, const float* a, std::size_t n, cudaStream_t s) {
-  add_kernel<<<grid_for(n), 256, 0, s>>>(x, a, n);
-  check(cudaGetLastError(), "add launch");
-}
-
-void add2_inplace(float* x, const float* a, const float* b, std::size_t n, cudaStream_t s) {
-  add2_kernel<<<grid_for(n), 256, 0, s>>>(x, a, b, n);
-  check(cudaGetLastError(), "add2 launch");
 }
 
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s) {
   silu_mul_kernel<<<grid_for(n), 256, 0, s>>>(g, u, out, n);
   check(cudaGetLastError(), "silu_mul launch");
-}
-
-void scale_rows_sigmoid(float* x, const float* gate, int rows, int n, cudaStream_t s) {
-  scale_rows_sigmoid_kernel<<<rows, 256, 0, s>>>(x, gate, n);
-  check(cudaGetLastError(), "scale_rows_sigmoid launch");
 }
 
 }  // namespace coli::cuda

@@ -1,6 +1,6 @@
 // Launchers of the CUDA backend's kernels, one concept per .cu file:
 //   matmul.cu       y = x W^T for every weight format (warp per row)
-//   elementwise.cu  embedding rows, norms, residual adds, SiLU*up, gates
+//   elementwise.cu  embedding rows, norms, residual adds, SiLU*up
 //   attention.cu    gated attention: k/v into the cache, softmax over it
 //   deltanet.cu     Gated DeltaNet: causal conv, q/k norms, recurrence
 //   moe.cu          router softmax + top-k, routed experts over all pairs
@@ -17,11 +17,13 @@ namespace coli::cuda {
 
 // x quantized to int8 per 32-column block for the dp4a kernels (QuantX:
 // codes [T][cols], per block the scale absmax / 127 and the sum of codes).
-void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s);
+// With up: the values quantized are silu(x) * up (SwiGLU fused in).
+void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s, const float* up = nullptr);
 // y[t, r] = W[r, :] . x[t, :], x [T, W.cols], y [T, ldy] (ldy >= W.rows).
 // With q (scratch for T x W.cols codes), int4 / int8 matrices with a
 // multiple of 32 columns take int8 activations and dp4a.
-void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q = nullptr);
+// x_in_q: q already holds x in the order W needs (int8 path only).
+void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q = nullptr, bool x_in_q = false);
 // Several matrices with the same input in one launch (one kind and width;
 // otherwise one launch each).
 constexpr int kMaxBatch = 4;
@@ -30,18 +32,17 @@ struct MatmulOut {
   float* y;
   int ldy;
 };
-void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q = nullptr);
+void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q = nullptr, bool x_in_q = false);
 
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
 void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s);
-// x[r] += a[r] (+ b[r] when b); then y[r] = rms_norm(x[r]) * (1 + w): the
-// residual add and the next norm in one pass.
-void add_rms_norm(float* x, const float* a, const float* b, const float* w, int rows, int n, float eps, float* y, cudaStream_t s);
-void add_inplace(float* x, const float* a, std::size_t n, cudaStream_t s);                    // x += a
-void add2_inplace(float* x, const float* a, const float* b, std::size_t n, cudaStream_t s);   // x += a + b
+// x[r] += a[r] (+ g b[r] when b, g = sigmoid(b_gate[r]) when b_gate, else
+// 1); then, when y, y[r] = rms_norm(x[r]) * (1 + w): the residual add and
+// the next norm in one pass.
+void add_rms_norm(float* x, const float* a, const float* b, const float* b_gate, const float* w, int rows, int n, float eps, float* y,
+                  cudaStream_t s);
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s);     // out = silu(g) u
-void scale_rows_sigmoid(float* x, const float* gate, int rows, int n, cudaStream_t s);        // x[r] *= sigmoid(gate[r])
 
 // Attention. qg [T, heads * 2 * hd] (per head: query, then output gate);
 // k, v [T, kv_heads * hd]. Normalises and rotates the new keys and writes
@@ -80,7 +81,8 @@ struct ExpertTable {
 void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s);
 // act[p, :] = silu(gate_e . x_t) * (up_e . x_t) for every pair p = t*K + k.
 // With q (scratch), int4 / int8 experts take int8 activations and dp4a.
-void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q = nullptr);
+void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q = nullptr,
+                 bool hn_in_q = false);
 // out[t, :] = sum_k w[t, k] * down_e(act[t*K + k]).
 void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s,
               const QuantX* q = nullptr);

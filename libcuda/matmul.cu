@@ -65,12 +65,13 @@ __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
 // Warp per (token, 32-column block), lane per column: codes in the order the
 // weights need (int4: per 8 columns the 4 even ones, then the 4 odd ones, so
 // a word of low / high nibbles meets one word of x; int8: natural order).
-__global__ void quantize_x_kernel(const float* x, int T, int cols, bool nibble_order, QuantX q) {
+__global__ void quantize_x_kernel(const float* x, const float* up, int T, int cols, bool nibble_order, QuantX q) {
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   const int nb = cols / 32;
   if (w >= T * nb) return;
   const int t = w / nb, b = w % nb;
-  const float v = x[static_cast<long long>(t) * cols + b * 32 + lane];
+  const long long i = static_cast<long long>(t) * cols + b * 32 + lane;
+  const float v = up ? x[i] / (1.0f + expf(-x[i])) * up[i] : x[i];
   float amax = fabsf(v);
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
@@ -159,13 +160,13 @@ __global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
 
 }  // namespace
 
-void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s) {
+void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s, const float* up) {
   const int warps = T * (cols / 32);
-  quantize_x_kernel<<<(warps + 7) / 8, 256, 0, s>>>(x, T, cols, nibble_order, q);
+  quantize_x_kernel<<<(warps + 7) / 8, 256, 0, s>>>(x, up, T, cols, nibble_order, q);
   check(cudaGetLastError(), "quantize_x launch");
 }
 
-void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q) {
+void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q, bool x_in_q) {
   // One launch per group of one kind and input width.
   bool same = n <= kMaxBatch;
   for (int i = 1; i < n && same; ++i) same = outs[i].W.kind == outs[0].W.kind && outs[i].W.cols == outs[0].W.cols;
@@ -177,7 +178,7 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
       int g = 0;
       for (int j = i; j < n && g < kMaxBatch; ++j)
         if (!done[j] && outs[j].W.kind == outs[i].W.kind && outs[j].W.cols == outs[i].W.cols) group[g++] = outs[j], done[j] = 1;
-      matmul_many(group, g, x, T, s, q);
+      matmul_many(group, g, x, T, s, q, x_in_q);
     }
     return;
   }
@@ -188,7 +189,7 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   const DevMatrix& W = outs[0].W;
   const dim3 grid(b.first[n]), block(kWarps * 32);
   if (q && takes_int8_x(W)) {
-    quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
+    if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
     if (W.kind == Kind::kI4) {
       if (T == 1) matmul_q_kernel<Kind::kI4, 1><<<grid, block, 0, s>>>(b, *q, T);
       else matmul_q_kernel<Kind::kI4, 8><<<grid, block, 0, s>>>(b, *q, T);
@@ -206,9 +207,9 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   check(cudaGetLastError(), "matmul launch");
 }
 
-void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q) {
+void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q, bool x_in_q) {
   const MatmulOut o{W, y, ldy};
-  matmul_many(&o, 1, x, T, s, q);
+  matmul_many(&o, 1, x, T, s, q, x_in_q);
 }
 
 }  // namespace coli::cuda

@@ -141,11 +141,11 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
   check(cudaGetLastError(), "route launch");
 }
 
-void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q) {
+void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q, bool hn_in_q) {
   const dim3 grid((tab.gate.rows + kWarps - 1) / kWarps, T * K), block(kWarps * 32);
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
   if (q && takes_int8_x(tab.gate)) {
-    quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
+    if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
     if (tab.gate.kind == Kind::kI4) gate_up_q_kernel<Kind::kI4><<<grid, block, 0, s>>>(tab, idx, K, *q, act);
     else gate_up_q_kernel<Kind::kI8><<<grid, block, 0, s>>>(tab, idx, K, *q, act);
     check(cudaGetLastError(), "moe gate_up launch");
