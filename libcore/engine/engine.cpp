@@ -38,7 +38,8 @@ std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all
     const bool last = i + T == tokens.size();
     const Logits want = all_logits ? Logits::kAll : last ? Logits::kLast : Logits::kNone;
     auto l = forward_chunk(s, tokens.data() + i, T, want, observe);
-    logits.insert(logits.end(), l.begin(), l.end());
+    if (logits.empty()) logits = std::move(l);  // one chunk (every decode step): no copy
+    else logits.insert(logits.end(), l.begin(), l.end());
   }
   return logits;
 }
