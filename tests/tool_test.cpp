@@ -105,6 +105,25 @@ TEST(ColiRun, BadInputExits1WithOneLine) {
   EXPECT_NE(out.find("99999"), std::string::npos) << out;
 }
 
+TEST(ColiRun, DeviceFlag) {
+  const auto& p = prompt(1);
+  const std::string base = coli_run() + " --model " + text_model() + " --prompt-ids " + join_ids(p["ids"], ",") + " -n 16 --temp 0 --ignore-eos";
+  std::string out;
+  EXPECT_EQ(coli::test::run_command(base + " --device gpu 2>&1", &out), 2);
+  EXPECT_NE(out.find("--device"), std::string::npos) << out;
+  EXPECT_EQ(coli::test::run_command(base + " --device cpu 2>/dev/null", &out), 0);
+  EXPECT_EQ(out, join_ids(p["greedy"], " ") + "\n");
+  // cuda: the same tokens on a GPU; without one, exit 1 and say why.
+  const int rc = coli::test::run_command(base + " --device cuda 2>&1", &out);
+  if (rc == 0) {
+    EXPECT_EQ(out.substr(0, out.find('\n') + 1), join_ids(p["greedy"], " ") + "\n") << out;
+  } else {
+    EXPECT_EQ(rc, 1);
+    EXPECT_NE(out.find("CUDA backend: no usable device"), std::string::npos) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  }
+}
+
 namespace {
 std::string qwen_tok() { return coli::test::data_dir() + "/qwen3-tokenizer"; }
 const nlohmann::json& tok_goldens() {
