@@ -20,6 +20,8 @@ namespace coli::cuda {
 
 namespace {
 
+constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their experts' pairs
+
 // Device copies of the weights, sub-allocated from one allocation.
 class WeightArena {
  public:
@@ -146,7 +148,8 @@ class CudaBackend : public Backend {
   int buf_T_ = 0;
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
       logits_, scores_;
-  DeviceArray<int> ids_, pos_, ridx_;
+  DeviceArray<int> ids_, pos_, ridx_, order_, offsets_;
+  DeviceArray<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
   // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
   // the T * K experts' activations).
   DeviceArray<int8_t> qx_codes_;
@@ -329,6 +332,8 @@ void CudaBackend::ensure_buffers(int T) {
   rlogits_.resize(t * s_.num_experts), ridx_.resize(t * K), rw_.resize(t * K);
   sg_.resize(t * s_.shared_expert_intermediate_size), su_.resize(t * s_.shared_expert_intermediate_size), sgate_.resize(t);
   act_.resize(t * K * s_.moe_intermediate_size);
+  order_.resize(t * K), offsets_.resize(s_.num_experts + 1);
+  ey_.resize(t >= std::size_t(kGroupedMinTokens) ? t * K * H : 1);
   ids_.resize(t);
   const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
                                        std::size_t(s_.moe_intermediate_size), std::size_t(s_.shared_expert_intermediate_size)});
@@ -402,7 +407,15 @@ void CudaBackend::moe_layer(const DevLayer& L, int T) {
   // expert's gate took the same int8 path.
   const DevMatrix& eg = L.experts.table.gate;
   const bool hn_in_q = takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols;
-  step("experts up", [&] { moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q); });
+  // A prompt chunk groups the pairs by expert (each expert's rows read once
+  // per 8 of its tokens); a decode step's 8 pairs go straight.
+  bool grouped = false;
+  step("experts", [&] {
+    if (T >= kGroupedMinTokens)
+      grouped = moe_grouped(L.experts.table, hn_.get(), ridx_.get(), rw_.get(), T, K, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
+                            routed_.get(), stream_, qx_, hn_in_q);
+    if (!grouped) moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
+  });
   step("shared expert", [&] {
     if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
       quantize_x(sg_.get(), T, Is, L.sh_down.kind == Kind::kI4, qx_, stream_, su_.get());
@@ -412,7 +425,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int T) {
       matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
     }
   });
-  step("experts down", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
+  if (!grouped) step("experts", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
 }
 
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {

@@ -259,6 +259,53 @@ __device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const
   return K == Kind::kI8 ? acc * row_scale : acc;
 }
 
+// The same for up to NT tokens (rows qrows[0..n) of q) against one load of
+// the weight row: out[t] in every lane.
+template <Kind K, int NT>
+__device__ __forceinline__ void warp_row_dot_q_n(const DevMatrix& W, int r, const QuantX& q, const int* qrows, int n, float (&out)[NT]) {
+  const int lane = threadIdx.x & 31, nb = W.cols / 32;
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
+  float row_scale = 0;
+  if (K == Kind::kI8 || !W.f16_scales) row_scale = *reinterpret_cast<const float*>(sc);
+  for (int t = 0; t < NT; ++t) out[t] = 0.0f;
+  for (int b = lane; b < nb; b += 32) {
+    int w[8];
+    float s = row_scale, mn = -8.0f * row_scale;
+    if constexpr (K == Kind::kI4) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+      for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
+      if (W.f16_scales) {
+        const int g = b * 32 / W.group;
+        const __half* hs = reinterpret_cast<const __half*>(sc);
+        if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
+        else s = __half2float(hs[g]), mn = -8.0f * s;
+      }
+    } else {
+      const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
+      w[0] = int(v0.x), w[1] = int(v0.y), w[2] = int(v0.z), w[3] = int(v0.w), w[4] = int(v1.x), w[5] = int(v1.y), w[6] = int(v1.z), w[7] = int(v1.w);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= n) break;
+      const long long qb = static_cast<long long>(qrows[t]) * nb + b;
+      const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
+      const int4 xa = xp[0], xb = xp[1];
+      const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      int d = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
+      if (K == Kind::kI4) out[t] += q.scale[qb] * (s * static_cast<float>(d) + mn * static_cast<float>(q.sum[qb]));
+      else out[t] += q.scale[qb] * static_cast<float>(d);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    out[t] = warp_sum(out[t]);
+    if (K == Kind::kI8) out[t] *= row_scale;
+  }
+}
+
 __host__ inline bool takes_int8_x(const DevMatrix& W) { return (W.kind == Kind::kI4 || W.kind == Kind::kI8) && W.cols % 32 == 0; }
 
 // Calls f.template operator()<K>() with the matrix's kind as a constant (host).

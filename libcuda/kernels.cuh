@@ -87,4 +87,17 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
 void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s,
               const QuantX* q = nullptr);
 
+// Prefill: the T * K pairs grouped by expert on the device, each expert's
+// weight rows read once per 8 of its tokens (int8 / int4 experts with a
+// multiple of 32 columns; false, nothing launched, otherwise). Scratch:
+// order [T K], offsets [E + 1], act [T K, I], y [T K, H].
+struct MoeScratch {
+  int* order = nullptr;
+  int* offsets = nullptr;
+  float* act = nullptr;
+  float* y = nullptr;
+};
+bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, int E, const MoeScratch& sc, float* out,
+                 cudaStream_t s, const QuantX& q, bool hn_in_q);
+
 }  // namespace coli::cuda

@@ -134,7 +134,97 @@ __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, i
   if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
 }
 
+// ---- prefill: pairs grouped by expert ------------------------------------
+
+// One block: pairs counted per expert, offsets, then pair ids placed in
+// ascending order within each expert (thread 0: deterministic).
+__global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int* offsets) {
+  extern __shared__ int cnt[];
+  for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < n; p += blockDim.x) atomicAdd(&cnt[idx[p] + 1], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int e = 0; e < E; ++e) cnt[e + 1] += cnt[e];
+    for (int e = 0; e <= E; ++e) offsets[e] = cnt[e];
+    for (int p = 0; p < n; ++p) order[cnt[idx[p]]++] = p;
+  }
+}
+
+constexpr int kGroupTokens = 8;  // tokens per pass over a weight row
+
+// Warp per (expert, row): gate and up of every pair of the expert, 8 at a time.
+template <Kind KG>
+__global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, int K, QuantX qx, float* act) {
+  const int e = blockIdx.y, I = tab.gate.rows;
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int p0 = offsets[e], p1 = offsets[e + 1];
+  if (r >= I || p0 == p1) return;
+  DevMatrix g = tab.gate, u = tab.up;
+  g.data = tab.gate_ptrs[e];
+  u.data = tab.up_ptrs[e];
+  for (int i = p0; i < p1; i += kGroupTokens) {
+    const int n = min(kGroupTokens, p1 - i);
+    int rows[kGroupTokens];
+    for (int j = 0; j < kGroupTokens; ++j) rows[j] = order[i + min(j, n - 1)] / K;  // the pair's token
+    float gv[kGroupTokens], uv[kGroupTokens];
+    warp_row_dot_q_n<KG, kGroupTokens>(g, r, qx, rows, n, gv);
+    warp_row_dot_q_n<KG, kGroupTokens>(u, r, qx, rows, n, uv);
+    if ((threadIdx.x & 31) == 0)
+      for (int j = 0; j < n; ++j) act[static_cast<long long>(order[i + j]) * I + r] = siluf(gv[j]) * uv[j];
+  }
+}
+
+// Warp per (expert, output row): y[p, r] = down_e[r] . act[p] for the expert's pairs.
+template <Kind KD>
+__global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, QuantX qa, float* y) {
+  const int e = blockIdx.y, H = tab.down.rows;
+  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int p0 = offsets[e], p1 = offsets[e + 1];
+  if (r >= H || p0 == p1) return;
+  DevMatrix d = tab.down;
+  d.data = tab.down_ptrs[e];
+  for (int i = p0; i < p1; i += kGroupTokens) {
+    const int n = min(kGroupTokens, p1 - i);
+    int rows[kGroupTokens];
+    for (int j = 0; j < kGroupTokens; ++j) rows[j] = order[i + min(j, n - 1)];  // act is quantized per pair
+    float yv[kGroupTokens];
+    warp_row_dot_q_n<KD, kGroupTokens>(d, r, qa, rows, n, yv);
+    if ((threadIdx.x & 31) == 0)
+      for (int j = 0; j < n; ++j) y[static_cast<long long>(order[i + j]) * H + r] = yv[j];
+  }
+}
+
+// out[t, r] = sum_k w[t, k] y[t K + k, r], k in order (as down_kernel sums).
+__global__ void combine_kernel(const float* y, const float* w, int K, int H, float* out) {
+  const int t = blockIdx.x;
+  for (int r = threadIdx.x; r < H; r += blockDim.x) {
+    float sum = 0;
+    for (int k = 0; k < K; ++k) sum += w[t * K + k] * y[static_cast<long long>(t * K + k) * H + r];
+    out[static_cast<long long>(t) * H + r] = sum;
+  }
+}
+
 }  // namespace
+
+bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, int E, const MoeScratch& sc, float* out,
+                 cudaStream_t s, const QuantX& q, bool hn_in_q) {
+  if (!takes_int8_x(tab.gate) || !takes_int8_x(tab.down) || tab.gate.kind != tab.up.kind) return false;
+  const int n = T * K, I = tab.gate.rows, H = tab.down.rows;
+  group_pairs_kernel<<<1, 256, (E + 1) * sizeof(int), s>>>(idx, n, E, sc.order, sc.offsets);
+  if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
+  const dim3 block(kWarps * 32);
+  const dim3 g1((I + kWarps - 1) / kWarps, E);
+  if (tab.gate.kind == Kind::kI4) gate_up_grouped_kernel<Kind::kI4><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+  else gate_up_grouped_kernel<Kind::kI8><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+  quantize_x(sc.act, n, I, tab.down.kind == Kind::kI4, q, s);
+  const dim3 g2((H + kWarps - 1) / kWarps, E);
+  if (tab.down.kind == Kind::kI4) down_grouped_kernel<Kind::kI4><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+  else down_grouped_kernel<Kind::kI8><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+  combine_kernel<<<T, 256, 0, s>>>(sc.y, w, K, H, out);
+  check(cudaGetLastError(), "moe grouped launch");
+  return true;
+}
 
 void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s) {
   route_kernel<<<T, 256, E * sizeof(float), s>>>(logits, E, K, idx, w);

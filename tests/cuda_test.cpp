@@ -139,3 +139,32 @@ TEST(CudaBackend, ContainersMatchTheCpuReference) {
     expect_gpu_matches_cpu(*m, tol, f == QuantFormat::BF16 || f == QuantFormat::I8, format_name(f));
   }
 }
+
+// Long enough to grow the KV cache (256 positions, then doubled) in the
+// middle of decoding, which re-captures the decode graph; prefill in
+// chunks of 64 (the 8-token passes and their tails). GPU against the CPU
+// reference on a bf16 container after every step.
+TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  ConvertOptions o;
+  o.experts = o.down = o.trunk = o.shared = o.lm_head = QuantFormat::BF16;
+  o.threads = 2;
+  convert_checkpoint(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", o);
+  auto m = Model::load(d / "m.coli");
+  cpu::CpuBackend ref(*m);
+  auto gpu = cuda::make_cuda_backend(*m);
+  Engine er(m->spec(), ref, 64), eg(m->spec(), *gpu, 64);
+  std::vector<int> prompt(230);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 7919 + 13) % m->spec().vocab_size);
+  Session sr = er.new_session(), sg = eg.new_session();
+  auto lr = er.forward(sr, prompt), lg = eg.forward(sg, prompt);
+  EXPECT_LT(max_abs_diff(lr, lg), 1e-3f) << "prefill";
+  for (int step = 0; step < 40; ++step) {  // positions 230 .. 269: the cache grows at 256
+    const std::vector<int> one{static_cast<int>(std::max_element(lr.begin(), lr.end()) - lr.begin())};
+    lr = er.forward(sr, one);
+    lg = eg.forward(sg, one);
+    ASSERT_LT(max_abs_diff(lr, lg), 1e-3f) << "decode step " << step << " (position " << 230 + step << ")";
+  }
+}
