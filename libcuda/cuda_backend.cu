@@ -99,8 +99,12 @@ struct CudaState : BackendState {
   };
   std::vector<Layer> layers;
   int cap = 0;                     // KV cache positions allocated
-  cudaGraphExec_t graph = nullptr; // decode step, valid for graph_cap / graph_rows
+  // The decode step's graph holds the addresses of this state's and the
+  // backend's buffers: valid while the cache size, the backend's buffer
+  // generation and the logit rows are the ones it was captured with.
+  cudaGraphExec_t graph = nullptr;
   int graph_cap = -1, graph_rows = -1;
+  long graph_gen = -1;
   ~CudaState() override {
     if (graph) cudaGraphExecDestroy(graph);
   }
@@ -157,6 +161,7 @@ class CudaBackend : public Backend {
   DeviceArray<int> qx_sum_;
   QuantX qx_;
   int scores_cap_ = 0;
+  long buffer_gen_ = 0;  // bumped whenever an activation buffer moves (decode graphs re-capture)
   // COLI_CUDA_PROFILE=1: kernel time per step kind (events around each group
   // of launches, graphs off), printed to stderr when the backend goes.
   struct ProfRow {
@@ -341,6 +346,7 @@ void CudaBackend::ensure_buffers(int T) {
   qx_codes_.resize(qn), qx_scale_.resize(qn / 32 + 1), qx_sum_.resize(qn / 32 + 1);
   qx_ = QuantX{qx_codes_.get(), qx_scale_.get(), qx_sum_.get()};
   buf_T_ = T;
+  ++buffer_gen_;
 }
 
 void CudaBackend::ensure_cap(CudaState& st, int needed) {
@@ -462,6 +468,7 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
   ensure_cap(st, pos0 + T);
   if (s_.num_attention_layers() > 0 && (scores_cap_ < st.cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * st.cap)) {
     scores_.resize(std::size_t(buf_T_) * s_.num_heads * st.cap);
+    ++buffer_gen_;
     scores_cap_ = st.cap;
   }
   const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;
@@ -470,7 +477,7 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
     check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
     h_logits_n_ = nlog;
   }
-  if (logits_.size() < nlog) logits_.resize(nlog);
+  if (logits_.size() < nlog) logits_.resize(nlog), ++buffer_gen_;
   std::memcpy(h_ids_, ids, T * sizeof(int));
   *h_pos_ = pos0;
   check(cudaMemcpyAsync(ids_.get(), h_ids_, T * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
@@ -478,7 +485,7 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
   prof_tokens_ += T;
   if (T == 1 && opt_.graphs) {
     // A decode step as one graph; captured again when a buffer moved.
-    if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || scores_cap_ != st.cap) {
+    if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || st.graph_gen != buffer_gen_) {
       if (st.graph) cudaGraphExecDestroy(st.graph), st.graph = nullptr;
       cudaGraph_t g;
       check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
@@ -486,7 +493,7 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
       check(cudaStreamEndCapture(stream_, &g), "end capture");
       check(cudaGraphInstantiate(&st.graph, g, 0), "graph instantiate");
       cudaGraphDestroy(g);
-      st.graph_cap = st.cap, st.graph_rows = logit_rows;
+      st.graph_cap = st.cap, st.graph_rows = logit_rows, st.graph_gen = buffer_gen_;
     }
     check(cudaGraphLaunch(st.graph, stream_), "graph launch");
   } else {

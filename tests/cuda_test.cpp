@@ -168,3 +168,23 @@ TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
     ASSERT_LT(max_abs_diff(lr, lg), 1e-3f) << "decode step " << step << " (position " << 230 + step << ")";
   }
 }
+
+// A decode graph captured while the buffers were small must not be
+// replayed after a longer prompt moved them (an interactive chat's second
+// turn): decode, then a longer chunk, then decode again.
+TEST(CudaBackend, DecodeAfterALongerChunkMatchesTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  cpu::CpuBackend ref(*m);
+  auto gpu = cuda::make_cuda_backend(*m);
+  Engine er(m->spec(), ref, 64), eg(m->spec(), *gpu, 64);
+  Session sr = er.new_session(), sg = eg.new_session();
+  const std::vector<int> one{5}, three{7, 8, 9};
+  std::vector<int> forty(40);
+  for (int i = 0; i < 40; ++i) forty[i] = (i * 31 + 3) % m->spec().vocab_size;
+  for (const std::vector<int>* ids : {&one, &one, static_cast<const std::vector<int>*>(&forty), &one, &three, &one}) {
+    const auto lr = er.forward(sr, *ids), lg = eg.forward(sg, *ids);
+    ASSERT_LT(max_abs_diff(lr, lg), 1e-3f) << "after a chunk of " << ids->size();
+  }
+}
