@@ -373,9 +373,10 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
     matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
   });
   step("attention", [&] {
-  attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(), stream_);
-  attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, pos_.get(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, scores_.get(),
-            scores_cap_, heads_out_.get(), stream_);
+    attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(),
+                  stream_);
+    attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, pos_.get(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps,
+              scores_.get(), scores_cap_, heads_out_.get(), stream_);
   });
   step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
 }
@@ -387,12 +388,12 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T)
     matmul_many(outs, 4, hn_.get(), T, stream_, &qx_);
   });
   step("gdn conv+norm", [&] {
-  gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
-  gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
+    gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
+    gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
   });
   step("gdn recurrence", [&] {
-  gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
-                 s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_);
+    gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
+                   s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_);
   });
   step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
 }
