@@ -8,6 +8,7 @@
 
 #include "kernels.h"
 #include "kernels_amx.h"
+#include "kernels_amx_bf16.h"
 #include "kernels_vnni.h"
 #include "ref_kernels.h"
 #include "thread_pool.h"
@@ -100,10 +101,15 @@ void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>>
   QuantizedActs& qa = mm_qa_;
   AmxActs& aa = mm_aa_;
   std::vector<float> xsum;
-  bool need_q = false, need_f = false, need_amx = false;
+  bool need_q = false, need_f = false, need_amx = false, need_bf16 = false;
   for (const auto& o : outs) {
-    (vnni_applies(*o.first, T) ? need_q : need_f) = true;
+    if (amx_bf16_applies(*o.first, T)) need_bf16 = true;
+    else (vnni_applies(*o.first, T) ? need_q : need_f) = true;
     need_amx |= amx_applies(*o.first, T);
+  }
+  if (need_bf16) {
+    mm_bf16_.reset(T, cols);
+    parallel_ranges(mm_bf16_.token_blocks(), [&](int b0, int b1) { prepare_bf16_acts_blocks(x, b0, b1, &mm_bf16_); });
   }
   if (need_q) quantize_parallel(x, T, cols, &qa, need_amx ? &aa : nullptr);
   if (need_f) {
@@ -113,7 +119,8 @@ void CpuBackend::mm_many(std::initializer_list<std::pair<const Matrix*, float*>>
   }
   pool_->run(static_cast<int>(jobs.size()), [&](int j) {
     const Job& jb = jobs[j];
-    if (amx_applies(*jb.W, T)) matmul_rows_amx(*jb.W, aa, jb.r0, jb.r1, jb.y, jb.W->rows);
+    if (amx_bf16_applies(*jb.W, T)) matmul_rows_amx_bf16(*jb.W, mm_bf16_, jb.r0, jb.r1, jb.y, jb.W->rows);
+    else if (amx_applies(*jb.W, T)) matmul_rows_amx(*jb.W, aa, jb.r0, jb.r1, jb.y, jb.W->rows);
     else if (vnni_applies(*jb.W, T)) matmul_rows_vnni(*jb.W, qa, jb.r0, jb.r1, jb.y, jb.W->rows);
     else matmul_rows(*jb.W, x, xsum.data(), T, jb.r0, jb.r1, jb.y, jb.W->rows);
   });

@@ -11,6 +11,7 @@
 
 #include "engine/backend.h"
 #include "kernels_amx.h"
+#include "kernels_amx_bf16.h"
 #include "model/weights.h"
 
 namespace coli::cpu {
@@ -82,6 +83,7 @@ class CpuBackend : public Backend {
   // mm_many's quantized input, kept so its arrays are allocated once.
   QuantizedActs mm_qa_;
   AmxActs mm_aa_;
+  Bf16Acts mm_bf16_;
 };
 
 

@@ -48,14 +48,13 @@ struct TileConfig {
 // 4, 5 = A (16 weight rows x 32 codes), 6, 7 = B (8 rows of 16 tokens x 4
 // codes). K = 32 per product: one 32-column block, one scale.
 void configure_tiles() {
-  thread_local bool done = false;
-  if (done) return;
+  if (amx_tile_config == 1) return;
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
   for (int t = 4; t < 6; ++t) cfg.colsb[t] = 32, cfg.rows[t] = 16;
   for (int t = 6; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 8;
   _tile_loadconfig(&cfg);
-  done = true;
+  amx_tile_config = 1;
 }
 
 bool is_int4(QuantFormat f) { return f >= QuantFormat::I4 && f <= QuantFormat::I4_G128_ASYM; }
@@ -285,6 +284,8 @@ void block_2x1(const KernelArgs& k, float* F) {
 }
 
 }  // namespace
+
+thread_local int amx_tile_config = 0;
 
 bool amx_available() {
   static const bool ok = detected_level() == CpuLevel::kAvx512 && cpu_has_amx_int8() && cpu_has_vbmi() && request_tile_permission();

@@ -233,3 +233,29 @@ TEST(Kernels, AmxMatchesTheVnniKernel) {
         for (int t = 0; t < T; ++t) ASSERT_TRUE(std::isnan(ya[t * rows + 2]));
       }
 }
+
+#include "kernels_amx_bf16.h"
+#include "ref_kernels.h"
+
+// bf16 weights on AMX-BF16 tiles (x split into bf16 hi + lo) against the
+// scalar reference matmul: rows not a multiple of 16 or 32, a row range
+// starting at 3, token counts not a multiple of 16.
+TEST(Kernels, AmxBf16MatchesTheReference) {
+  if (!coli::cpu::amx_bf16_available()) GTEST_SKIP() << "no AMX-BF16 (or no tile permission) on this CPU";
+  std::mt19937 rng(5);
+  for (int64_t rows : {16, 37, 64})
+    for (int64_t cols : {64, 512})
+      for (int T : {16, 21, 48}) {
+        RandomProblem p(rng, QuantFormat::BF16, rows, cols, T);
+        std::vector<float> ya(T * rows, NAN), yr(T * rows);
+        coli::cpu::Bf16Acts acts;
+        coli::cpu::prepare_bf16_acts(p.x.data(), T, cols, &acts);
+        coli::cpu::matmul_rows_amx_bf16(p.m, acts, 3, rows, ya.data(), rows);
+        coli::cpu::matmul(p.m, p.x.data(), T, yr.data());
+        for (int t = 0; t < T; ++t) {
+          ASSERT_TRUE(std::isnan(ya[t * rows + 2])) << "row outside the range written";
+          for (int64_t r = 3; r < rows; ++r)
+            ASSERT_NEAR(ya[t * rows + r], yr[t * rows + r], 2e-5f * (1 + std::fabs(yr[t * rows + r]))) << rows << "x" << cols << " T=" << T << " r=" << r;
+        }
+      }
+}
