@@ -6,6 +6,10 @@
 // (token, expert) pairs, shared expert, lm_head. Only the token ids go in
 // and the asked-for logits come out; a decode step is captured once as a
 // CUDA graph and replayed. Plain C++ header: callers need no CUDA headers.
+// Not yet: the per-layer Backend steps on host arrays (ARCHITECTURE.md has
+// the CUDA backend implement them too, for hybrid GPU + CPU expert
+// placement); until then they throw, and an engine that must observe the
+// routing runs on the CPU backend.
 #pragma once
 #include <memory>
 #include <string>
