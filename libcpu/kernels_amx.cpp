@@ -3,7 +3,6 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "kernels_amx.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,18 +11,13 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "cpu_features.h"
 #include "formats/dtype.h"
 
 namespace coli::cpu {
 
 namespace {
-
-bool cpu_has_amx_int8() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return (d >> 24 & 1) && (d >> 25 & 1);  // AMX-TILE, AMX-INT8
-}
 
 bool cpu_has_vbmi() {
   __builtin_cpu_init();
@@ -36,26 +30,10 @@ bool request_tile_permission() {
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-struct TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3 = C (16 x 16 int32 products of 2 row blocks x 2 token blocks),
 // 4, 5 = A (16 weight rows x 32 codes), 6, 7 = B (8 rows of 16 tokens x 4
 // codes). K = 32 per product: one 32-column block, one scale.
-void configure_tiles() {
-  if (amx_tile_config == 1) return;
-  TileConfig cfg;
-  for (int t = 0; t < 4; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  for (int t = 4; t < 6; ++t) cfg.colsb[t] = 32, cfg.rows[t] = 16;
-  for (int t = 6; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 8;
-  _tile_loadconfig(&cfg);
-  amx_tile_config = 1;
-}
+void configure_tiles() { amx::use_tiles(1, {{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 32}, {16, 32}, {8, 64}, {8, 64}}); }
 
 bool is_int4(QuantFormat f) { return f >= QuantFormat::I4 && f <= QuantFormat::I4_G128_ASYM; }
 
@@ -97,33 +75,6 @@ inline void store_four_blocks(uint8_t* A, int64_t kb0, int i, __m512i even, __m5
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + ((kb0 + 1) * 16 + i) * 32), _mm512_extracti64x4_epi64(b01, 1));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + ((kb0 + 2) * 16 + i) * 32), _mm512_castsi512_si256(b23));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(A + ((kb0 + 3) * 16 + i) * 32), _mm512_extracti64x4_epi64(b23, 1));
-}
-
-// 16x16 float transpose: in[i] = row i (16 tokens) -> out[n] = token n (16 rows).
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
-    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
-  }
 }
 
 // Panel pi of ps = rows rb .. rb+nr-1 of W (rows past nr: zero).
@@ -191,10 +142,10 @@ void load_panel(const Matrix& W, const MatrixLayout& l, int64_t rb, int nr, Weig
         vm[i] = _mm512_permutex2var_ps(lo, odd16, hi);
       }
     }
-    transpose16(vs);
+    amx::transpose16(vs);
     for (int g = 0; g < n; ++g) _mm512_storeu_ps(sw + (g0 + g) * 16, vs[g]);
     if (asym) {
-      transpose16(vm);
+      amx::transpose16(vm);
       for (int g = 0; g < n; ++g) _mm512_storeu_ps(mg + (g0 + g) * 16, vm[g]);
     }
   }
@@ -285,10 +236,8 @@ void block_2x1(const KernelArgs& k, float* F) {
 
 }  // namespace
 
-thread_local int amx_tile_config = 0;
-
 bool amx_available() {
-  static const bool ok = detected_level() == CpuLevel::kAvx512 && cpu_has_amx_int8() && cpu_has_vbmi() && request_tile_permission();
+  static const bool ok = detected_level() == CpuLevel::kAvx512 && amx::cpuid7_edx(24) && amx::cpuid7_edx(25) && cpu_has_vbmi() && request_tile_permission();
   return ok && active_level() == CpuLevel::kAvx512 && vnni_available();
 }
 
@@ -412,7 +361,7 @@ void matmul_rows_amx(const Matrix& W, const AmxActs& acts, int64_t r0, int64_t r
                   for (int i = 0; i < 16; ++i) v[i] = _mm512_fmadd_ps(_mm512_set1_ps(mg[g * 16 + i]), vx, v[i]);
                 }
               }
-              transpose16(v);  // v[n] = token n's 16 rows
+              amx::transpose16(v);  // v[n] = token n's 16 rows
               const __mmask16 rows_mask = static_cast<__mmask16>((1u << nr) - 1);
               for (int n = 0; n < 16 && (tb + t) * 16 + n < T; ++n)
                 _mm512_mask_storeu_ps(y + static_cast<std::size_t>((tb + t) * 16 + n) * ldy + rb, rows_mask, v[n]);

@@ -21,9 +21,6 @@ namespace coli::cpu {
 constexpr int kAmxMinTokens = 8;
 
 bool amx_available();
-// Which tile configuration this thread has loaded (0: none, 1: the int8
-// kernel's, 2: the bf16 kernel's): a kernel loads its own when it differs.
-extern thread_local int amx_tile_config;
 bool amx_applies(const Matrix& W, int T);  // format, T >= kAmxMinTokens, CPU
 
 // Activations in the tiles' layout, prepared once per matmul and shared by

@@ -3,12 +3,12 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "kernels_amx_bf16.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "cpu_features.h"
 #include "kernels_amx.h"
 
@@ -16,29 +16,9 @@ namespace coli::cpu {
 
 namespace {
 
-bool cpu_has_amx_bf16() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return (d >> 22 & 1) && (d >> 24 & 1);  // AMX-BF16, AMX-TILE
-}
-
-struct TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Every tile 16 rows x 64 bytes: 0-3 = C (16 x 16 float), 4, 5 = A (16
 // weight rows x 32 bf16), 6, 7 = B (16 column pairs x 16 tokens x 2 bf16).
-void configure_tiles_bf16() {
-  if (amx_tile_config == 2) return;
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
-  amx_tile_config = 2;
-}
+void configure_tiles_bf16() { amx::use_tiles(2, {{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 64}}); }
 
 // Round to nearest even bf16 (no NaNs here: activations are finite).
 inline uint16_t to_bf16(float f) {
@@ -53,34 +33,10 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
-// 16x16 float transpose (in[i] = row i) -> out[n] = column n.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
-    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
-  }
-}
-
 }  // namespace
 
 bool amx_bf16_available() {
-  static const bool ok = cpu_has_amx_bf16() && amx_available();  // amx_available asks for the tile permission
+  static const bool ok = amx::cpuid7_edx(22) && amx_available();  // amx_available asks for the tile permission
   return ok && active_level() == CpuLevel::kAvx512;
 }
 
@@ -170,7 +126,7 @@ void matmul_rows_amx_bf16(const Matrix& W, const Bf16Acts& acts, int64_t r0, int
           if (nr[p] == 0) continue;
           __m512 v[16];
           for (int i = 0; i < 16; ++i) v[i] = _mm512_load_ps(C[p * 2 + q] + i * 16);
-          transpose16(v);  // v[n] = token n's 16 rows
+          amx::transpose16(v);  // v[n] = token n's 16 rows
           const __mmask16 mask = static_cast<__mmask16>((1u << nr[p]) - 1);
           for (int n = 0; n < 16 && (tb + q) * 16 + n < T; ++n)
             _mm512_mask_storeu_ps(y + static_cast<std::size_t>((tb + q) * 16 + n) * ldy + rb + 16 * p, mask, v[n]);
