@@ -38,6 +38,7 @@ struct Test {
 struct WeightBytes {
   double per_token_fixed = 0;                // trunk + shared + router of all layers, embedding row
   std::vector<std::vector<double>> experts;  // [layer][expert]
+  std::vector<double> expert_mean;           // [layer]: mean bytes of one expert
   double lm_head = 0;
   double total = 0;
   double params = 0;
@@ -66,7 +67,10 @@ struct WeightBytes {
     const double embed = double(m.embed().bytes());
     params += double(m.lm_head().rows) * m.lm_head().cols + double(m.embed().rows) * m.embed().cols;
     total = per_token_fixed + lm_head + embed;
-    for (const auto& l : experts) total += std::accumulate(l.begin(), l.end(), 0.0);
+    for (const auto& l : experts) {
+      total += std::accumulate(l.begin(), l.end(), 0.0);
+      expert_mean.push_back(l.empty() ? 0.0 : std::accumulate(l.begin(), l.end(), 0.0) / l.size());
+    }
     per_token_fixed += embed / m.embed().rows;
   }
 };
@@ -217,15 +221,9 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                 const bool observable = !backend->runs_whole_chunks();
                 auto estimate = [&](int T) {
                   if (!timed) return;
-                  const ModelSpec& sp = cur.model->spec();
-                  for (std::size_t l = 0; l < cur.bytes->experts.size(); ++l) {
-                    const auto& eb = cur.bytes->experts[l];
-                    if (eb.empty()) continue;
-                    double avg = 0;
-                    for (double x : eb) avg += x;
-                    avg /= eb.size();
-                    call_expert_bytes += std::min<double>(eb.size(), double(T) * sp.num_experts_per_tok) * avg;
-                  }
+                  const double picks = double(T) * cur.model->spec().num_experts_per_tok;
+                  for (std::size_t l = 0; l < cur.bytes->experts.size(); ++l)
+                    call_expert_bytes += std::min<double>(cur.bytes->experts[l].size(), picks) * cur.bytes->expert_mean[l];
                 };
                 auto run_forward = [&](std::span<const int> ids) {
                   if (observable) return engine->forward(s, ids, observe);
