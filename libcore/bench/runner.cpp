@@ -225,10 +225,10 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                   for (std::size_t l = 0; l < cur.bytes->experts.size(); ++l)
                     call_expert_bytes += std::min<double>(cur.bytes->experts[l].size(), picks) * cur.bytes->expert_mean[l];
                 };
-                auto run_forward = [&](std::span<const int> ids) {
-                  if (observable) return engine->forward(s, ids, observe);
-                  auto l = engine->forward(s, ids);
-                  for (std::size_t i = 0; i < ids.size(); i += n_ubatch) estimate(static_cast<int>(std::min<std::size_t>(n_ubatch, ids.size() - i)));
+                auto run_forward = [&](std::span<const int> tokens) {
+                  if (observable) return engine->forward(s, tokens, observe);
+                  auto l = engine->forward(s, tokens);
+                  for (std::size_t i = 0; i < tokens.size(); i += n_ubatch) estimate(static_cast<int>(std::min<std::size_t>(n_ubatch, tokens.size() - i)));
                   return l;
                 };
                 const auto t0 = clock_type::now();
