@@ -25,10 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const nlohmann::json& goldens() {
-  static const nlohmann::json g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-qwen35moe.json"));
-  return g;
-}
+const nlohmann::json& goldens() { return test::tiny_goldens(); }
 std::string fixture(const char* name) { return test::data_dir() + "/" + name; }
 
 ConvertOptions all(QuantFormat experts, QuantFormat rest) {

@@ -41,11 +41,6 @@ namespace {
 
 using namespace coli;
 
-const nlohmann::json& cuda_goldens() {
-  static const nlohmann::json g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-qwen35moe.json"));
-  return g;
-}
-
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float e = 0;
   for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
@@ -59,7 +54,7 @@ void expect_gpu_matches_cpu(const Model& m, float tol, bool same_tokens, const c
   cpu::CpuBackend ref(m);
   auto gpu = cuda::make_cuda_backend(m);
   Engine er(m.spec(), ref, 7), eg(m.spec(), *gpu, 7);
-  for (const auto& p : cuda_goldens()["prompts"]) {
+  for (const auto& p : test::tiny_goldens()["prompts"]) {
     const std::vector<int> ids = p["ids"];
     Session sr = er.new_session(), sg = eg.new_session();
     const auto lr = er.forward(sr, ids), lg = eg.forward(sg, ids);
@@ -89,11 +84,7 @@ float cpu_quantization_error(const Model& m) {
   cpu::CpuBackend ref(m);
   Engine e(m.spec(), ref);
   float err = 0;
-  for (const auto& p : cuda_goldens()["prompts"]) {
-    Session s = e.new_session();
-    const auto l = e.forward(s, p["ids"].get<std::vector<int>>());
-    for (std::size_t i = 0; i < l.size(); ++i) err = std::max(err, std::fabs(l[i] - p["last_logits"][i].get<float>()));
-  }
+  for (const auto& p : test::tiny_goldens()["prompts"]) err = std::max(err, test::golden_logit_error(e, p));
   return err;
 }
 
@@ -107,13 +98,9 @@ TEST(CudaBackend, CheckpointMatchesTheGoldens) {
   auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
   auto gpu = cuda::make_cuda_backend(*m);
   Engine e(m->spec(), *gpu, 7);
-  for (const auto& p : cuda_goldens()["prompts"]) {
+  for (const auto& p : test::tiny_goldens()["prompts"]) {
     const std::vector<int> ids = p["ids"];
-    Session s = e.new_session();
-    const auto logits = e.forward(s, ids);
-    float err = 0;
-    for (std::size_t i = 0; i < logits.size(); ++i) err = std::max(err, std::fabs(logits[i] - p["last_logits"][i].get<float>()));
-    EXPECT_LT(err, 1e-3f) << "prompt of " << ids.size();
+    EXPECT_LT(test::golden_logit_error(e, p), 1e-3f) << "prompt of " << ids.size();
     EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>());
   }
 }

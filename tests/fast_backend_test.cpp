@@ -15,25 +15,14 @@
 
 using namespace coli;
 
-namespace {
-const nlohmann::json& goldens() {
-  static const nlohmann::json g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-qwen35moe.json"));
-  return g;
-}
-}  // namespace
-
 TEST(FastBackend, MatchesGoldensOnTheCheckpoint) {
   auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
   for (int threads : {1, 3}) {
     cpu::CpuBackend be(*m, {threads, true});
     Engine e(m->spec(), be, 7);  // small prefill chunks: the panel path and chunking both run
-    for (const auto& p : goldens()["prompts"]) {
+    for (const auto& p : test::tiny_goldens()["prompts"]) {
       const std::vector<int> ids = p["ids"];
-      Session s = e.new_session();
-      const auto logits = e.forward(s, ids);
-      float err = 0;
-      for (std::size_t i = 0; i < logits.size(); ++i) err = std::max(err, std::fabs(logits[i] - p["last_logits"][i].get<float>()));
-      EXPECT_LT(err, 1e-3f) << threads << " threads, prompt of " << ids.size();
+      EXPECT_LT(test::golden_logit_error(e, p), 1e-3f) << threads << " threads, prompt of " << ids.size();
       EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>()) << threads << " threads";
     }
   }
@@ -47,13 +36,9 @@ TEST(FastBackend, ChunkedDeltaNetPrefillMatchesGoldens) {
   o.gdn_chunked = true;
   cpu::CpuBackend be(*m, o);
   Engine e(m->spec(), be, 100);  // 60-token prompt: one chunk of 60 in the chunked form
-  for (const auto& p : goldens()["prompts"]) {
+  for (const auto& p : test::tiny_goldens()["prompts"]) {
     const std::vector<int> ids = p["ids"];
-    Session s = e.new_session();
-    const auto logits = e.forward(s, ids);
-    float err = 0;
-    for (std::size_t i = 0; i < logits.size(); ++i) err = std::max(err, std::fabs(logits[i] - p["last_logits"][i].get<float>()));
-    EXPECT_LT(err, 1e-3f) << "prompt of " << ids.size();
+    EXPECT_LT(test::golden_logit_error(e, p), 1e-3f) << "prompt of " << ids.size();
     EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>());
   }
 }
@@ -67,7 +52,7 @@ TEST(FastBackend, Int8ContainerGivesTheGoldenTokens) {
   auto m = Model::load(d / "m.coli");
   cpu::CpuBackend ref(*m), fast(*m, {4, true});
   Engine er(m->spec(), ref), ef(m->spec(), fast);
-  for (const auto& p : goldens()["prompts"]) {
+  for (const auto& p : test::tiny_goldens()["prompts"]) {
     const std::vector<int> ids = p["ids"];
     EXPECT_EQ(test::greedy_tokens(ef, ids), p["greedy"].get<std::vector<int>>());
     Session sr = er.new_session(), sf = ef.new_session();

@@ -10,16 +10,14 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/weights.h"
+#include "engine_util.h"
 #include "test_util.h"
 
 using namespace coli;
 
 namespace {
 
-const nlohmann::json& goldens() {
-  static const nlohmann::json g = nlohmann::json::parse(test::read_file(test::data_dir() + "/goldens/tiny-qwen35moe.json"));
-  return g;
-}
+const nlohmann::json& goldens() { return test::tiny_goldens(); }
 
 // Logits of the tiny model reach about 25 in magnitude, so an absolute 1e-3
 // is a relative error of 4e-5; float32 reordering gives ~1e-5 absolute.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine_util.h"
 #include "test_util.h"
 
 namespace {
@@ -19,8 +20,7 @@ std::string join_ids(const std::vector<int>& v, const char* sep) {
 }
 
 const nlohmann::json& prompt(int i) {
-  static const nlohmann::json g = nlohmann::json::parse(coli::test::read_file(coli::test::data_dir() + "/goldens/tiny-qwen35moe.json"));
-  return g["prompts"][i];
+  return coli::test::tiny_goldens()["prompts"][i];
 }
 
 }  // namespace
