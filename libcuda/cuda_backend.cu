@@ -194,7 +194,6 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
   check(cudaSetDevice(opt.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  init_kernels();
   const char* prof = std::getenv("COLI_CUDA_PROFILE");
   profile_ = prof && *prof && std::string(prof) != "0";
   if (profile_) opt_.graphs = false;

@@ -102,8 +102,6 @@ __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const flo
 
 }  // namespace
 
-void init_kernels() {}
-
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s) {
   conv_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, taps, state, T, cd, K, out);
   check(cudaGetLastError(), "gdn conv launch");

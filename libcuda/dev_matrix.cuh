@@ -35,6 +35,22 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Scale s and additive constant mn of int4 row r at column c0 (weight =
+// code * s + mn: mn = -8 s when symmetric). A 32-column chunk never spans
+// two groups (groups of 32, 64, 128, or the whole row).
+__device__ __forceinline__ void int4_scale(const DevMatrix& W, int r, int c0, float* s, float* mn) {
+  const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
+  if (W.f16_scales) {
+    const int g = c0 / W.group;
+    const __half* hs = reinterpret_cast<const __half*>(sc);
+    if (W.asym) *s = __half2float(hs[2 * g]), *mn = __half2float(hs[2 * g + 1]);
+    else *s = __half2float(hs[g]), *mn = -8.0f * *s;
+  } else {
+    *s = *reinterpret_cast<const float*>(sc);
+    *mn = -8.0f * *s;
+  }
+}
+
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }
 
 // acc[t] += W[r, c0 + i] * x[t][c0 + i] for the n <= 32 values of one chunk.
@@ -92,17 +108,8 @@ __device__ __forceinline__ void load_chunk(const DevMatrix& W, int r, int ch, fl
   } else {  // int4: byte j holds column 2j (low nibble) and 2j+1 (high)
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + *c0 / 2));
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-    const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
     float s, mn;
-    if (W.f16_scales) {
-      const int g = *c0 / W.group;  // a chunk of 32 never spans two groups (groups of 32, 64, 128)
-      const __half* hs = reinterpret_cast<const __half*>(sc);
-      if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
-      else s = __half2float(hs[g]), mn = -8.0f * s;
-    } else {
-      s = *reinterpret_cast<const float*>(sc);
-      mn = -8.0f * s;
-    }
+    int4_scale(W, r, *c0, &s, &mn);
     for (int i = 0; i < 32; ++i) vals[i] = static_cast<float>((w[i / 8] >> (4 * (i % 8))) & 0xf) * s + mn;
   }
 }
@@ -127,17 +134,8 @@ __device__ __forceinline__ void chunk_dot(const DevMatrix& W, int r, int ch, con
       return;
     }
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + c0 / 2));
-    const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
     float s, mn;
-    if (W.f16_scales) {
-      const int g = c0 / W.group;
-      const __half* hs = reinterpret_cast<const __half*>(sc);
-      if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
-      else s = __half2float(hs[g]), mn = -8.0f * s;
-    } else {
-      s = *reinterpret_cast<const float*>(sc);
-      mn = -8.0f * s;
-    }
+    int4_scale(W, r, c0, &s, &mn);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
     // Symmetric: sum (code - 8) x, scaled. Asym: s sum code x + min sum x.
     auto dot = [&]<bool kAsym>() {
@@ -214,74 +212,24 @@ struct QuantX {
   int* sum = nullptr;
 };
 
-// One token's W[r, :] . x with x in int8 (row qrow of q), int4 or int8
-// weights with cols % 32 == 0, on one warp (result in every lane).
-template <Kind K>
-__device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const QuantX& q, long long qrow) {
-  const int lane = threadIdx.x & 31, nb = W.cols / 32;
-  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
-  const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
-  float row_scale = 0;
-  if (K == Kind::kI8 || !W.f16_scales) row_scale = *reinterpret_cast<const float*>(sc);
-  float acc = 0.0f;
-#pragma unroll 2
-  for (int b = lane; b < nb; b += 32) {
-    const long long qb = qrow * nb + b;
-    const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
-    const int4 xa = xp[0], xb = xp[1];
-    const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-    int d = 0;
-    if constexpr (K == Kind::kI4) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        d = __dp4a(static_cast<int>(w[k] & 0x0F0F0F0Fu), xw[2 * k], d);
-        d = __dp4a(static_cast<int>((w[k] >> 4) & 0x0F0F0F0Fu), xw[2 * k + 1], d);
-      }
-      float s = row_scale, mn = -8.0f * row_scale;
-      if (W.f16_scales) {
-        const int g = b * 32 / W.group;
-        const __half* hs = reinterpret_cast<const __half*>(sc);
-        if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
-        else s = __half2float(hs[g]), mn = -8.0f * s;
-      }
-      acc += q.scale[qb] * (s * static_cast<float>(d) + mn * static_cast<float>(q.sum[qb]));
-    } else {
-      const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
-      const int w[8] = {int(v0.x), int(v0.y), int(v0.z), int(v0.w), int(v1.x), int(v1.y), int(v1.z), int(v1.w)};
-#pragma unroll
-      for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
-      acc += q.scale[qb] * static_cast<float>(d);
-    }
-  }
-  acc = warp_sum(acc);
-  return K == Kind::kI8 ? acc * row_scale : acc;
-}
-
-// The same for up to NT tokens (rows qrows[0..n) of q) against one load of
-// the weight row: out[t] in every lane.
+// W[r, :] . x for up to NT tokens, x in int8 (rows qrows[0..n) of q), int4
+// or int8 weights with cols % 32 == 0, against one load of the weight row,
+// on one warp: out[t] in every lane.
 template <Kind K, int NT>
 __device__ __forceinline__ void warp_row_dot_q_n(const DevMatrix& W, int r, const QuantX& q, const int* qrows, int n, float (&out)[NT]) {
   const int lane = threadIdx.x & 31, nb = W.cols / 32;
   const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
-  const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
-  float row_scale = 0;
-  if (K == Kind::kI8 || !W.f16_scales) row_scale = *reinterpret_cast<const float*>(sc);
+  const float row_scale = K == Kind::kI8 ? *reinterpret_cast<const float*>(W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes) : 0.0f;
   for (int t = 0; t < NT; ++t) out[t] = 0.0f;
+#pragma unroll 2
   for (int b = lane; b < nb; b += 32) {
     int w[8];
-    float s = row_scale, mn = -8.0f * row_scale;
+    float s = 0.0f, mn = 0.0f;
     if constexpr (K == Kind::kI4) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
       const uint32_t u[4] = {v.x, v.y, v.z, v.w};
       for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
-      if (W.f16_scales) {
-        const int g = b * 32 / W.group;
-        const __half* hs = reinterpret_cast<const __half*>(sc);
-        if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
-        else s = __half2float(hs[g]), mn = -8.0f * s;
-      }
+      int4_scale(W, r, b * 32, &s, &mn);
     } else {
       const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
       w[0] = int(v0.x), w[1] = int(v0.y), w[2] = int(v0.z), w[3] = int(v0.w), w[4] = int(v1.x), w[5] = int(v1.y), w[6] = int(v1.z), w[7] = int(v1.w);
@@ -304,6 +252,14 @@ __device__ __forceinline__ void warp_row_dot_q_n(const DevMatrix& W, int r, cons
     out[t] = warp_sum(out[t]);
     if (K == Kind::kI8) out[t] *= row_scale;
   }
+}
+
+// One token (row qrow of q).
+template <Kind K>
+__device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const QuantX& q, int qrow) {
+  float out[1];
+  warp_row_dot_q_n<K, 1>(W, r, q, &qrow, 1, out);
+  return out[0];
 }
 
 __host__ inline bool takes_int8_x(const DevMatrix& W) { return (W.kind == Kind::kI4 || W.kind == Kind::kI8) && W.cols % 32 == 0; }

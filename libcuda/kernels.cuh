@@ -54,10 +54,6 @@ void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, c
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                int rot, double theta, float eps, float* scores, int cap, float* out, cudaStream_t s);
 
-// Kernel attributes that must be set before any launch (and outside graph
-// capture): the recurrence's large shared-memory state.
-void init_kernels();
-
 // Gated DeltaNet. conv: out[t, c] = silu(causal conv of qkv over the state
 // [K-1, cd] then this token); advances the state.
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s);

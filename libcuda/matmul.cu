@@ -85,69 +85,14 @@ __global__ void quantize_x_kernel(const float* x, const float* up, int T, int co
 
 template <Kind K, int NT>
 __device__ void matmul_q_row(const DevMatrix& W, int r, const QuantX& q, int T, float* __restrict__ y, int ldy) {
-  const int lane = threadIdx.x & 31, nb = W.cols / 32;
-  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
-  const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
-  float row_scale = 0;
-  if (K == Kind::kI8 || !W.f16_scales) row_scale = *reinterpret_cast<const float*>(sc);
   for (int t0 = 0; t0 < T; t0 += NT) {
     const int nt = min(NT, T - t0);
+    int rows[NT];
+    for (int t = 0; t < NT; ++t) rows[t] = t0 + min(t, nt - 1);
     float acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-#pragma unroll 2
-    for (int b = lane; b < nb; b += 32) {
-      int dot[NT];
-      if constexpr (K == Kind::kI4) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-        for (int t = 0; t < NT; ++t) {
-          if (t >= nt) break;
-          const int4* xp = reinterpret_cast<const int4*>(q.codes + (static_cast<long long>(t0 + t) * nb + b) * 32);
-          const int4 xa = xp[0], xb = xp[1];
-          const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-          int d = 0;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            d = __dp4a(static_cast<int>(w[k] & 0x0F0F0F0Fu), xw[2 * k], d);
-            d = __dp4a(static_cast<int>((w[k] >> 4) & 0x0F0F0F0Fu), xw[2 * k + 1], d);
-          }
-          dot[t] = d;
-        }
-        float s = row_scale, mn = -8.0f * row_scale;
-        if (W.f16_scales) {
-          const int g = b * 32 / W.group;
-          const __half* hs = reinterpret_cast<const __half*>(sc);
-          if (W.asym) s = __half2float(hs[2 * g]), mn = __half2float(hs[2 * g + 1]);
-          else s = __half2float(hs[g]), mn = -8.0f * s;
-        }
-        for (int t = 0; t < NT; ++t) {
-          if (t >= nt) break;
-          const long long qb = static_cast<long long>(t0 + t) * nb + b;
-          const float xs = q.scale[qb];
-          // Sum of (s code + mn) x = xs (s dot + mn sum of x codes).
-          acc[t] += xs * (s * static_cast<float>(dot[t]) + mn * static_cast<float>(q.sum[qb]));
-        }
-      } else {  // int8 weights, natural order, one f32 scale per row (applied at the end)
-        const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
-        const int w[8] = {int(v0.x), int(v0.y), int(v0.z), int(v0.w), int(v1.x), int(v1.y), int(v1.z), int(v1.w)};
-        for (int t = 0; t < NT; ++t) {
-          if (t >= nt) break;
-          const long long qb = static_cast<long long>(t0 + t) * nb + b;
-          const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
-          const int4 xa = xp[0], xb = xp[1];
-          const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-          int d = 0;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
-          acc[t] += q.scale[qb] * static_cast<float>(d);
-        }
-      }
-    }
-    for (int t = 0; t < nt; ++t) {
-      float v = warp_sum(acc[t]);
-      if (K == Kind::kI8) v *= row_scale;
-      if (lane == 0) y[static_cast<long long>(t0 + t) * ldy + r] = v;
-    }
+    warp_row_dot_q_n<K, NT>(W, r, q, rows, nt, acc);
+    if ((threadIdx.x & 31) == 0)
+      for (int t = 0; t < nt; ++t) y[static_cast<long long>(t0 + t) * ldy + r] = acc[t];
   }
 }
 
