@@ -59,15 +59,18 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
   const int kvh = h / (heads / kv_heads);
   const float scale = rsqrtf(static_cast<float>(hd));
   float* sc = scores + (static_cast<long long>(t) * heads + h) * cap;
+  // Warp per key, lanes along the head dimension (coalesced rows of the cache).
+  const int lane = threadIdx.x & 31, nw = blockDim.x / 32;
   float m = -INFINITY;
-  for (int j = threadIdx.x; j < n_ctx; j += blockDim.x) {
+  for (int j = threadIdx.x / 32; j < n_ctx; j += nw) {
     const float* kj = kc + static_cast<long long>(j) * kv_w + kvh * hd;
     float d = 0;
-    for (int i = 0; i < hd; ++i) d += q[i] * kj[i];
-    sc[j] = d * scale;
-    m = fmaxf(m, sc[j]);
+    for (int i = lane; i < hd; i += 32) d += q[i] * kj[i];
+    d = warp_sum(d) * scale;
+    if (lane == 0) sc[j] = d;
+    m = fmaxf(m, d);
   }
-  m = block_max(m);
+  m = block_max(m);  // syncs: sc is complete
   float sum = 0;
   for (int j = threadIdx.x; j < n_ctx; j += blockDim.x) {
     const float e = expf(sc[j] - m);

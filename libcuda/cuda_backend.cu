@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -169,6 +170,12 @@ class CudaBackend : public Backend {
     long calls = 0;
   };
   bool profile_ = false;
+  // COLI_CUDA_PROFILE=graph: graphs on; device time of each decode graph
+  // replay and host time of each decode step, printed when the backend goes.
+  bool graph_timing_ = false;
+  cudaEvent_t graph_ev_[2] = {nullptr, nullptr};
+  double graph_ms_ = 0, step_ms_ = 0;
+  long graph_steps_ = 0;
   std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;
   std::vector<std::pair<std::string, ProfRow>> prof_;
   long prof_tokens_ = 0;
@@ -195,7 +202,8 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   check(cudaSetDevice(opt.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   const char* prof = std::getenv("COLI_CUDA_PROFILE");
-  profile_ = prof && *prof && std::string(prof) != "0";
+  graph_timing_ = prof && std::string(prof) == "graph";
+  profile_ = prof && *prof && std::string(prof) != "0" && !graph_timing_;
   if (profile_) opt_.graphs = false;
   // One allocation for every weight.
   std::size_t total = WeightArena::padded(model.embed().bytes()) + WeightArena::padded(model.lm_head().bytes()) +
@@ -296,6 +304,11 @@ void CudaBackend::collect_profile() {
 }
 
 CudaBackend::~CudaBackend() {
+  if (graph_timing_ && graph_steps_)
+    std::fprintf(stderr, "coli cuda graph timing: %ld decode steps, %.1f us per graph replay on the device, %.1f us per step on the host\n",
+                 graph_steps_, 1000 * graph_ms_ / graph_steps_, 1000 * step_ms_ / graph_steps_);
+  for (cudaEvent_t e : graph_ev_)
+    if (e) cudaEventDestroy(e);
   if (profile_ && !prof_.empty()) {
     double total = 0;
     for (const auto& p : prof_) total += p.second.ms;
@@ -463,6 +476,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
 
 void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) {
   auto& st = static_cast<CudaState&>(state);
+  const auto t_start = std::chrono::steady_clock::now();
   if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
   ensure_buffers(T);
   ensure_cap(st, pos0 + T);
@@ -495,7 +509,10 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
       cudaGraphDestroy(g);
       st.graph_cap = st.cap, st.graph_rows = logit_rows, st.graph_gen = buffer_gen_;
     }
+    if (graph_timing_ && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);
+    if (graph_timing_) cudaEventRecord(graph_ev_[0], stream_);
     check(cudaGraphLaunch(st.graph, stream_), "graph launch");
+    if (graph_timing_) cudaEventRecord(graph_ev_[1], stream_);
   } else {
     run(st, T, logit_rows);
   }
@@ -503,6 +520,12 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
   check(cudaStreamSynchronize(stream_), "forward");
   if (profile_) collect_profile();
   std::memcpy(logits, h_logits_, nlog * sizeof(float));
+  if (graph_timing_ && T == 1 && opt_.graphs) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]);
+    graph_ms_ += ms, ++graph_steps_;
+    step_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+  }
 }
 
 }  // namespace

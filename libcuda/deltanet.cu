@@ -13,18 +13,37 @@ namespace coli::cuda {
 
 namespace {
 
-// Thread per channel, sequential in t. State rows: the K-1 previous inputs, oldest first.
+// Thread per channel, sequential in t, the previous K-1 inputs in
+// registers (K <= kMaxTaps). State rows: the K-1 previous inputs, oldest first.
+constexpr int kMaxTaps = 8;
+
 __global__ void conv_kernel(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cd) return;
+  float tap[kMaxTaps - 1], win[kMaxTaps - 1];
+  const float last = taps[c * K + K - 1];
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j) tap[j] = j < K - 1 ? taps[c * K + j] : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j) win[j] = j < K - 1 ? state[static_cast<long long>(j) * cd + c] : 0.0f;
+#pragma unroll 4
   for (int t = 0; t < T; ++t) {
     const float xin = qkv[static_cast<long long>(t) * cd + c];
-    float acc = taps[c * K + K - 1] * xin;
-    for (int j = 0; j < K - 1; ++j) acc += taps[c * K + j] * state[static_cast<long long>(j) * cd + c];
+    float acc = last * xin;
+#pragma unroll
+    for (int j = 0; j < kMaxTaps - 1; ++j)
+      if (j < K - 1) acc += tap[j] * win[j];
     out[static_cast<long long>(t) * cd + c] = siluf(acc);
-    for (int j = 0; j + 1 < K - 1; ++j) state[static_cast<long long>(j) * cd + c] = state[static_cast<long long>(j + 1) * cd + c];
-    if (K > 1) state[static_cast<long long>(K - 2) * cd + c] = xin;
+#pragma unroll
+    for (int j = 0; j < kMaxTaps - 2; ++j)
+      if (j + 1 < K - 1) win[j] = win[j + 1];
+#pragma unroll
+    for (int j = 0; j < kMaxTaps - 1; ++j)
+      if (j == K - 2) win[j] = xin;
   }
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j)
+    if (j < K - 1) state[static_cast<long long>(j) * cd + c] = win[j];
 }
 
 // Warp per (t, head of q or k): x *= rsqrt(sum x^2 + 1e-6), q also / sqrt(dk).
@@ -100,9 +119,90 @@ __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const flo
     if (ii < cnt) Sg[(i0 + ii) * dv + j] = s[ii];
 }
 
+// Warp per (value head, 4 columns of its state): lane = 8 c + p holds rows
+// p R .. p R + R of column 4 w + c (R = dk / 8 rounded up), so the sums over
+// the rows are 3 shuffles and no block barrier; every warp runs the chunk's
+// tokens on its own, the next token's inputs loaded while this one is
+// computed. Writes o = S^T q unnormalised into out [T, nv * dv]
+// (gated_norm_kernel finishes it).
+template <int R>
+__global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, const float* conv_out, const float* b, const float* a, const float* A_log,
+                                                              const float* dt_bias, int T, int nk, int nv, int dk, int dv, int cd, float* out) {
+  const int wg = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int wph = (dv + 3) / 4;  // warps per head
+  if (wg >= nv * wph) return;
+  const int h = wg / wph, j = (wg % wph) * 4 + lane / 8, p = lane & 7;
+  const bool col = j < dv;
+  const int jc = min(j, dv - 1), i0 = p * R;
+  const int kh = h / (nv / nk), kd = nk * dk, vd = nv * dv;
+  float* Sg = S_all + static_cast<long long>(h) * dk * dv;
+  float s[R];
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) s[ii] = i0 + ii < dk ? Sg[(i0 + ii) * dv + jc] : 0.0f;
+  const float a_h = -expf(A_log[h]), dtb = dt_bias[h];
+  float kn[R], qn[R], vn = 0, bn = 0, an = 0;
+  auto load = [&](int t) {
+    const float* row = conv_out + static_cast<long long>(t) * cd;
+#pragma unroll
+    for (int ii = 0; ii < R; ++ii) {
+      const int i = min(i0 + ii, dk - 1);
+      qn[ii] = row[kh * dk + i], kn[ii] = i0 + ii < dk ? row[kd + kh * dk + i] : 0.0f;
+    }
+    vn = row[2 * kd + h * dv + jc], bn = b[t * nv + h], an = a[t * nv + h];
+  };
+  load(0);
+  for (int t = 0; t < T; ++t) {
+    float k[R], q[R];
+#pragma unroll
+    for (int ii = 0; ii < R; ++ii) k[ii] = kn[ii], q[ii] = qn[ii];
+    const float v = vn, beta = sigmoidf(bn), decay = expf(a_h * softplusf(an + dtb));
+    if (t + 1 < T) load(t + 1);
+    float m0 = 0, m1 = 0;
+#pragma unroll
+    for (int ii = 0; ii < R; ii += 2) {
+      m0 += s[ii] * k[ii];
+      if (ii + 1 < R) m1 += s[ii + 1] * k[ii + 1];
+    }
+    float mem = m0 + m1;
+    mem += __shfl_xor_sync(0xffffffffu, mem, 1);
+    mem += __shfl_xor_sync(0xffffffffu, mem, 2);
+    mem += __shfl_xor_sync(0xffffffffu, mem, 4);
+    const float delta = (v - decay * mem) * beta;
+    float o0 = 0, o1 = 0;
+#pragma unroll
+    for (int ii = 0; ii < R; ++ii) {
+      s[ii] = decay * s[ii] + k[ii] * delta;
+      if (ii & 1) o1 += s[ii] * q[ii];
+      else o0 += s[ii] * q[ii];
+    }
+    float o = o0 + o1;
+    o += __shfl_xor_sync(0xffffffffu, o, 1);
+    o += __shfl_xor_sync(0xffffffffu, o, 2);
+    o += __shfl_xor_sync(0xffffffffu, o, 4);
+    if (p == 0 && col) out[static_cast<long long>(t) * vd + h * dv + j] = o;
+  }
+  if (col)
+#pragma unroll
+    for (int ii = 0; ii < R; ++ii)
+      if (i0 + ii < dk) Sg[(i0 + ii) * dv + j] = s[ii];
+}
+
+// Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z).
+__global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w, int T, int nv, int dv, float eps) {
+  const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (w >= T * nv) return;
+  float* x = o + static_cast<long long>(w) * dv;
+  const float* zz = z + static_cast<long long>(w) * dv;
+  float ss = 0;
+  for (int i = lane; i < dv; i += 32) ss += x[i] * x[i];
+  const float r = rsqrtf(warp_sum(ss) / dv + eps);
+  for (int i = lane; i < dv; i += 32) x[i] = x[i] * r * norm_w[i] * siluf(zz[i]);
+}
+
 }  // namespace
 
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s) {
+  if (K < 1 || K > kMaxTaps) throw Error("CUDA: Gated DeltaNet conv of " + std::to_string(K) + " taps (at most " + std::to_string(kMaxTaps) + ")");
   conv_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, taps, state, T, cd, K, out);
   check(cudaGetLastError(), "gdn conv launch");
 }
@@ -115,6 +215,20 @@ void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s)
 
 void gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s) {
+  const int rows_per_lane = (dk + 7) / 8;
+  if (rows_per_lane <= 16) {
+    const int warps = nv * ((dv + 3) / 4);
+    auto run = [&]<int R>() {
+      recurrence_warp_kernel<R><<<(warps + 3) / 4, 128, 0, s>>>(S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, normed);
+    };
+    if (rows_per_lane <= 2) run.template operator()<2>();
+    else if (rows_per_lane <= 4) run.template operator()<4>();
+    else if (rows_per_lane <= 8) run.template operator()<8>();
+    else run.template operator()<16>();
+    gated_norm_kernel<<<(T * nv + 7) / 8, 256, 0, s>>>(normed, z, norm_w, T, nv, dv, eps);
+    check(cudaGetLastError(), "gdn recurrence launch");
+    return;
+  }
   const int dvp = (dv + 31) / 32 * 32, parts = (dk + 31) / 32;
   if (parts > kMaxParts || parts * dvp > 1024) throw Error("CUDA: Gated DeltaNet head of " + std::to_string(dk) + " x " + std::to_string(dv) + " is too large");
   const std::size_t shmem = (2 * static_cast<std::size_t>(dk) + static_cast<std::size_t>(parts) * dvp) * sizeof(float);

@@ -8,12 +8,18 @@
 
 #include "cuda_util.cuh"
 #include "kernels.cuh"
+#include "mma_tile.cuh"
 
 namespace coli::cuda {
 
 namespace {
 
 constexpr int kWarps = 8;  // rows per block of 256 threads
+constexpr int kFloatBlockTokens = 64;  // float path: tokens per block (grid.y splits longer chunks)
+// Tensor-core path: chunks of at least kMmaMinTokens tokens; a block of
+// kMmaWarps warps covers 16 rows each times kMmaNT * 8 tokens.
+constexpr int kMmaMinTokens = 8, kMmaWarps = 4, kMmaNT = 4;
+constexpr int kMmaRows = 16 * kMmaWarps, kMmaTokens = 8 * kMmaNT;
 
 // ---- float path ----------------------------------------------------------
 
@@ -46,18 +52,22 @@ struct Batch {
   int n;
 };
 
-__device__ __forceinline__ int batch_index(const Batch& b, int* r) {
+// The matrix block blockIdx.x belongs to; *blk: the block's index within it.
+__device__ __forceinline__ int batch_index(const Batch& b, int* blk) {
   int i = 0;
   while (i + 1 < b.n && static_cast<int>(blockIdx.x) >= b.first[i + 1]) ++i;
-  *r = (blockIdx.x - b.first[i]) * kWarps + threadIdx.x / 32;
+  *blk = blockIdx.x - b.first[i];
   return i;
 }
 
 template <Kind K, int NT>
 __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
-  int r;
-  const MatmulOut& o = b.m[batch_index(b, &r)];
-  if (r < o.W.rows) matmul_row<K, NT>(o.W, r, x, T, o.y, o.ldy);
+  int blk;
+  const MatmulOut& o = b.m[batch_index(b, &blk)];
+  const int r = blk * kWarps + threadIdx.x / 32, t0 = blockIdx.y * kFloatBlockTokens;
+  if (r < o.W.rows)
+    matmul_row<K, NT>(o.W, r, x + static_cast<long long>(t0) * o.W.cols, min(kFloatBlockTokens, T - t0), o.y + static_cast<long long>(t0) * o.ldy,
+                      o.ldy);
 }
 
 // ---- int8-activation path ------------------------------------------------
@@ -98,12 +108,55 @@ __device__ void matmul_q_row(const DevMatrix& W, int r, const QuantX& q, int T, 
 
 template <Kind K, int NT>
 __global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
-  int r;
-  const MatmulOut& o = b.m[batch_index(b, &r)];
+  int blk;
+  const MatmulOut& o = b.m[batch_index(b, &blk)];
+  const int r = blk * kWarps + threadIdx.x / 32;
   if (r < o.W.rows) matmul_q_row<K, NT>(o.W, r, q, T, o.y, o.ldy);
 }
 
+// Tensor cores: warp w of block (blk, ty) computes rows blk * kMmaRows + 16 w
+// .. + 16 for tokens ty * kMmaTokens .. + kMmaTokens.
+template <Kind K, bool kAsym>
+__global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, QuantX q, int T) {
+  int blk;
+  const MatmulOut& o = b.m[batch_index(b, &blk)];
+  const int r0 = blk * kMmaRows + threadIdx.x / 32 * 16, t0 = blockIdx.y * kMmaTokens;
+  if (r0 >= o.W.rows) return;
+  const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+  int brow[kMmaNT], crow[kMmaNT][2];
+#pragma unroll
+  for (int j = 0; j < kMmaNT; ++j) {
+    brow[j] = min(t0 + 8 * j + g, T - 1);
+    crow[j][0] = min(t0 + 8 * j + 2 * i, T - 1), crow[j][1] = min(t0 + 8 * j + 2 * i + 1, T - 1);
+  }
+  const int ntiles = min(kMmaNT, (T - t0 + 7) / 8);
+  float acc[kMmaNT][4];
+  mma_rows_tokens<K, kAsym, kMmaNT>(o.W, r0, q, brow, crow, ntiles, acc);
+  const int ra = r0 + g, rb = r0 + g + 8;
+#pragma unroll
+  for (int j = 0; j < kMmaNT; ++j) {
+    const int t = t0 + 8 * j + 2 * i;
+    float* y0 = o.y + static_cast<long long>(t) * o.ldy;
+    if (t < T) {
+      if (ra < o.W.rows) y0[ra] = acc[j][0];
+      if (rb < o.W.rows) y0[rb] = acc[j][2];
+    }
+    if (t + 1 < T) {
+      if (ra < o.W.rows) y0[o.ldy + ra] = acc[j][1];
+      if (rb < o.W.rows) y0[o.ldy + rb] = acc[j][3];
+    }
+  }
+}
+
 }  // namespace
+
+bool mma_supported() {
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+  }();
+  return ok;
+}
 
 void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s, const float* up) {
   const int warps = T * (cols / 32);
@@ -127,14 +180,22 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     }
     return;
   }
+  const DevMatrix& W = outs[0].W;
+  const bool int8_x = q && takes_int8_x(W), mma = int8_x && T >= kMmaMinTokens && mma_supported();
+  const int rows_per_block = mma ? kMmaRows : kWarps;
   Batch b{};
   b.n = n;
   b.first[0] = 0;
-  for (int i = 0; i < n; ++i) b.m[i] = outs[i], b.first[i + 1] = b.first[i] + (outs[i].W.rows + kWarps - 1) / kWarps;
-  const DevMatrix& W = outs[0].W;
+  for (int i = 0; i < n; ++i) b.m[i] = outs[i], b.first[i + 1] = b.first[i] + (outs[i].W.rows + rows_per_block - 1) / rows_per_block;
   const dim3 grid(b.first[n]), block(kWarps * 32);
-  if (q && takes_int8_x(W)) {
+  if (int8_x) {
     if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
+    if (mma) {
+      const dim3 mgrid(b.first[n], (T + kMmaTokens - 1) / kMmaTokens);
+      dispatch_mma(W, [&]<Kind K, bool kAsym>() { matmul_mma_kernel<K, kAsym><<<mgrid, kMmaWarps * 32, 0, s>>>(b, *q, T); });
+      check(cudaGetLastError(), "matmul_mma launch");
+      return;
+    }
     if (W.kind == Kind::kI4) {
       if (T == 1) matmul_q_kernel<Kind::kI4, 1><<<grid, block, 0, s>>>(b, *q, T);
       else matmul_q_kernel<Kind::kI4, 8><<<grid, block, 0, s>>>(b, *q, T);
@@ -145,9 +206,10 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     check(cudaGetLastError(), "matmul_q launch");
     return;
   }
+  const dim3 fgrid(b.first[n], (T + kFloatBlockTokens - 1) / kFloatBlockTokens);
   dispatch_kind(W.kind, [&]<Kind K>() {
-    if (T == 1) matmul_kernel<K, 1><<<grid, block, 0, s>>>(b, x, T);
-    else matmul_kernel<K, 8><<<grid, block, 0, s>>>(b, x, T);
+    if (T == 1) matmul_kernel<K, 1><<<fgrid, block, 0, s>>>(b, x, T);
+    else matmul_kernel<K, 8><<<fgrid, block, 0, s>>>(b, x, T);
   });
   check(cudaGetLastError(), "matmul launch");
 }

@@ -6,6 +6,7 @@
 #include "cuda_util.cuh"
 #include "device_math.cuh"
 #include "kernels.cuh"
+#include "mma_tile.cuh"
 
 namespace coli::cuda {
 
@@ -136,22 +137,98 @@ __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, i
 
 // ---- prefill: pairs grouped by expert ------------------------------------
 
-// One block: pairs counted per expert, offsets, then pair ids placed in
-// ascending order within each expert (thread 0: deterministic).
+// One block: pairs counted per expert, offsets, then each pair's id placed
+// in its expert's range. The order within an expert is arbitrary: every
+// pair's result is computed on its own, so it does not change any value.
 __global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int* offsets) {
-  extern __shared__ int cnt[];
+  extern __shared__ int cnt[];  // [E + 1] counts, then [E] cursors
+  int* cur = cnt + E + 1;
   for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < n; p += blockDim.x) atomicAdd(&cnt[idx[p] + 1], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0)
     for (int e = 0; e < E; ++e) cnt[e + 1] += cnt[e];
-    for (int e = 0; e <= E; ++e) offsets[e] = cnt[e];
-    for (int p = 0; p < n; ++p) order[cnt[idx[p]]++] = p;
+  __syncthreads();
+  for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+    offsets[e] = cnt[e];
+    if (e < E) cur[e] = cnt[e];
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < n; p += blockDim.x) order[atomicAdd(&cur[idx[p]], 1)] = p;
+}
+
+constexpr int kGroupTokens = 8;  // dp4a fallback: tokens per pass over a weight row
+
+// Tensor cores (sm_80+): a block of kMmaWarps warps takes 16 rows each of
+// one expert and runs over the expert's pairs kMmaNT * 8 at a time.
+constexpr int kMmaWarps = 4, kMmaNT = 4, kMmaRows = 16 * kMmaWarps, kMmaPairs = 8 * kMmaNT;
+
+// The QuantX rows of pairs order[i0 ..) (n of them) this lane feeds and scales.
+__device__ __forceinline__ void pair_rows(const int* order, int i0, int n, int div, int (&brow)[kMmaNT], int (&crow)[kMmaNT][2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kMmaNT; ++j) {
+    brow[j] = order[i0 + min(8 * j + g, n - 1)] / div;
+    crow[j][0] = order[i0 + min(8 * j + 2 * i, n - 1)] / div;
+    crow[j][1] = order[i0 + min(8 * j + 2 * i + 1, n - 1)] / div;
   }
 }
 
-constexpr int kGroupTokens = 8;  // tokens per pass over a weight row
+// act[p, r] = silu(gate_e[r] . hn[t]) * (up_e[r] . hn[t]) for expert e's pairs p (token t = p / K).
+template <Kind K, bool kAsym>
+__global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int Kk, QuantX qx,
+                                                                      float* act) {
+  const int e = blockIdx.y, I = tab.gate.rows;
+  const int r0 = blockIdx.x * kMmaRows + threadIdx.x / 32 * 16;
+  const int p0 = offsets[e], p1 = offsets[e + 1];
+  if (r0 >= I || p0 == p1) return;
+  DevMatrix g = tab.gate, u = tab.up;
+  g.data = tab.gate_ptrs[e];
+  u.data = tab.up_ptrs[e];
+  const int lane = threadIdx.x & 31, ra = r0 + (lane >> 2), rb = ra + 8, i = lane & 3;
+  for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
+    const int n = min(kMmaPairs, p1 - i0);
+    int brow[kMmaNT], crow[kMmaNT][2];
+    pair_rows(order, i0, n, Kk, brow, crow);
+    float ga[kMmaNT][4], ua[kMmaNT][4];
+    mma_rows_tokens<K, kAsym, kMmaNT>(g, r0, qx, brow, crow, (n + 7) / 8, ga);
+    mma_rows_tokens<K, kAsym, kMmaNT>(u, r0, qx, brow, crow, (n + 7) / 8, ua);
+#pragma unroll
+    for (int j = 0; j < kMmaNT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int slot = 8 * j + 2 * i + (c & 1), r = c < 2 ? ra : rb;
+        if (slot < n && r < I) act[static_cast<long long>(order[i0 + slot]) * I + r] = siluf(ga[j][c]) * ua[j][c];
+      }
+  }
+}
+
+// y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
+template <Kind K, bool kAsym>
+__global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, QuantX qa, float* y) {
+  const int e = blockIdx.y, H = tab.down.rows;
+  const int r0 = blockIdx.x * kMmaRows + threadIdx.x / 32 * 16;
+  const int p0 = offsets[e], p1 = offsets[e + 1];
+  if (r0 >= H || p0 == p1) return;
+  DevMatrix d = tab.down;
+  d.data = tab.down_ptrs[e];
+  const int lane = threadIdx.x & 31, ra = r0 + (lane >> 2), rb = ra + 8, i = lane & 3;
+  for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
+    const int n = min(kMmaPairs, p1 - i0);
+    int brow[kMmaNT], crow[kMmaNT][2];
+    pair_rows(order, i0, n, 1, brow, crow);
+    float acc[kMmaNT][4];
+    mma_rows_tokens<K, kAsym, kMmaNT>(d, r0, qa, brow, crow, (n + 7) / 8, acc);
+#pragma unroll
+    for (int j = 0; j < kMmaNT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int slot = 8 * j + 2 * i + (c & 1), r = c < 2 ? ra : rb;
+        if (slot < n && r < H) y[static_cast<long long>(order[i0 + slot]) * H + r] = acc[j][c];
+      }
+  }
+}
 
 // Warp per (expert, row): gate and up of every pair of the expert, 8 at a time.
 template <Kind KG>
@@ -211,16 +288,29 @@ bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const 
                  cudaStream_t s, const QuantX& q, bool hn_in_q) {
   if (!takes_int8_x(tab.gate) || !takes_int8_x(tab.down) || tab.gate.kind != tab.up.kind) return false;
   const int n = T * K, I = tab.gate.rows, H = tab.down.rows;
-  group_pairs_kernel<<<1, 256, (E + 1) * sizeof(int), s>>>(idx, n, E, sc.order, sc.offsets);
+  group_pairs_kernel<<<1, 1024, (2 * E + 1) * sizeof(int), s>>>(idx, n, E, sc.order, sc.offsets);
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
+  const bool mma = mma_supported() && tab.gate.asym == tab.up.asym;
   const dim3 block(kWarps * 32);
-  const dim3 g1((I + kWarps - 1) / kWarps, E);
-  if (tab.gate.kind == Kind::kI4) gate_up_grouped_kernel<Kind::kI4><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
-  else gate_up_grouped_kernel<Kind::kI8><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+  if (mma) {
+    dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
+      gate_up_mma_kernel<KK, kAsym><<<dim3((I + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+    });
+  } else {
+    const dim3 g1((I + kWarps - 1) / kWarps, E);
+    if (tab.gate.kind == Kind::kI4) gate_up_grouped_kernel<Kind::kI4><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+    else gate_up_grouped_kernel<Kind::kI8><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+  }
   quantize_x(sc.act, n, I, tab.down.kind == Kind::kI4, q, s);
-  const dim3 g2((H + kWarps - 1) / kWarps, E);
-  if (tab.down.kind == Kind::kI4) down_grouped_kernel<Kind::kI4><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
-  else down_grouped_kernel<Kind::kI8><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+  if (mma) {
+    dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
+      down_mma_kernel<KK, kAsym><<<dim3((H + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+    });
+  } else {
+    const dim3 g2((H + kWarps - 1) / kWarps, E);
+    if (tab.down.kind == Kind::kI4) down_grouped_kernel<Kind::kI4><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+    else down_grouped_kernel<Kind::kI8><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+  }
   combine_kernel<<<T, 256, 0, s>>>(sc.y, w, K, H, out);
   check(cudaGetLastError(), "moe grouped launch");
   return true;

@@ -48,12 +48,15 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // GPU and CPU reference on one model: the last logits of every prompt
-// (prefill in chunks of 7), three decode steps (graph replays), greedy
-// tokens. tol bounds |dlogit|.
-void expect_gpu_matches_cpu(const Model& m, float tol, bool same_tokens, const char* what) {
+// (prefill in chunks of `chunk`: 7 keeps the dense matmuls on the dp4a
+// row dots, 64 puts prompts of 8+ tokens on the tensor cores), three decode
+// steps (graph replays), greedy tokens. tol bounds |dlogit|.
+void expect_gpu_matches_cpu(const Model& m, float tol, bool same_tokens, const std::string& what_fmt, int chunk) {
+  const std::string what_s = what_fmt + ", chunks of " + std::to_string(chunk);
+  const char* what = what_s.c_str();
   cpu::CpuBackend ref(m);
   auto gpu = cuda::make_cuda_backend(m);
-  Engine er(m.spec(), ref, 7), eg(m.spec(), *gpu, 7);
+  Engine er(m.spec(), ref, chunk), eg(m.spec(), *gpu, chunk);
   for (const auto& p : test::tiny_goldens()["prompts"]) {
     const std::vector<int> ids = p["ids"];
     Session sr = er.new_session(), sg = eg.new_session();
@@ -123,7 +126,7 @@ TEST(CudaBackend, ContainersMatchTheCpuReference) {
     auto m = Model::load(d / "m.coli");
     const bool exact = f == QuantFormat::BF16;
     const float tol = exact ? 1e-3f : std::max(1e-3f, 2 * cpu_quantization_error(*m));
-    expect_gpu_matches_cpu(*m, tol, f == QuantFormat::BF16 || f == QuantFormat::I8, format_name(f));
+    for (int chunk : {7, 64}) expect_gpu_matches_cpu(*m, tol, f == QuantFormat::BF16 || f == QuantFormat::I8, format_name(f), chunk);
   }
 }
 
