@@ -46,6 +46,51 @@ __global__ void conv_kernel(const float* qkv, const float* taps, float* state, i
     if (j < K - 1) state[static_cast<long long>(j) * cd + c] = win[j];
 }
 
+// Prefill: thread per (channel, tile of kConvTile tokens), the window read
+// from the chunk's inputs or the state; the state advances afterwards
+// (conv_state_kernel), so no thread reads a state row another one wrote.
+constexpr int kConvTile = 16;
+
+__global__ void conv_tiles_kernel(const float* qkv, const float* taps, const float* state, int T, int cd, int K, float* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * kConvTile;
+  if (c >= cd) return;
+  float tap[kMaxTaps - 1], win[kMaxTaps - 1];
+  const float last = taps[c * K + K - 1];
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j) {
+    tap[j] = j < K - 1 ? taps[c * K + j] : 0.0f;
+    const int tt = t0 - (K - 1) + j;  // input position; state row tt + K - 1 when negative
+    win[j] = j >= K - 1 ? 0.0f : tt >= 0 ? qkv[static_cast<long long>(tt) * cd + c] : state[static_cast<long long>(tt + K - 1) * cd + c];
+  }
+  const int t1 = min(T, t0 + kConvTile);
+  for (int t = t0; t < t1; ++t) {
+    const float xin = qkv[static_cast<long long>(t) * cd + c];
+    float acc = last * xin;
+#pragma unroll
+    for (int j = 0; j < kMaxTaps - 1; ++j)
+      if (j < K - 1) acc += tap[j] * win[j];
+    out[static_cast<long long>(t) * cd + c] = siluf(acc);
+#pragma unroll
+    for (int j = 0; j < kMaxTaps - 2; ++j)
+      if (j + 1 < K - 1) win[j] = win[j + 1];
+#pragma unroll
+    for (int j = 0; j < kMaxTaps - 1; ++j)
+      if (j == K - 2) win[j] = xin;
+  }
+}
+
+// state <- the last K-1 inputs of [state; chunk], in place (row j reads row
+// j + T > j, not yet written).
+__global__ void conv_state_kernel(const float* qkv, float* state, int T, int cd, int K) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cd) return;
+  for (int j = 0; j < K - 1; ++j) {
+    const int src = j + T;
+    state[static_cast<long long>(j) * cd + c] =
+        src < K - 1 ? state[static_cast<long long>(src) * cd + c] : qkv[static_cast<long long>(src - (K - 1)) * cd + c];
+  }
+}
+
 // Warp per (t, head of q or k): x *= rsqrt(sum x^2 + 1e-6), q also / sqrt(dk).
 __global__ void qk_norm_kernel(float* conv_out, int T, int cd, int nk, int dk) {
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -119,72 +164,87 @@ __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const flo
     if (ii < cnt) Sg[(i0 + ii) * dv + j] = s[ii];
 }
 
-// Warp per (value head, 4 columns of its state): lane = 8 c + p holds rows
-// p R .. p R + R of column 4 w + c (R = dk / 8 rounded up), so the sums over
-// the rows are 3 shuffles and no block barrier; every warp runs the chunk's
-// tokens on its own, the next token's inputs loaded while this one is
-// computed. Writes o = S^T q unnormalised into out [T, nv * dv]
-// (gated_norm_kernel finishes it).
+// Block per (value head, 16 columns of its state), warp per 4 columns:
+// lane = 8 c + p holds rows p, p + 8, ... (R of them, R = dk / 8 rounded
+// up) of column 16 blk + 4 w + c, so the sums over the rows are 3 shuffles
+// and no block barrier. The block stages kRecTile tokens' q, k, v, beta and
+// decay in shared memory (coalesced loads), then steps through them.
+// Writes o = S^T q unnormalised into out [T, nv * dv] (gated_norm_kernel
+// finishes it).
+constexpr int kRecTile = 32, kRecCols = 16;
+
 template <int R>
 __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, const float* conv_out, const float* b, const float* a, const float* A_log,
                                                               const float* dt_bias, int T, int nk, int nv, int dk, int dv, int cd, float* out) {
-  const int wg = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int wph = (dv + 3) / 4;  // warps per head
-  if (wg >= nv * wph) return;
-  const int h = wg / wph, j = (wg % wph) * 4 + lane / 8, p = lane & 7;
+  extern __shared__ float sm[];
+  float* qs = sm;                     // [kRecTile][dk]
+  float* ks = qs + kRecTile * dk;     // [kRecTile][dk]
+  float* vs = ks + kRecTile * dk;     // [kRecTile][kRecCols]
+  float* betas = vs + kRecTile * kRecCols;
+  float* decays = betas + kRecTile;
+  const int bph = (dv + kRecCols - 1) / kRecCols;  // blocks per head
+  const int h = blockIdx.x / bph, col0 = (blockIdx.x % bph) * kRecCols;
+  const int lane = threadIdx.x & 31, c = (threadIdx.x / 32) * 4 + lane / 8, p = lane & 7;
+  const int j = col0 + c;
   const bool col = j < dv;
-  const int jc = min(j, dv - 1), i0 = p * R;
   const int kh = h / (nv / nk), kd = nk * dk, vd = nv * dv;
   float* Sg = S_all + static_cast<long long>(h) * dk * dv;
   float s[R];
 #pragma unroll
-  for (int ii = 0; ii < R; ++ii) s[ii] = i0 + ii < dk ? Sg[(i0 + ii) * dv + jc] : 0.0f;
+  for (int ii = 0; ii < R; ++ii) s[ii] = col && ii * 8 + p < dk ? Sg[(ii * 8 + p) * dv + j] : 0.0f;
   const float a_h = -expf(A_log[h]), dtb = dt_bias[h];
-  float kn[R], qn[R], vn = 0, bn = 0, an = 0;
-  auto load = [&](int t) {
-    const float* row = conv_out + static_cast<long long>(t) * cd;
-#pragma unroll
-    for (int ii = 0; ii < R; ++ii) {
-      const int i = min(i0 + ii, dk - 1);
-      qn[ii] = row[kh * dk + i], kn[ii] = i0 + ii < dk ? row[kd + kh * dk + i] : 0.0f;
+  for (int t0 = 0; t0 < T; t0 += kRecTile) {
+    const int n = min(kRecTile, T - t0);
+    __syncthreads();  // the previous tile is consumed
+    for (int x = threadIdx.x; x < n * dk; x += blockDim.x) {
+      const float* row = conv_out + static_cast<long long>(t0 + x / dk) * cd;
+      qs[x] = row[kh * dk + x % dk], ks[x] = row[kd + kh * dk + x % dk];
     }
-    vn = row[2 * kd + h * dv + jc], bn = b[t * nv + h], an = a[t * nv + h];
-  };
-  load(0);
-  for (int t = 0; t < T; ++t) {
-    float k[R], q[R];
-#pragma unroll
-    for (int ii = 0; ii < R; ++ii) k[ii] = kn[ii], q[ii] = qn[ii];
-    const float v = vn, beta = sigmoidf(bn), decay = expf(a_h * softplusf(an + dtb));
-    if (t + 1 < T) load(t + 1);
-    float m0 = 0, m1 = 0;
-#pragma unroll
-    for (int ii = 0; ii < R; ii += 2) {
-      m0 += s[ii] * k[ii];
-      if (ii + 1 < R) m1 += s[ii + 1] * k[ii + 1];
+    for (int x = threadIdx.x; x < n * kRecCols; x += blockDim.x) {
+      const int cc = col0 + x % kRecCols;
+      vs[x] = cc < dv ? conv_out[static_cast<long long>(t0 + x / kRecCols) * cd + 2 * kd + h * dv + cc] : 0.0f;
     }
-    float mem = m0 + m1;
-    mem += __shfl_xor_sync(0xffffffffu, mem, 1);
-    mem += __shfl_xor_sync(0xffffffffu, mem, 2);
-    mem += __shfl_xor_sync(0xffffffffu, mem, 4);
-    const float delta = (v - decay * mem) * beta;
-    float o0 = 0, o1 = 0;
-#pragma unroll
-    for (int ii = 0; ii < R; ++ii) {
-      s[ii] = decay * s[ii] + k[ii] * delta;
-      if (ii & 1) o1 += s[ii] * q[ii];
-      else o0 += s[ii] * q[ii];
+    for (int x = threadIdx.x; x < n; x += blockDim.x) {
+      betas[x] = sigmoidf(b[(t0 + x) * nv + h]);
+      decays[x] = expf(a_h * softplusf(a[(t0 + x) * nv + h] + dtb));
     }
-    float o = o0 + o1;
-    o += __shfl_xor_sync(0xffffffffu, o, 1);
-    o += __shfl_xor_sync(0xffffffffu, o, 2);
-    o += __shfl_xor_sync(0xffffffffu, o, 4);
-    if (p == 0 && col) out[static_cast<long long>(t) * vd + h * dv + j] = o;
+    __syncthreads();
+    for (int tt = 0; tt < n; ++tt) {
+      const float* k = ks + tt * dk;
+      const float* q = qs + tt * dk;
+      const float decay = decays[tt], beta = betas[tt], v = vs[tt * kRecCols + c];
+      float m0 = 0, m1 = 0;
+#pragma unroll
+      for (int ii = 0; ii < R; ++ii) {
+        const float kv = ii * 8 + p < dk ? k[ii * 8 + p] : 0.0f;
+        if (ii & 1) m1 += s[ii] * kv;
+        else m0 += s[ii] * kv;
+      }
+      float mem = m0 + m1;
+      mem += __shfl_xor_sync(0xffffffffu, mem, 1);
+      mem += __shfl_xor_sync(0xffffffffu, mem, 2);
+      mem += __shfl_xor_sync(0xffffffffu, mem, 4);
+      const float delta = (v - decay * mem) * beta;
+      float o0 = 0, o1 = 0;
+#pragma unroll
+      for (int ii = 0; ii < R; ++ii) {
+        const bool in = ii * 8 + p < dk;
+        const float kv = in ? k[ii * 8 + p] : 0.0f, qv = in ? q[ii * 8 + p] : 0.0f;
+        s[ii] = decay * s[ii] + kv * delta;
+        if (ii & 1) o1 += s[ii] * qv;
+        else o0 += s[ii] * qv;
+      }
+      float o = o0 + o1;
+      o += __shfl_xor_sync(0xffffffffu, o, 1);
+      o += __shfl_xor_sync(0xffffffffu, o, 2);
+      o += __shfl_xor_sync(0xffffffffu, o, 4);
+      if (p == 0 && col) out[static_cast<long long>(t0 + tt) * vd + h * dv + j] = o;
+    }
   }
   if (col)
 #pragma unroll
     for (int ii = 0; ii < R; ++ii)
-      if (i0 + ii < dk) Sg[(i0 + ii) * dv + j] = s[ii];
+      if (ii * 8 + p < dk) Sg[(ii * 8 + p) * dv + j] = s[ii];
 }
 
 // Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z).
@@ -203,7 +263,12 @@ __global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w,
 
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s) {
   if (K < 1 || K > kMaxTaps) throw Error("CUDA: Gated DeltaNet conv of " + std::to_string(K) + " taps (at most " + std::to_string(kMaxTaps) + ")");
-  conv_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, taps, state, T, cd, K, out);
+  if (T == 1) {
+    conv_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, taps, state, T, cd, K, out);
+  } else {
+    conv_tiles_kernel<<<dim3((cd + 127) / 128, (T + kConvTile - 1) / kConvTile), 128, 0, s>>>(qkv, taps, state, T, cd, K, out);
+    conv_state_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, state, T, cd, K);
+  }
   check(cudaGetLastError(), "gdn conv launch");
 }
 
@@ -217,9 +282,10 @@ void gdn_recurrence(float* S, const float* conv_out, const float* z, const float
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s) {
   const int rows_per_lane = (dk + 7) / 8;
   if (rows_per_lane <= 16) {
-    const int warps = nv * ((dv + 3) / 4);
+    const int blocks = nv * ((dv + kRecCols - 1) / kRecCols);
+    const std::size_t shmem = (2 * std::size_t(kRecTile) * dk + kRecTile * kRecCols + 2 * kRecTile) * sizeof(float);
     auto run = [&]<int R>() {
-      recurrence_warp_kernel<R><<<(warps + 3) / 4, 128, 0, s>>>(S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, normed);
+      recurrence_warp_kernel<R><<<blocks, 128, shmem, s>>>(S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, normed);
     };
     if (rows_per_lane <= 2) run.template operator()<2>();
     else if (rows_per_lane <= 4) run.template operator()<4>();

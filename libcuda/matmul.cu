@@ -15,11 +15,9 @@ namespace coli::cuda {
 namespace {
 
 constexpr int kWarps = 8;  // rows per block of 256 threads
-constexpr int kFloatBlockTokens = 64;  // float path: tokens per block (grid.y splits longer chunks)
-// Tensor-core path: chunks of at least kMmaMinTokens tokens; a block of
-// kMmaWarps warps covers 16 rows each times kMmaNT * 8 tokens.
-constexpr int kMmaMinTokens = 8, kMmaWarps = 4, kMmaNT = 4;
-constexpr int kMmaRows = 16 * kMmaWarps, kMmaTokens = 8 * kMmaNT;
+// Tensor-core path (mma_tile.cuh): chunks of at least kMmaMinTokens tokens;
+// a block covers kMmaRows rows times kMmaTokens tokens.
+constexpr int kMmaMinTokens = 8, kMmaTokens = 64;
 
 // ---- float path ----------------------------------------------------------
 
@@ -60,14 +58,16 @@ __device__ __forceinline__ int batch_index(const Batch& b, int* blk) {
   return i;
 }
 
+// Warp per (row, group of NT tokens), rows fastest: matrices with few rows
+// (the router, a 1-row gate) still spread over the whole GPU.
 template <Kind K, int NT>
 __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
   int blk;
   const MatmulOut& o = b.m[batch_index(b, &blk)];
-  const int r = blk * kWarps + threadIdx.x / 32, t0 = blockIdx.y * kFloatBlockTokens;
-  if (r < o.W.rows)
-    matmul_row<K, NT>(o.W, r, x + static_cast<long long>(t0) * o.W.cols, min(kFloatBlockTokens, T - t0), o.y + static_cast<long long>(t0) * o.ldy,
-                      o.ldy);
+  const int gw = blk * kWarps + threadIdx.x / 32, groups = (T + NT - 1) / NT;
+  if (gw >= o.W.rows * groups) return;
+  const int r = gw % o.W.rows, t0 = gw / o.W.rows * NT;
+  matmul_row<K, NT>(o.W, r, x + static_cast<long long>(t0) * o.W.cols, min(NT, T - t0), o.y + static_cast<long long>(t0) * o.ldy, o.ldy);
 }
 
 // ---- int8-activation path ------------------------------------------------
@@ -114,36 +114,31 @@ __global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
   if (r < o.W.rows) matmul_q_row<K, NT>(o.W, r, q, T, o.y, o.ldy);
 }
 
-// Tensor cores: warp w of block (blk, ty) computes rows blk * kMmaRows + 16 w
-// .. + 16 for tokens ty * kMmaTokens .. + kMmaTokens.
+// Tensor cores: block (blk, ty) computes rows blk * kMmaRows .. + kMmaRows
+// of its matrix for tokens ty * kMmaTokens .. + kMmaTokens.
 template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, QuantX q, int T) {
+  using Tile = MmaTile<K, kAsym, 1, kMmaTokens>;
+  __shared__ typename Tile::Smem sm;
   int blk;
   const MatmulOut& o = b.m[batch_index(b, &blk)];
-  const int r0 = blk * kMmaRows + threadIdx.x / 32 * 16, t0 = blockIdx.y * kMmaTokens;
-  if (r0 >= o.W.rows) return;
-  const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
-  int brow[kMmaNT], crow[kMmaNT][2];
+  const int r0 = blk * kMmaRows, t0 = blockIdx.y * kMmaTokens, ntok = min(kMmaTokens, T - t0);
+  for (int x = threadIdx.x; x < kMmaTokens; x += blockDim.x) sm.qrow[x] = min(t0 + x, T - 1);
+  const DevMatrix W[1] = {o.W};
+  float acc[1][Tile::NT][4];
+  Tile::run(W, r0, q, ntok, sm, acc);
+  const int lane = threadIdx.x & 31, ra = r0 + threadIdx.x / 32 * 16 + (lane >> 2), rb = ra + 8, i = lane & 3;
 #pragma unroll
-  for (int j = 0; j < kMmaNT; ++j) {
-    brow[j] = min(t0 + 8 * j + g, T - 1);
-    crow[j][0] = min(t0 + 8 * j + 2 * i, T - 1), crow[j][1] = min(t0 + 8 * j + 2 * i + 1, T - 1);
-  }
-  const int ntiles = min(kMmaNT, (T - t0 + 7) / 8);
-  float acc[kMmaNT][4];
-  mma_rows_tokens<K, kAsym, kMmaNT>(o.W, r0, q, brow, crow, ntiles, acc);
-  const int ra = r0 + g, rb = r0 + g + 8;
-#pragma unroll
-  for (int j = 0; j < kMmaNT; ++j) {
-    const int t = t0 + 8 * j + 2 * i;
-    float* y0 = o.y + static_cast<long long>(t) * o.ldy;
-    if (t < T) {
-      if (ra < o.W.rows) y0[ra] = acc[j][0];
-      if (rb < o.W.rows) y0[rb] = acc[j][2];
+  for (int j = 0; j < Tile::NT; ++j) {
+    const int t = 8 * j + 2 * i;
+    float* y0 = o.y + static_cast<long long>(t0 + t) * o.ldy;
+    if (t < ntok) {
+      if (ra < o.W.rows) y0[ra] = acc[0][j][0];
+      if (rb < o.W.rows) y0[rb] = acc[0][j][2];
     }
-    if (t + 1 < T) {
-      if (ra < o.W.rows) y0[o.ldy + ra] = acc[j][1];
-      if (rb < o.W.rows) y0[o.ldy + rb] = acc[j][3];
+    if (t + 1 < ntok) {
+      if (ra < o.W.rows) y0[o.ldy + ra] = acc[0][j][1];
+      if (rb < o.W.rows) y0[o.ldy + rb] = acc[0][j][3];
     }
   }
 }
@@ -182,11 +177,15 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   }
   const DevMatrix& W = outs[0].W;
   const bool int8_x = q && takes_int8_x(W), mma = int8_x && T >= kMmaMinTokens && mma_supported();
+  // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
+  // (row, 8 tokens) in blocks of kWarps (float path).
+  const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
   const int rows_per_block = mma ? kMmaRows : kWarps;
   Batch b{};
   b.n = n;
   b.first[0] = 0;
-  for (int i = 0; i < n; ++i) b.m[i] = outs[i], b.first[i + 1] = b.first[i] + (outs[i].W.rows + rows_per_block - 1) / rows_per_block;
+  for (int i = 0; i < n; ++i)
+    b.m[i] = outs[i], b.first[i + 1] = b.first[i] + (outs[i].W.rows * float_groups + rows_per_block - 1) / rows_per_block;
   const dim3 grid(b.first[n]), block(kWarps * 32);
   if (int8_x) {
     if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
@@ -206,10 +205,9 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     check(cudaGetLastError(), "matmul_q launch");
     return;
   }
-  const dim3 fgrid(b.first[n], (T + kFloatBlockTokens - 1) / kFloatBlockTokens);
   dispatch_kind(W.kind, [&]<Kind K>() {
-    if (T == 1) matmul_kernel<K, 1><<<fgrid, block, 0, s>>>(b, x, T);
-    else matmul_kernel<K, 8><<<fgrid, block, 0, s>>>(b, x, T);
+    if (T == 1) matmul_kernel<K, 1><<<grid, block, 0, s>>>(b, x, T);
+    else matmul_kernel<K, 8><<<grid, block, 0, s>>>(b, x, T);
   });
   check(cudaGetLastError(), "matmul launch");
 }

@@ -23,7 +23,7 @@ namespace coli::cuda {
 
 __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], const uint32_t (&a)[4], int b0, int b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -36,65 +36,170 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], const uint32_t (&a)[
 // bytes: code + 0x78 <= 0x87).
 __device__ __forceinline__ uint32_t nibbles_minus_8(uint32_t v) { return (v + 0x78787878u) ^ 0x80808080u; }
 
-// acc[j][*] += W[r0 .. r0+16) . x(tokens of n-tile j) over all columns, for
-// the n-tiles j < ntiles (warp-uniform). brow[j]: the QuantX row this lane
-// feeds as token g of tile j; crow[j][s]: the QuantX row of token 2i+s (its
-// scale and code sum). Rows past W.rows are read clamped; the caller drops
-// their results. W: int4 or int8, cols % 32 == 0.
-template <Kind K, bool kAsym, int NT>
-__device__ __forceinline__ void mma_rows_tokens(const DevMatrix& W, int r0, const QuantX& q, const int (&brow)[NT], const int (&crow)[NT][2],
-                                                int ntiles, float (&acc)[NT][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3, nb = W.cols / 32;
-  const int ra = min(r0 + g, W.rows - 1), rb = min(r0 + g + 8, W.rows - 1);
-  const uint8_t* pa = W.data + static_cast<long long>(ra) * W.row_stride;
-  const uint8_t* pb = W.data + static_cast<long long>(rb) * W.row_stride;
+// Asynchronous global -> shared copies (sm_80+; plain copies otherwise, never
+// taken: the host picks these kernels only where mma_supported()).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))), "l"(src));
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))), "l"(src));
+#else
+  *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// A block of kMmaWarps warps multiplies up to NM matrices sharing one input
+// (gate and up) with BN tokens: warp w owns rows r0 + 16 w .. + 16 of each.
+// Per stage of KB 32-column blocks the block copies the weight rows, the
+// tokens' codes and their scales into shared memory (double-buffered
+// cp.async), and the warps run their mma from there. Row strides are padded
+// so that the fragment reads hit 32 distinct banks.
+constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps;
+
+template <Kind K, bool kAsym, int NM, int BN>
+struct MmaTile {
+  static constexpr int KB = K == Kind::kI4 ? 4 : 2;              // 32-column blocks per stage
+  static constexpr int kBlockBytes = K == Kind::kI4 ? 16 : 32;  // bytes of a row per block
+  static constexpr int ASTR = K == Kind::kI4 ? 80 : 96;         // bytes per weight row in shared memory
+  static constexpr int BSTR = 160;                              // bytes per token (KB * 32 codes + padding)
+  static constexpr int NT = BN / 8;
+  struct Smem {
+    alignas(16) uint8_t a[2][NM][kMmaRows * ASTR];
+    alignas(16) uint8_t b[2][BN * BSTR];
+    float xs[2][KB * BN];
+    int xsum[2][kAsym ? KB * BN : 1];
+    int qrow[BN];
+  };
+
+  // acc[m][j][c] = W[m] rows (r0 + 16 w + g, + 8) . tokens (8 j + 2 i, + 1)
+  // for tokens < ntok, whose QuantX rows the caller put in sm.qrow; other
+  // slots hold garbage (drop them). Every thread of the block must call.
+  __device__ static void run(const DevMatrix (&W)[NM], int r0, const QuantX& q, int ntok, Smem& sm, float (&acc)[NM][NT][4]) {
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, i = lane & 3, wr = (tid >> 5) * 16;
+    const int nb = W[0].cols / 32, stages = (nb + KB - 1) / KB, ntiles = min(NT, (ntok + 7) / 8);
 #pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll 2
-  for (int b = 0; b < nb; ++b) {
-    uint32_t a[4];
-    float sa = 1.0f, sb = 1.0f, ma = 0.0f, mb = 0.0f;
-    if constexpr (K == Kind::kI4) {
-      const uint32_t ua = __ldg(reinterpret_cast<const uint32_t*>(pa + b * 16 + i * 4));
-      const uint32_t ub = __ldg(reinterpret_cast<const uint32_t*>(pb + b * 16 + i * 4));
-      const uint32_t la = ua & 0x0F0F0F0Fu, ha = (ua >> 4) & 0x0F0F0F0Fu, lb = ub & 0x0F0F0F0Fu, hb = (ub >> 4) & 0x0F0F0F0Fu;
-      if (kAsym) a[0] = la, a[1] = lb, a[2] = ha, a[3] = hb;
-      else a[0] = nibbles_minus_8(la), a[1] = nibbles_minus_8(lb), a[2] = nibbles_minus_8(ha), a[3] = nibbles_minus_8(hb);
-      int4_scale(W, ra, b * 32, &sa, &ma);
-      int4_scale(W, rb, b * 32, &sb, &mb);
-    } else {
-      const uint2 ua = __ldg(reinterpret_cast<const uint2*>(pa + b * 32 + i * 8));
-      const uint2 ub = __ldg(reinterpret_cast<const uint2*>(pb + b * 32 + i * 8));
-      a[0] = ua.x, a[1] = ub.x, a[2] = ua.y, a[3] = ub.y;
-    }
+    for (int m = 0; m < NM; ++m)
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      if (j >= ntiles) break;
-      const int2 xb = *reinterpret_cast<const int2*>(q.codes + (static_cast<long long>(brow[j]) * nb + b) * 32 + i * 8);
-      int c[4] = {0, 0, 0, 0};
-      mma_s8_16x8x32(c, a, xb.x, xb.y);
-      const long long q0 = static_cast<long long>(crow[j][0]) * nb + b, q1 = static_cast<long long>(crow[j][1]) * nb + b;
-      const float x0 = q.scale[q0], x1 = q.scale[q1];
-      if constexpr (K == Kind::kI8) {
-        acc[j][0] += x0 * static_cast<float>(c[0]), acc[j][1] += x1 * static_cast<float>(c[1]);
-        acc[j][2] += x0 * static_cast<float>(c[2]), acc[j][3] += x1 * static_cast<float>(c[3]);
-      } else if constexpr (kAsym) {
-        const float s0 = static_cast<float>(q.sum[q0]), s1 = static_cast<float>(q.sum[q1]);
-        acc[j][0] += x0 * (sa * static_cast<float>(c[0]) + ma * s0), acc[j][1] += x1 * (sa * static_cast<float>(c[1]) + ma * s1);
-        acc[j][2] += x0 * (sb * static_cast<float>(c[2]) + mb * s0), acc[j][3] += x1 * (sb * static_cast<float>(c[3]) + mb * s1);
+      for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+    auto load = [&](int st, int kb0) {
+      const int nbv = min(KB, nb - kb0);
+      constexpr int ach = KB * kBlockBytes / 16;  // 16-byte chunks of a row per stage
+#pragma unroll
+      for (int m = 0; m < NM; ++m)
+        for (int x = tid; x < kMmaRows * ach; x += kMmaWarps * 32) {
+          const int row = x / ach, ch = x % ach;
+          if (ch * 16 >= nbv * kBlockBytes) continue;
+          const int r = min(r0 + row, W[m].rows - 1);
+          cp_async16(&sm.a[st][m][row * ASTR + ch * 16], W[m].data + static_cast<long long>(r) * W[m].row_stride + kb0 * kBlockBytes + ch * 16);
+        }
+      for (int x = tid; x < BN * KB * 2; x += kMmaWarps * 32) {
+        const int tok = x / (KB * 2), ch = x % (KB * 2);
+        if (tok >= ntok || ch * 16 >= nbv * 32) continue;
+        cp_async16(&sm.b[st][tok * BSTR + ch * 16], q.codes + (static_cast<long long>(sm.qrow[tok]) * nb + kb0) * 32 + ch * 16);
+      }
+      for (int x = tid; x < KB * BN; x += kMmaWarps * 32) {
+        const int kk = x / BN, tok = x % BN;
+        if (tok >= ntok || kk >= nbv) continue;
+        const long long qi = static_cast<long long>(sm.qrow[tok]) * nb + kb0 + kk;
+        cp_async4(&sm.xs[st][x], q.scale + qi);
+        if (kAsym) cp_async4(&sm.xsum[st][x], q.sum + qi);
+      }
+      cp_async_commit();
+    };
+    __syncthreads();  // sm.qrow is written
+    load(0, 0);
+    for (int s = 0; s < stages; ++s) {
+      const int st = s & 1, kb0 = s * KB;
+      if (s + 1 < stages) {
+        load(st ^ 1, kb0 + KB);
+        cp_async_wait<1>();
       } else {
-        acc[j][0] += (x0 * sa) * static_cast<float>(c[0]), acc[j][1] += (x1 * sa) * static_cast<float>(c[1]);
-        acc[j][2] += (x0 * sb) * static_cast<float>(c[2]), acc[j][3] += (x1 * sb) * static_cast<float>(c[3]);
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const int nbv = min(KB, nb - kb0);
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        if (kk >= nbv) break;
+        uint32_t a[NM][4];
+        float sa[NM], sb[NM], ma[NM], mb[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+          const uint8_t* base = sm.a[st][m] + kk * kBlockBytes;
+          if constexpr (K == Kind::kI4) {
+            const uint32_t ua = *reinterpret_cast<const uint32_t*>(base + (wr + g) * ASTR + i * 4);
+            const uint32_t ub = *reinterpret_cast<const uint32_t*>(base + (wr + g + 8) * ASTR + i * 4);
+            const uint32_t la = ua & 0x0F0F0F0Fu, ha = (ua >> 4) & 0x0F0F0F0Fu, lb = ub & 0x0F0F0F0Fu, hb = (ub >> 4) & 0x0F0F0F0Fu;
+            if (kAsym) a[m][0] = la, a[m][1] = lb, a[m][2] = ha, a[m][3] = hb;
+            else a[m][0] = nibbles_minus_8(la), a[m][1] = nibbles_minus_8(lb), a[m][2] = nibbles_minus_8(ha), a[m][3] = nibbles_minus_8(hb);
+            const int ra = min(r0 + wr + g, W[m].rows - 1), rb = min(r0 + wr + g + 8, W[m].rows - 1);
+            int4_scale(W[m], ra, (kb0 + kk) * 32, &sa[m], &ma[m]);
+            int4_scale(W[m], rb, (kb0 + kk) * 32, &sb[m], &mb[m]);
+          } else {
+            const uint2 ua = *reinterpret_cast<const uint2*>(base + (wr + g) * ASTR + i * 8);
+            const uint2 ub = *reinterpret_cast<const uint2*>(base + (wr + g + 8) * ASTR + i * 8);
+            a[m][0] = ua.x, a[m][1] = ub.x, a[m][2] = ua.y, a[m][3] = ub.y;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (j >= ntiles) break;
+          const int2 xb = *reinterpret_cast<const int2*>(sm.b[st] + (8 * j + g) * BSTR + kk * 32 + i * 8);
+          const float2 xs = *reinterpret_cast<const float2*>(&sm.xs[st][kk * BN + 8 * j + 2 * i]);
+          float2 xsum = {0.0f, 0.0f};
+          if (kAsym) {
+            const int2 v = *reinterpret_cast<const int2*>(&sm.xsum[st][kk * BN + 8 * j + 2 * i]);
+            xsum = {static_cast<float>(v.x), static_cast<float>(v.y)};
+          }
+#pragma unroll
+          for (int m = 0; m < NM; ++m) {
+            int c[4] = {0, 0, 0, 0};
+            mma_s8_16x8x32(c, a[m], xb.x, xb.y);
+            float* o = acc[m][j];
+            if constexpr (K == Kind::kI8) {
+              o[0] += xs.x * static_cast<float>(c[0]), o[1] += xs.y * static_cast<float>(c[1]);
+              o[2] += xs.x * static_cast<float>(c[2]), o[3] += xs.y * static_cast<float>(c[3]);
+            } else if constexpr (kAsym) {
+              o[0] += xs.x * (sa[m] * static_cast<float>(c[0]) + ma[m] * xsum.x), o[1] += xs.y * (sa[m] * static_cast<float>(c[1]) + ma[m] * xsum.y);
+              o[2] += xs.x * (sb[m] * static_cast<float>(c[2]) + mb[m] * xsum.x), o[3] += xs.y * (sb[m] * static_cast<float>(c[3]) + mb[m] * xsum.y);
+            } else {
+              o[0] += (xs.x * sa[m]) * static_cast<float>(c[0]), o[1] += (xs.y * sa[m]) * static_cast<float>(c[1]);
+              o[2] += (xs.x * sb[m]) * static_cast<float>(c[2]), o[3] += (xs.y * sb[m]) * static_cast<float>(c[3]);
+            }
+          }
+        }
+      }
+      __syncthreads();  // this stage's buffers are free for the load after next
+    }
+    if constexpr (K == Kind::kI8) {
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        const int ra = min(r0 + wr + g, W[m].rows - 1), rb = min(r0 + wr + g + 8, W[m].rows - 1);
+        const uint8_t* sc = W[m].data + W[m].scale_offset;
+        const float sa = *reinterpret_cast<const float*>(sc + static_cast<long long>(ra) * W[m].scale_row_bytes);
+        const float sb = *reinterpret_cast<const float*>(sc + static_cast<long long>(rb) * W[m].scale_row_bytes);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[m][j][0] *= sa, acc[m][j][1] *= sa, acc[m][j][2] *= sb, acc[m][j][3] *= sb;
       }
     }
   }
-  if constexpr (K == Kind::kI8) {
-    const float sa = *reinterpret_cast<const float*>(W.data + W.scale_offset + static_cast<long long>(ra) * W.scale_row_bytes);
-    const float sb = *reinterpret_cast<const float*>(W.data + W.scale_offset + static_cast<long long>(rb) * W.scale_row_bytes);
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] *= sa, acc[j][1] *= sa, acc[j][2] *= sb, acc[j][3] *= sb;
-  }
-}
+};
 
 // Calls f.template operator()<K, kAsym>() for an int4 / int8 matrix (host).
 template <typename F>

@@ -160,46 +160,35 @@ __global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int
 
 constexpr int kGroupTokens = 8;  // dp4a fallback: tokens per pass over a weight row
 
-// Tensor cores (sm_80+): a block of kMmaWarps warps takes 16 rows each of
-// one expert and runs over the expert's pairs kMmaNT * 8 at a time.
-constexpr int kMmaWarps = 4, kMmaNT = 4, kMmaRows = 16 * kMmaWarps, kMmaPairs = 8 * kMmaNT;
-
-// The QuantX rows of pairs order[i0 ..) (n of them) this lane feeds and scales.
-__device__ __forceinline__ void pair_rows(const int* order, int i0, int n, int div, int (&brow)[kMmaNT], int (&crow)[kMmaNT][2]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
-#pragma unroll
-  for (int j = 0; j < kMmaNT; ++j) {
-    brow[j] = order[i0 + min(8 * j + g, n - 1)] / div;
-    crow[j][0] = order[i0 + min(8 * j + 2 * i, n - 1)] / div;
-    crow[j][1] = order[i0 + min(8 * j + 2 * i + 1, n - 1)] / div;
-  }
-}
+// Tensor cores (sm_80+, mma_tile.cuh): a block takes kMmaRows rows of one
+// expert's matrices and runs over the expert's pairs kMmaPairs at a time.
+constexpr int kMmaPairs = 32;
 
 // act[p, r] = silu(gate_e[r] . hn[t]) * (up_e[r] . hn[t]) for expert e's pairs p (token t = p / K).
 template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int Kk, QuantX qx,
                                                                       float* act) {
-  const int e = blockIdx.y, I = tab.gate.rows;
-  const int r0 = blockIdx.x * kMmaRows + threadIdx.x / 32 * 16;
+  using Tile = MmaTile<K, kAsym, 2, kMmaPairs>;
+  __shared__ typename Tile::Smem sm;
+  const int e = blockIdx.y, I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
   const int p0 = offsets[e], p1 = offsets[e + 1];
-  if (r0 >= I || p0 == p1) return;
-  DevMatrix g = tab.gate, u = tab.up;
-  g.data = tab.gate_ptrs[e];
-  u.data = tab.up_ptrs[e];
-  const int lane = threadIdx.x & 31, ra = r0 + (lane >> 2), rb = ra + 8, i = lane & 3;
+  if (p0 == p1) return;
+  DevMatrix W[2] = {tab.gate, tab.up};
+  W[0].data = tab.gate_ptrs[e];
+  W[1].data = tab.up_ptrs[e];
+  const int lane = threadIdx.x & 31, ra = r0 + threadIdx.x / 32 * 16 + (lane >> 2), rb = ra + 8, i = lane & 3;
   for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
     const int n = min(kMmaPairs, p1 - i0);
-    int brow[kMmaNT], crow[kMmaNT][2];
-    pair_rows(order, i0, n, Kk, brow, crow);
-    float ga[kMmaNT][4], ua[kMmaNT][4];
-    mma_rows_tokens<K, kAsym, kMmaNT>(g, r0, qx, brow, crow, (n + 7) / 8, ga);
-    mma_rows_tokens<K, kAsym, kMmaNT>(u, r0, qx, brow, crow, (n + 7) / 8, ua);
+    __syncthreads();  // the previous pass is done with sm.qrow
+    for (int x = threadIdx.x; x < n; x += blockDim.x) sm.qrow[x] = order[i0 + x] / Kk;
+    float acc[2][Tile::NT][4];
+    Tile::run(W, r0, qx, n, sm, acc);
 #pragma unroll
-    for (int j = 0; j < kMmaNT; ++j)
+    for (int j = 0; j < Tile::NT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int slot = 8 * j + 2 * i + (c & 1), r = c < 2 ? ra : rb;
-        if (slot < n && r < I) act[static_cast<long long>(order[i0 + slot]) * I + r] = siluf(ga[j][c]) * ua[j][c];
+        if (slot < n && r < I) act[static_cast<long long>(order[i0 + slot]) * I + r] = siluf(acc[0][j][c]) * acc[1][j][c];
       }
   }
 }
@@ -207,25 +196,26 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
 // y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
 template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, QuantX qa, float* y) {
-  const int e = blockIdx.y, H = tab.down.rows;
-  const int r0 = blockIdx.x * kMmaRows + threadIdx.x / 32 * 16;
+  using Tile = MmaTile<K, kAsym, 1, kMmaPairs>;
+  __shared__ typename Tile::Smem sm;
+  const int e = blockIdx.y, H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
   const int p0 = offsets[e], p1 = offsets[e + 1];
-  if (r0 >= H || p0 == p1) return;
-  DevMatrix d = tab.down;
-  d.data = tab.down_ptrs[e];
-  const int lane = threadIdx.x & 31, ra = r0 + (lane >> 2), rb = ra + 8, i = lane & 3;
+  if (p0 == p1) return;
+  DevMatrix W[1] = {tab.down};
+  W[0].data = tab.down_ptrs[e];
+  const int lane = threadIdx.x & 31, ra = r0 + threadIdx.x / 32 * 16 + (lane >> 2), rb = ra + 8, i = lane & 3;
   for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
     const int n = min(kMmaPairs, p1 - i0);
-    int brow[kMmaNT], crow[kMmaNT][2];
-    pair_rows(order, i0, n, 1, brow, crow);
-    float acc[kMmaNT][4];
-    mma_rows_tokens<K, kAsym, kMmaNT>(d, r0, qa, brow, crow, (n + 7) / 8, acc);
+    __syncthreads();
+    for (int x = threadIdx.x; x < n; x += blockDim.x) sm.qrow[x] = order[i0 + x];
+    float acc[1][Tile::NT][4];
+    Tile::run(W, r0, qa, n, sm, acc);
 #pragma unroll
-    for (int j = 0; j < kMmaNT; ++j)
+    for (int j = 0; j < Tile::NT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int slot = 8 * j + 2 * i + (c & 1), r = c < 2 ? ra : rb;
-        if (slot < n && r < H) y[static_cast<long long>(order[i0 + slot]) * H + r] = acc[j][c];
+        if (slot < n && r < H) y[static_cast<long long>(order[i0 + slot]) * H + r] = acc[0][j][c];
       }
   }
 }
