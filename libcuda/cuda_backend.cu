@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "cuda_device.h"
@@ -73,8 +74,29 @@ DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what) {
   return d;
 }
 
+// Whether a norm should quantize its output for the int8-activation matmuls
+// that read it: some of them take int8 x and all of those want one code
+// order (*nibble: int4's). Float-path readers use the float output.
+bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble) {
+  const DevMatrix* first = nullptr;
+  for (const DevMatrix* m : readers) {
+    if (!takes_int8_x(*m)) continue;
+    if (!first) first = m;
+    else if (m->kind != first->kind || m->cols != first->cols) return false;
+  }
+  if (first) *nibble = first->kind == Kind::kI4;
+  return first != nullptr;
+}
+
+// Same format and shape: one kernel can read both through one DevMatrix.
+bool same_layout(const DevMatrix& a, const DevMatrix& b) {
+  return a.kind == b.kind && a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride && a.scale_offset == b.scale_offset &&
+         a.scale_row_bytes == b.scale_row_bytes && a.group == b.group && a.asym == b.asym && a.f16_scales == b.f16_scales;
+}
+
 struct DevExperts {
   ExpertTable table;
+  bool shared_at_E = false;  // entry E of the pointer tables is the shared expert (decode folds it in)
   DeviceArray<const uint8_t*> gate_ptrs, up_ptrs, down_ptrs;
 };
 
@@ -138,9 +160,13 @@ class CudaBackend : public Backend {
   void ensure_cap(CudaState& st, int needed);
   // The forward pass of T tokens whose ids are in d_ids_ and position in d_pos_.
   void run(CudaState& st, int T, int logit_rows);
-  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T);
-  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T);
-  void moe_layer(const DevLayer& L, int T);
+  // hn_q: the norm before left hn quantized for this step's int8 readers.
+  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
+  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
+  void moe_layer(const DevLayer& L, int T, bool hn_q);
+  // The int8 readers of the norm before layer l's mixer / MoE block.
+  bool mixer_quant(int l, bool* nibble) const;
+  bool moe_quant(int l, bool* nibble) const;
 
   const ModelSpec& s_;
   CudaOptions opt_;
@@ -278,10 +304,17 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
         throw Error("CUDA backend: " + pe + "differs in format from expert 0");
       gp[e] = g.data, upp[e] = u.data, dp[e] = dn.data;
     }
-    d.experts.gate_ptrs.resize(E), d.experts.up_ptrs.resize(E), d.experts.down_ptrs.resize(E);
-    check(cudaMemcpy(d.experts.gate_ptrs.get(), gp.data(), E * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-    check(cudaMemcpy(d.experts.up_ptrs.get(), upp.data(), E * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-    check(cudaMemcpy(d.experts.down_ptrs.get(), dp.data(), E * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+    // The shared expert as entry E when it has the routed experts' layout
+    // and a 1-row float gate: a decode step runs it as one more pair.
+    const ExpertTable& et = d.experts.table;
+    d.experts.shared_at_E = E > 0 && E <= 512 && same_layout(d.sh_gate, et.gate) && same_layout(d.sh_up, et.up) && same_layout(d.sh_down, et.down) &&
+                            takes_int8_x(et.gate) && takes_int8_x(et.down) && d.sh_gate_proj.rows == 1 && !takes_int8_x(d.sh_gate_proj);
+    if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
+    const std::size_t np = gp.size();
+    d.experts.gate_ptrs.resize(np), d.experts.up_ptrs.resize(np), d.experts.down_ptrs.resize(np);
+    check(cudaMemcpy(d.experts.gate_ptrs.get(), gp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+    check(cudaMemcpy(d.experts.up_ptrs.get(), upp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+    check(cudaMemcpy(d.experts.down_ptrs.get(), dp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
     d.experts.table.gate_ptrs = d.experts.gate_ptrs.get();
     d.experts.table.up_ptrs = d.experts.up_ptrs.get();
     d.experts.table.down_ptrs = d.experts.down_ptrs.get();
@@ -346,15 +379,15 @@ void CudaBackend::ensure_buffers(int T) {
   proj_.resize(t * std::max(qg, cd));
   z_.resize(t * s_.linear_value_dim()), b_.resize(t * s_.linear_num_value_heads), a_.resize(t * s_.linear_num_value_heads);
   conv_out_.resize(t * cd), heads_out_.resize(t * heads_out), k_.resize(t * kv), v_.resize(t * kv);
-  rlogits_.resize(t * s_.num_experts), ridx_.resize(t * K), rw_.resize(t * K);
+  rlogits_.resize(t * s_.num_experts), ridx_.resize(t * (K + 1)), rw_.resize(t * (K + 1));
   sg_.resize(t * s_.shared_expert_intermediate_size), su_.resize(t * s_.shared_expert_intermediate_size), sgate_.resize(t);
-  act_.resize(t * K * s_.moe_intermediate_size);
+  act_.resize(t * (K + 1) * s_.moe_intermediate_size);
   order_.resize(t * K), offsets_.resize(s_.num_experts + 1);
   ey_.resize(t >= std::size_t(kGroupedMinTokens) ? t * K * H : 1);
   ids_.resize(t);
   const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
                                        std::size_t(s_.moe_intermediate_size), std::size_t(s_.shared_expert_intermediate_size)});
-  const std::size_t qn = std::max(t * widest, t * K * s_.moe_intermediate_size) + 32;
+  const std::size_t qn = std::max(t * widest, t * (K + 1) * s_.moe_intermediate_size) + 32;
   qx_codes_.resize(qn), qx_scale_.resize(qn / 32 + 1), qx_sum_.resize(qn / 32 + 1);
   qx_ = QuantX{qx_codes_.get(), qx_scale_.get(), qx_sum_.get()};
   buf_T_ = T;
@@ -378,11 +411,22 @@ void CudaBackend::ensure_cap(CudaState& st, int needed) {
   st.cap = cap;
 }
 
-void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T) {
+bool CudaBackend::mixer_quant(int l, bool* nibble) const {
+  const DevLayer& L = layers_[l];
+  if (L.kind == LayerKind::kFullAttention) return quantize_for({&L.q_proj, &L.k_proj, &L.v_proj}, nibble);
+  return quantize_for({&L.in_qkv, &L.in_z, &L.in_b, &L.in_a}, nibble);
+}
+
+bool CudaBackend::moe_quant(int l, bool* nibble) const {
+  const DevLayer& L = layers_[l];
+  return quantize_for({&L.router, &L.sh_gate, &L.sh_up, &L.sh_gate_proj, &L.experts.table.gate, &L.experts.table.up}, nibble);
+}
+
+void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q) {
   const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
   step("attn proj", [&] {
     const MatmulOut outs[] = {{L.q_proj, proj_.get(), qg_w}, {L.k_proj, k_.get(), nkv * hd}, {L.v_proj, v_.get(), nkv * hd}};
-    matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
+    matmul_many(outs, 3, hn_.get(), T, stream_, &qx_, hn_q);
   });
   step("attention", [&] {
     attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(),
@@ -393,41 +437,59 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
   step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
 }
 
-void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T) {
+void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q) {
   const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
   step("gdn proj", [&] {
     const MatmulOut outs[] = {{L.in_qkv, proj_.get(), cd}, {L.in_z, z_.get(), s_.linear_value_dim()}, {L.in_b, b_.get(), nv}, {L.in_a, a_.get(), nv}};
-    matmul_many(outs, 4, hn_.get(), T, stream_, &qx_);
+    matmul_many(outs, 4, hn_.get(), T, stream_, &qx_, hn_q);
   });
   step("gdn conv+norm", [&] {
+    if (T == 1 && gdn_conv_norm_step(proj_.get(), L.conv1d, st.conv.get(), cd, s_.linear_conv_kernel, s_.linear_num_key_heads,
+                                     s_.linear_key_head_dim, conv_out_.get(), stream_))
+      return;
     gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
     gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
   });
+  // The gated norm quantizes its output for an int8 out projection.
+  const bool want_q = takes_int8_x(L.out_proj);
+  bool out_q = false;
   step("gdn recurrence", [&] {
-    gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
-                   s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_);
+    out_q = gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
+                           s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_,
+                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4);
   });
-  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
+  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
 
-void CudaBackend::moe_layer(const DevLayer& L, int T) {
+void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
   const int H = s_.hidden_size, E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
+  // A 1-row float shared-expert gate is computed by the routing kernel; in a
+  // decode step the shared expert then runs as pair K of the routed ones.
+  const bool gate_in_route = L.sh_gate_proj.rows == 1 && !takes_int8_x(L.sh_gate_proj);
+  const bool fold = T < kGroupedMinTokens && L.experts.shared_at_E;
   step("router", [&] {
-    matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_);
-    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_);
+    matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_, hn_q);
+    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold);
   });
+  const DevMatrix& eg = L.experts.table.gate;
+  if (fold) {
+    step("experts", [&] {
+      moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q);
+      moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_);
+    });
+    return;
+  }
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn));
   // the sigmoid gate is applied where the output joins the residual.
   step("shared expert", [&] {
     const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
-    matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
+    matmul_many(outs, gate_in_route ? 2 : 3, hn_.get(), T, stream_, &qx_, hn_q);
   });
-  // Routed experts over all T * K pairs; hn is still in qx_ when the shared
-  // expert's gate took the same int8 path.
-  const DevMatrix& eg = L.experts.table.gate;
-  const bool hn_in_q = takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols;
+  // Routed experts over all T * K pairs; hn is still in qx_ (the norm put
+  // it there in the experts' order, or the shared expert's gate did).
+  const bool hn_in_q = hn_q || (takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols);
   // A prompt chunk groups the pairs by expert (each expert's rows read once
-  // per 8 of its tokens); a decode step's 8 pairs go straight.
+  // per tile of its tokens); a decode step's pairs go straight.
   bool grouped = false;
   step("experts", [&] {
     if (T >= kGroupedMinTokens)
@@ -451,26 +513,34 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
   step("embed", [&] { embed_rows(embed_, ids_.get(), T, x_.get(), stream_); });
-  // Each residual add is fused with the norm that reads its result.
-  step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, true, hn_.get(), stream_); });
+  // Each residual add is fused with the norm that reads its result, and
+  // the norm with the quantization of its output for the int8 matmuls.
+  bool nibble = false, hn_q = mixer_quant(0, &nibble);
+  step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble); });
   for (int l = 0; l < s_.num_layers; ++l) {
     const DevLayer& L = layers_[l];
-    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T);
-    else deltanet_layer(L, st.layers[l], T);
-    step("norms+adds", [&] { add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_); });
-    moe_layer(L, T);
+    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q);
+    else deltanet_layer(L, st.layers[l], T, hn_q);
+    hn_q = moe_quant(l, &nibble);
+    step("norms+adds", [&] {
+      add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+    });
+    moe_layer(L, T, hn_q);
+    const bool last = l + 1 == s_.num_layers;
+    hn_q = !last && mixer_quant(l + 1, &nibble);
+    const bool folded = T < kGroupedMinTokens && L.experts.shared_at_E;  // routed_ holds the shared expert too
     step("norms+adds", [&] {
       // x += routed + sigmoid(shared gate) * shared, then the next layer's input norm.
-      const bool last = l + 1 == s_.num_layers;
-      add_rms_norm(x_.get(), routed_.get(), sh_.get(), sgate_.get(), last ? nullptr : layers_[l + 1].input_norm, T, H, eps,
-                   last ? nullptr : hn_.get(), stream_);
+      add_rms_norm(x_.get(), routed_.get(), folded ? nullptr : sh_.get(), folded ? nullptr : sgate_.get(),
+                   last ? nullptr : layers_[l + 1].input_norm, T, H, eps, last ? nullptr : hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
     });
   }
   if (logit_rows == 0) return;
   const float* last = x_.get() + std::size_t(T - logit_rows) * H;
+  hn_q = quantize_for({&lm_head_}, &nibble);
   step("lm_head", [&] {
-    rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_);
-    matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_, &qx_);
+    rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+    matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_, &qx_, hn_q);
   });
 }
 

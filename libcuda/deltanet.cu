@@ -46,6 +46,40 @@ __global__ void conv_kernel(const float* qkv, const float* taps, float* state, i
     if (j < K - 1) state[static_cast<long long>(j) * cd + c] = win[j];
 }
 
+// Decode (one token): the conv step of conv_kernel and the q / k head
+// norms of qk_norm_kernel in one launch. Blocks of 128 channels hold whole
+// heads (dk a power of two <= 128); a head's sum of squares is reduced by
+// shuffles within the warp and, for heads wider than a warp, over its warps
+// in order (deterministic).
+__global__ void __launch_bounds__(128) conv_norm_step_kernel(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk,
+                                                             float* out) {
+  __shared__ float warp_ss[4];
+  const int c = blockIdx.x * 128 + threadIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
+  float v = 0.0f;
+  if (c < cd) {
+    const float xin = qkv[c];
+    float acc = taps[c * K + K - 1] * xin;
+    for (int j = 0; j < K - 1; ++j) acc += taps[c * K + j] * state[static_cast<long long>(j) * cd + c];
+    v = siluf(acc);
+    for (int j = 0; j + 1 < K - 1; ++j) state[static_cast<long long>(j) * cd + c] = state[static_cast<long long>(j + 1) * cd + c];
+    if (K > 1) state[static_cast<long long>(K - 2) * cd + c] = xin;
+  }
+  const int qk_end = 2 * nk * dk;  // q heads, then k heads, then v
+  float ss = v * v;
+  for (int o = min(dk, 32) / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (dk > 32) {
+    if (lane == 0) warp_ss[wid] = ss;
+    __syncthreads();
+    const int w0 = wid / (dk / 32) * (dk / 32);
+    ss = 0;
+    for (int w = w0; w < w0 + dk / 32; ++w) ss += warp_ss[w];
+  }
+  if (c < cd) {
+    if (c < qk_end) v *= rsqrtf(ss + 1e-6f) * (c < nk * dk ? rsqrtf(static_cast<float>(dk)) : 1.0f);
+    out[c] = v;
+  }
+}
+
 // Prefill: thread per (channel, tile of kConvTile tokens), the window read
 // from the chunk's inputs or the state; the state advances afterwards
 // (conv_state_kernel), so no thread reads a state row another one wrote.
@@ -247,16 +281,46 @@ __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, cons
       if (ii * 8 + p < dk) Sg[(ii * 8 + p) * dv + j] = s[ii];
 }
 
-// Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z).
-__global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w, int T, int nv, int dv, float eps) {
+// Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z); with
+// quant (dv % 32 == 0) the result is also quantized for the out projection
+// (the quantize_x scheme, one 32-column block per lane round).
+constexpr int kNormPer = 8;  // dv <= 256
+
+__global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w, int T, int nv, int dv, float eps, QuantX q, bool quant, bool nibble) {
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (w >= T * nv) return;
   float* x = o + static_cast<long long>(w) * dv;
   const float* zz = z + static_cast<long long>(w) * dv;
+  float v[kNormPer];
   float ss = 0;
-  for (int i = lane; i < dv; i += 32) ss += x[i] * x[i];
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    const int i = lane + 32 * k;
+    v[k] = i < dv ? x[i] : 0.0f;
+    ss += v[k] * v[k];
+  }
   const float r = rsqrtf(warp_sum(ss) / dv + eps);
-  for (int i = lane; i < dv; i += 32) x[i] = x[i] * r * norm_w[i] * siluf(zz[i]);
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    const int i = lane + 32 * k;
+    if (i < dv) v[k] = v[k] * r * norm_w[i] * siluf(zz[i]), x[i] = v[k];
+  }
+  if (!quant) return;
+  const int t = w / nv, h = w % nv, nb = nv * dv / 32;
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    if (32 * k >= dv) break;
+    float amax = fabsf(v[k]);
+    for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+    const int c = __float2int_rn(v[k] * inv);
+    int sum = c;
+    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    const int pos = nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
+    const long long qb = static_cast<long long>(t) * nb + (h * dv) / 32 + k;
+    q.codes[qb * 32 + pos] = static_cast<int8_t>(c);
+    if (lane == 0) q.scale[qb] = sc, q.sum[qb] = sum;
+  }
 }
 
 }  // namespace
@@ -272,16 +336,24 @@ void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, 
   check(cudaGetLastError(), "gdn conv launch");
 }
 
+bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s) {
+  if (dk > 128 || (dk & (dk - 1)) || K < 1) return false;
+  conv_norm_step_kernel<<<(cd + 127) / 128, 128, 0, s>>>(qkv, taps, state, cd, K, nk, dk, out);
+  check(cudaGetLastError(), "gdn conv+norm launch");
+  return true;
+}
+
 void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s) {
   const int warps = T * 2 * nk;
   qk_norm_kernel<<<(warps + 7) / 8, 256, 0, s>>>(conv_out, T, cd, nk, dk);
   check(cudaGetLastError(), "gdn qk norm launch");
 }
 
-void gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
-                    const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s) {
+bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
+                    const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s, const QuantX* q,
+                    bool nibble) {
   const int rows_per_lane = (dk + 7) / 8;
-  if (rows_per_lane <= 16) {
+  if (rows_per_lane <= 16 && dv <= 32 * kNormPer) {
     const int blocks = nv * ((dv + kRecCols - 1) / kRecCols);
     const std::size_t shmem = (2 * std::size_t(kRecTile) * dk + kRecTile * kRecCols + 2 * kRecTile) * sizeof(float);
     auto run = [&]<int R>() {
@@ -291,15 +363,17 @@ void gdn_recurrence(float* S, const float* conv_out, const float* z, const float
     else if (rows_per_lane <= 4) run.template operator()<4>();
     else if (rows_per_lane <= 8) run.template operator()<8>();
     else run.template operator()<16>();
-    gated_norm_kernel<<<(T * nv + 7) / 8, 256, 0, s>>>(normed, z, norm_w, T, nv, dv, eps);
+    const bool quant = q && dv % 32 == 0;
+    gated_norm_kernel<<<(T * nv + 7) / 8, 256, 0, s>>>(normed, z, norm_w, T, nv, dv, eps, quant ? *q : QuantX{}, quant, nibble);
     check(cudaGetLastError(), "gdn recurrence launch");
-    return;
+    return quant;
   }
   const int dvp = (dv + 31) / 32 * 32, parts = (dk + 31) / 32;
   if (parts > kMaxParts || parts * dvp > 1024) throw Error("CUDA: Gated DeltaNet head of " + std::to_string(dk) + " x " + std::to_string(dv) + " is too large");
   const std::size_t shmem = (2 * static_cast<std::size_t>(dk) + static_cast<std::size_t>(parts) * dvp) * sizeof(float);
   recurrence_kernel<<<nv, parts * dvp, shmem, s>>>(S, conv_out, z, b, a, A_log, dt_bias, norm_w, T, nk, nv, dk, dv, cd, eps, normed);
   check(cudaGetLastError(), "gdn recurrence launch");
+  return false;
 }
 
 }  // namespace coli::cuda

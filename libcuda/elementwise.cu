@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <string>
+
 #include "cuda_util.cuh"
 #include "device_math.cuh"
 #include "kernels.cuh"
@@ -19,27 +22,78 @@ __global__ void embed_kernel(DevMatrix E, const int* ids, float* x) {
   }
 }
 
-__global__ void rms_norm_kernel(const float* x, const float* w, int n, float eps, bool plus_one, float* y) {
-  const float* xr = x + static_cast<long long>(blockIdx.x) * n;
-  float* yr = y + static_cast<long long>(blockIdx.x) * n;
+// Block per row, kPer values per thread kept in registers: the optional
+// residual add (x += a + g b, written back), the RMS norm into y, and the
+// optional int8 quantization of the normed row for the next matmul (the
+// quantize_x scheme: per 32 columns, one warp per block of 32).
+struct NormArgs {
+  float* x;
+  const float *a, *b, *b_gate, *w;
+  int n;
+  float eps;
+  bool plus_one;
+  float* y;
+  QuantX q;
+  bool quant, nibble;
+};
+
+template <int kPer>
+__global__ void norm_kernel(NormArgs p) {
+  const long long o = static_cast<long long>(blockIdx.x) * p.n;
+  const float g = p.b_gate ? sigmoidf(p.b_gate[blockIdx.x]) : 1.0f;
+  float v[kPer];
   float ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  const float r = rsqrtf(block_sum(ss) / n + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (plus_one ? 1.0f + w[i] : w[i]);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    v[k] = 0.0f;
+    if (i < p.n) {
+      float val = p.x[o + i];
+      if (p.a) {
+        val = val + p.a[o + i] + (p.b ? g * p.b[o + i] : 0.0f);
+        p.x[o + i] = val;
+      }
+      v[k] = val;
+      ss += val * val;
+    }
+  }
+  if (!p.y && !p.quant) return;
+  const float r = rsqrtf(block_sum(ss) / p.n + p.eps);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < p.n) {
+      v[k] = v[k] * r * (p.plus_one ? 1.0f + p.w[i] : p.w[i]);
+      if (p.y) p.y[o + i] = v[k];
+    }
+  }
+  if (!p.quant) return;
+  const int lane = threadIdx.x & 31, nb = p.n / 32;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i0 = threadIdx.x - lane + k * blockDim.x;  // this warp's block of 32
+    if (i0 >= p.n) break;
+    float amax = fabsf(v[k]);
+    for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+    const int c = __float2int_rn(v[k] * inv);
+    int sum = c;
+    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    const int pos = p.nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
+    const long long qb = static_cast<long long>(blockIdx.x) * nb + i0 / 32;
+    p.q.codes[qb * 32 + pos] = static_cast<int8_t>(c);
+    if (lane == 0) p.q.scale[qb] = sc, p.q.sum[qb] = sum;
+  }
 }
 
-__global__ void add_rms_norm_kernel(float* x, const float* a, const float* b, const float* b_gate, const float* w, int n, float eps, float* y) {
-  const long long o = static_cast<long long>(blockIdx.x) * n;
-  const float g = b_gate ? sigmoidf(b_gate[blockIdx.x]) : 1.0f;
-  float ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = x[o + i] + a[o + i] + (b ? g * b[o + i] : 0.0f);
-    x[o + i] = v;
-    ss += v * v;
-  }
-  if (!y) return;
-  const float r = rsqrtf(block_sum(ss) / n + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) y[o + i] = x[o + i] * r * (1.0f + w[i]);
+void launch_norm(const NormArgs& a, int rows, cudaStream_t s) {
+  if (a.quant && a.n % 32) throw Error("CUDA: quantized norm of a row of " + std::to_string(a.n) + " (needs a multiple of 32)");
+  const int per = a.n <= 8 * 1024 ? 8 : 32;
+  if (a.n > per * 1024) throw Error("CUDA: norm of a row of " + std::to_string(a.n) + " values is too long");
+  const int threads = std::min(1024, std::max(32, ((a.n + per - 1) / per + 31) / 32 * 32));
+  if (per == 8) norm_kernel<8><<<rows, threads, 0, s>>>(a);
+  else norm_kernel<32><<<rows, threads, 0, s>>>(a);
+  check(cudaGetLastError(), "norm launch");
 }
 
 __global__ void silu_mul_kernel(const float* g, const float* u, float* out, std::size_t n) {
@@ -56,15 +110,13 @@ void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_
   check(cudaGetLastError(), "embed launch");
 }
 
-void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s) {
-  rms_norm_kernel<<<rows, 256, 0, s>>>(x, w, n, eps, plus_one, y);
-  check(cudaGetLastError(), "rms_norm launch");
+void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s, const QuantX* q, bool nibble) {
+  launch_norm(NormArgs{const_cast<float*>(x), nullptr, nullptr, nullptr, w, n, eps, plus_one, y, q ? *q : QuantX{}, q != nullptr, nibble}, rows, s);
 }
 
 void add_rms_norm(float* x, const float* a, const float* b, const float* b_gate, const float* w, int rows, int n, float eps, float* y,
-                  cudaStream_t s) {
-  add_rms_norm_kernel<<<rows, 256, 0, s>>>(x, a, b, b_gate, w, n, eps, y);
-  check(cudaGetLastError(), "add_rms_norm launch");
+                  cudaStream_t s, const QuantX* q, bool nibble) {
+  launch_norm(NormArgs{x, a, b, b_gate, w, n, eps, true, y, q ? *q : QuantX{}, q != nullptr && y != nullptr, nibble}, rows, s);
 }
 
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s) {

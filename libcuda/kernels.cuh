@@ -36,12 +36,15 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
 
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
-void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s);
+// With q (n % 32 == 0), y is also quantized into q as quantize_x would
+// (nibble order for int4 weights): the next matmul takes x_in_q.
+void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool plus_one, float* y, cudaStream_t s, const QuantX* q = nullptr,
+              bool nibble = false);
 // x[r] += a[r] (+ g b[r] when b, g = sigmoid(b_gate[r]) when b_gate, else
-// 1); then, when y, y[r] = rms_norm(x[r]) * (1 + w): the residual add and
-// the next norm in one pass.
+// 1); then, when y, y[r] = rms_norm(x[r]) * (1 + w) (and quantized into q
+// when given): the residual add, the next norm and its quantization in one pass.
 void add_rms_norm(float* x, const float* a, const float* b, const float* b_gate, const float* w, int rows, int n, float eps, float* y,
-                  cudaStream_t s);
+                  cudaStream_t s, const QuantX* q = nullptr, bool nibble = false);
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s);     // out = silu(g) u
 
 // Attention. qg [T, heads * 2 * hd] (per head: query, then output gate);
@@ -57,15 +60,21 @@ void attention(const float* qg, const float* q_norm, const float* kc, const floa
 // Gated DeltaNet. conv: out[t, c] = silu(causal conv of qkv over the state
 // [K-1, cd] then this token); advances the state.
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s);
+// One token: gdn_conv then gdn_qk_norm in one launch where the heads allow
+// (dk a power of two <= 128); false, nothing launched, otherwise.
+bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s);
 // q and k heads of conv_out [T, cd] L2-normalised, q scaled by 1/sqrt(dk).
 void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s);
 // Token by token per value head with S [nv, dk, dv] resident; writes the
-// gated-normed output [T, nv * dv].
-void gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
-                    const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s);
+// gated-normed output [T, nv * dv]. With q, also quantizes that output for
+// the out projection (nibble order for int4) when it can: returns whether.
+bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
+                    const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s,
+                    const QuantX* q = nullptr, bool nibble = false);
 
 // Routed experts of one layer: every expert's gate, up and down matrix
-// share a format and shape; gate[e] etc. are the device addresses.
+// share a format and shape; gate[e] etc. are the device addresses (entry E,
+// when the backend made it, is the shared expert of the same layout).
 struct ExpertTable {
   DevMatrix gate, up, down;                       // format and shape (data unused)
   const uint8_t* const* gate_ptrs = nullptr;      // [E] device array
@@ -74,7 +83,11 @@ struct ExpertTable {
 };
 // Softmax over E logits per token, top-K (ties to the lower index), weights
 // renormalised: idx, w [T, K].
-void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s);
+// With gate (1 row, float path), also gate_out[t] = gate . hn[t]; with
+// with_shared (E <= 512, gate given) idx and w have K + 1 columns, the last
+// the shared expert as expert E with weight sigmoid(gate_out[t]).
+void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s, const DevMatrix* gate = nullptr,
+                const float* hn = nullptr, float* gate_out = nullptr, bool with_shared = false);
 // act[p, :] = silu(gate_e . x_t) * (up_e . x_t) for every pair p = t*K + k.
 // With q (scratch), int4 / int8 experts take int8 activations and dp4a.
 void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q = nullptr,

@@ -70,6 +70,63 @@ __global__ void route_kernel(const float* logits, int E, int K, int* idx, float*
     for (int k = 0; k < K; ++k) w[t * K + k] /= picked_sum;
 }
 
+// Warp per token (E <= 32 PER): the same softmax and top-K as route_kernel
+// with no block barriers; with gate, also gate_out[t] = gate row 0 . hn[t]
+// (the shared expert's 1-row gate, folded in to save a launch).
+template <int PER, Kind KG>
+__global__ void route_warp_kernel(const float* logits, int E, int K, int* idx, float* w, DevMatrix gate, const float* hn, float* gate_out,
+                                  bool with_shared) {
+  const int ks = K + with_shared;  // idx / w row stride
+  const int t = blockIdx.x, lane = threadIdx.x;
+  const float* lt = logits + static_cast<long long>(t) * E;
+  float p[PER];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int e = lane + 32 * k;
+    p[k] = e < E ? lt[e] : -INFINITY;
+    m = fmaxf(m, p[k]);
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  double sum = 0;
+#pragma unroll
+  for (int k = 0; k < PER; ++k)
+    if (lane + 32 * k < E) p[k] = expf(p[k] - m), sum += p[k];
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float inv = static_cast<float>(1.0 / sum);
+#pragma unroll
+  for (int k = 0; k < PER; ++k) p[k] = lane + 32 * k < E ? p[k] * inv : -3.0f;
+  float picked_sum = 0;
+  for (int kk = 0; kk < K; ++kk) {
+    float v = -1.0f;
+    int bi = E;
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (p[k] > v) v = p[k], bi = lane + 32 * k;  // ascending e: ties keep the lower index
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > v || (ov == v && oi < bi)) v = ov, bi = oi;
+    }
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (lane + 32 * k == bi) p[k] = -2.0f;  // taken
+    if (lane == 0) idx[t * ks + kk] = bi, w[t * ks + kk] = v;
+    picked_sum += v;
+  }
+  __syncwarp();
+  if (lane == 0)
+    for (int kk = 0; kk < K; ++kk) w[t * ks + kk] /= picked_sum;
+  if (gate_out) {
+    float g[1];
+    warp_row_dot<KG, 1>(gate, 0, hn + static_cast<long long>(t) * gate.cols, gate.cols, g);
+    if (lane == 0) {
+      gate_out[t] = g[0];
+      if (with_shared) idx[t * ks + K] = E, w[t * ks + K] = sigmoidf(g[0]);  // the shared expert as pair K
+    }
+  }
+}
+
 // Warp per (pair, row of the expert's intermediate).
 template <Kind KG, Kind KU>
 __global__ void gate_up_kernel(ExpertTable tab, const float* hn, const int* idx, int K, float* act) {
@@ -133,6 +190,32 @@ __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, i
     sum += w[p] * warp_row_dot_q<KD>(d, r, qa, p);
   }
   if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
+}
+
+// Decode: block per (token, kDownRows output rows), warp per pair k (K <=
+// 32), so the K experts' rows are read in parallel; the weighted sum over k
+// runs in k order as in down_q_kernel.
+constexpr int kDownRows = 8;
+
+template <Kind KD>
+__global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
+  __shared__ float part[32][kDownRows];
+  const int t = blockIdx.y, H = tab.down.rows, k = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int r0 = blockIdx.x * kDownRows, p = t * K + k;
+  DevMatrix d = tab.down;
+  d.data = tab.down_ptrs[idx[p]];
+#pragma unroll
+  for (int rr = 0; rr < kDownRows; ++rr) {
+    const int r = min(r0 + rr, H - 1);
+    const float y = warp_row_dot_q<KD>(d, r, qa, p);
+    if (lane == 0) part[k][rr] = y;
+  }
+  __syncthreads();
+  if (threadIdx.x < kDownRows && r0 + threadIdx.x < H) {
+    float sum = 0;
+    for (int kk = 0; kk < K; ++kk) sum += w[t * K + kk] * part[kk][threadIdx.x];
+    out[static_cast<long long>(t) * H + r0 + threadIdx.x] = sum;
+  }
 }
 
 // ---- prefill: pairs grouped by expert ------------------------------------
@@ -306,9 +389,25 @@ bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const 
   return true;
 }
 
-void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s) {
+void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s, const DevMatrix* gate, const float* hn,
+                float* gate_out, bool with_shared) {
+  if (with_shared && (!gate || E > 32 * 16)) throw Error("CUDA: route_topk with the shared expert needs its 1-row gate and E <= 512 (internal)");
+  if (E <= 32 * 16) {
+    const DevMatrix g = gate ? *gate : DevMatrix{};
+    float* go = gate ? gate_out : nullptr;
+    auto run = [&]<int PER>() {
+      dispatch_kind(g.kind, [&]<Kind KG>() { route_warp_kernel<PER, KG><<<T, 32, 0, s>>>(logits, E, K, idx, w, g, hn, go, with_shared); });
+    };
+    if (E <= 64) run.template operator()<2>();
+    else if (E <= 128) run.template operator()<4>();
+    else if (E <= 256) run.template operator()<8>();
+    else run.template operator()<16>();
+    check(cudaGetLastError(), "route launch");
+    return;
+  }
   route_kernel<<<T, 256, E * sizeof(float), s>>>(logits, E, K, idx, w);
   check(cudaGetLastError(), "route launch");
+  if (gate) matmul(*gate, hn, T, gate_out, 1, s);
 }
 
 void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q, bool hn_in_q) {
@@ -329,8 +428,15 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
   const dim3 grid((tab.down.rows + kWarps - 1) / kWarps, T), block(kWarps * 32);
   if (q && takes_int8_x(tab.down)) {
     quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
-    if (tab.down.kind == Kind::kI4) down_q_kernel<Kind::kI4><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
-    else down_q_kernel<Kind::kI8><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
+    if (K <= 32) {
+      const dim3 sgrid((tab.down.rows + kDownRows - 1) / kDownRows, T);
+      if (tab.down.kind == Kind::kI4) down_q_split_kernel<Kind::kI4><<<sgrid, 32 * K, 0, s>>>(tab, idx, w, K, *q, out);
+      else down_q_split_kernel<Kind::kI8><<<sgrid, 32 * K, 0, s>>>(tab, idx, w, K, *q, out);
+    } else if (tab.down.kind == Kind::kI4) {
+      down_q_kernel<Kind::kI4><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
+    } else {
+      down_q_kernel<Kind::kI8><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
+    }
     check(cudaGetLastError(), "moe down launch");
     return;
   }
