@@ -34,6 +34,7 @@ __device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, do
 // Block (t, kv head): k normalised and rotated, k and v into the cache.
 __global__ void store_kv_kernel(const float* k, const float* v, const float* k_norm, const int* d_pos, int kv_heads, int hd, int rot, double theta,
                                 float eps, float* kc, float* vc) {
+  griddep_wait();
   extern __shared__ float sh[];
   const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd;
   const int pos = *d_pos + t;
@@ -49,6 +50,7 @@ __global__ void store_kv_kernel(const float* k, const float* v, const float* k_n
 // Block (t, head): scores over positions 0 .. pos, softmax, weighted values.
 __global__ void attention_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads, int kv_heads,
                                  int hd, int rot, double theta, float eps, float* scores, int cap, float* out) {
+  griddep_wait();
   extern __shared__ float q[];
   const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd, qg_w = heads * hd * 2;
   const int pos = *d_pos + t, n_ctx = pos + 1;
@@ -90,13 +92,13 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
 
 void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, double theta,
                    float eps, float* kc, float* vc, cudaStream_t s) {
-  store_kv_kernel<<<dim3(T, kv_heads), 128, hd * sizeof(float), s>>>(k, v, k_norm, d_pos, kv_heads, hd, rot, theta, eps, kc, vc);
+  launch(store_kv_kernel, dim3(T, kv_heads), 128, hd * sizeof(float), s, k, v, k_norm, d_pos, kv_heads, hd, rot, theta, eps, kc, vc);
   check(cudaGetLastError(), "store_kv launch");
 }
 
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                int rot, double theta, float eps, float* scores, int cap, float* out, cudaStream_t s) {
-  attention_kernel<<<dim3(T, heads), 256, hd * sizeof(float), s>>>(qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, theta, eps, scores, cap, out);
+  launch(attention_kernel, dim3(T, heads), 256, hd * sizeof(float), s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, theta, eps, scores, cap, out);
   check(cudaGetLastError(), "attention launch");
 }
 

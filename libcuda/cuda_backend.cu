@@ -140,7 +140,12 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   std::unique_ptr<BackendState> new_state() const override;
   bool runs_whole_chunks() const override { return true; }
-  void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) override;
+  void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) override {
+    start_chunk(state, ids, T, pos0, logit_rows);
+    finish_chunk(state, logits);
+  }
+  void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) override;
+  void finish_chunk(BackendState& state, float* logits) override;
 
   // The per-layer steps exist only on the CPU: the engine asks for them when
   // it must observe the routing.
@@ -158,7 +163,7 @@ class CudaBackend : public Backend {
   DevMatrix put_matrix(const Matrix& m, const std::string& what) { return describe(m, arena_.put(m.data, m.bytes()), what.c_str()); }
   void ensure_buffers(int T);
   void ensure_cap(CudaState& st, int needed);
-  // The forward pass of T tokens whose ids are in d_ids_ and position in d_pos_.
+  // The forward pass of T tokens whose position and ids are in io_.
   void run(CudaState& st, int T, int logit_rows);
   // hn_q: the norm before left hn quantized for this step's int8 readers.
   void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
@@ -179,7 +184,7 @@ class CudaBackend : public Backend {
   int buf_T_ = 0;
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
       logits_, scores_;
-  DeviceArray<int> ids_, pos_, ridx_, order_, offsets_;
+  DeviceArray<int> ridx_, order_, offsets_;
   DeviceArray<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
   // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
   // the T * K experts' activations).
@@ -216,8 +221,23 @@ class CudaBackend : public Backend {
     prof_pending_.push_back({name, {a, b}});
   }
   void collect_profile();
-  int* h_ids_ = nullptr;   // pinned
-  int* h_pos_ = nullptr;   // pinned
+  // The chunk's position then its ids, pinned on the host and on the device (one copy).
+  int* h_io_ = nullptr;
+  DeviceArray<int> io_;
+  const int* d_pos() const { return io_.get(); }
+  const int* d_ids() const { return io_.get() + 1; }
+  // The logits come back in kLogitParts column ranges, each copied (on
+  // copy_stream_) while the lm_head computes the next and waited for on its
+  // own event by finish_chunk.
+  static constexpr int kLogitParts = 4;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t part_ready_[kLogitParts] = {}, part_copied_[kLogitParts] = {}, copies_done_ = nullptr;
+  int logit_parts_ = 1;
+  struct Pending {
+    bool active = false;
+    int T = 0, logit_rows = 0;
+    std::chrono::steady_clock::time_point t0;
+  } pending_;
   float* h_logits_ = nullptr;
   std::size_t h_logits_n_ = 0;
 };
@@ -319,9 +339,15 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     d.experts.table.up_ptrs = d.experts.up_ptrs.get();
     d.experts.table.down_ptrs = d.experts.down_ptrs.get();
   }
-  check(cudaMallocHost(&h_ids_, sizeof(int) * std::max(1, opt_.max_chunk)), "cudaMallocHost");
-  check(cudaMallocHost(&h_pos_, sizeof(int)), "cudaMallocHost");
-  pos_.resize(1);
+  check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
+  io_.resize(std::max(1, opt_.max_chunk) + 1);
+  check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (int i = 0; i < kLogitParts; ++i) {
+    check(cudaEventCreateWithFlags(&part_ready_[i], cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&part_copied_[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  check(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming), "cudaEventCreate");
+  logit_parts_ = s_.vocab_size >= 4096 * kLogitParts ? kLogitParts : 1;
 }
 
 void CudaBackend::collect_profile() {
@@ -349,8 +375,13 @@ CudaBackend::~CudaBackend() {
     for (const auto& [name, row] : prof_)
       std::fprintf(stderr, "%-14s %10.3f %8ld %6.1f%%\n", name.c_str(), row.ms, row.calls, 100.0 * row.ms / total);
   }
-  if (h_ids_) cudaFreeHost(h_ids_);
-  if (h_pos_) cudaFreeHost(h_pos_);
+  if (h_io_) cudaFreeHost(h_io_);
+  for (int i = 0; i < kLogitParts; ++i) {
+    if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);
+    if (part_copied_[i]) cudaEventDestroy(part_copied_[i]);
+  }
+  if (copies_done_) cudaEventDestroy(copies_done_);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (h_logits_) cudaFreeHost(h_logits_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -384,7 +415,6 @@ void CudaBackend::ensure_buffers(int T) {
   act_.resize(t * (K + 1) * s_.moe_intermediate_size);
   order_.resize(t * K), offsets_.resize(s_.num_experts + 1);
   ey_.resize(t >= std::size_t(kGroupedMinTokens) ? t * K * H : 1);
-  ids_.resize(t);
   const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
                                        std::size_t(s_.moe_intermediate_size), std::size_t(s_.shared_expert_intermediate_size)});
   const std::size_t qn = std::max(t * widest, t * (K + 1) * s_.moe_intermediate_size) + 32;
@@ -429,9 +459,9 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
     matmul_many(outs, 3, hn_.get(), T, stream_, &qx_, hn_q);
   });
   step("attention", [&] {
-    attn_store_kv(k_.get(), v_.get(), L.k_norm, T, pos_.get(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(),
+    attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(),
                   stream_);
-    attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, pos_.get(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps,
+    attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps,
               scores_.get(), scores_cap_, heads_out_.get(), stream_);
   });
   step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
@@ -512,7 +542,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
-  step("embed", [&] { embed_rows(embed_, ids_.get(), T, x_.get(), stream_); });
+  step("embed", [&] { embed_rows(embed_, d_ids(), T, x_.get(), stream_); });
   // Each residual add is fused with the norm that reads its result, and
   // the norm with the quantization of its output for the int8 matmuls.
   bool nibble = false, hn_q = mixer_quant(0, &nibble);
@@ -540,12 +570,35 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   hn_q = quantize_for({&lm_head_}, &nibble);
   step("lm_head", [&] {
     rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
-    matmul(lm_head_, hn_.get(), logit_rows, logits_.get(), s_.vocab_size, stream_, &qx_, hn_q);
+    // By column ranges: each range's logits go to the host (copy stream)
+    // while the next range is computed.
+    const int V = s_.vocab_size;
+    for (int i = 0; i < logit_parts_; ++i) {
+      const int r0 = static_cast<int>(static_cast<long long>(V) * i / logit_parts_), r1 = static_cast<int>(static_cast<long long>(V) * (i + 1) / logit_parts_);
+      DevMatrix part = lm_head_;
+      part.data = lm_head_.data + static_cast<long long>(r0) * lm_head_.row_stride;
+      part.scale_offset = lm_head_.scale_offset + static_cast<long long>(r0) * (lm_head_.scale_row_bytes - lm_head_.row_stride);
+      part.rows = r1 - r0;
+      matmul(part, hn_.get(), logit_rows, logits_.get() + r0, V, stream_, &qx_, hn_q);
+      check(cudaEventRecord(part_ready_[i], stream_), "event");
+      check(cudaStreamWaitEvent(copy_stream_, part_ready_[i]), "wait event");
+      check(cudaMemcpy2DAsync(h_logits_ + r0, V * sizeof(float), logits_.get() + r0, V * sizeof(float), (r1 - r0) * sizeof(float), logit_rows,
+                              cudaMemcpyDeviceToHost, copy_stream_),
+            "copy logits");
+      // Inside a decode graph the host must still see this event: an external record node.
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      check(cudaStreamIsCapturing(copy_stream_, &cs), "capture status");
+      check(cudaEventRecordWithFlags(part_copied_[i], copy_stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault),
+            "event");
+    }
+    check(cudaEventRecord(copies_done_, copy_stream_), "event");
+    check(cudaStreamWaitEvent(stream_, copies_done_), "wait event");
   });
 }
 
-void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) {
+void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
   auto& st = static_cast<CudaState&>(state);
+  if (pending_.active) finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
   const auto t_start = std::chrono::steady_clock::now();
   if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
   ensure_buffers(T);
@@ -558,22 +611,32 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
   const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;
   if (nlog > h_logits_n_) {
     if (h_logits_) cudaFreeHost(h_logits_);
+    h_logits_ = nullptr, h_logits_n_ = 0;
     check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
     h_logits_n_ = nlog;
+    ++buffer_gen_;  // the decode graph copies into it
   }
   if (logits_.size() < nlog) logits_.resize(nlog), ++buffer_gen_;
-  std::memcpy(h_ids_, ids, T * sizeof(int));
-  *h_pos_ = pos0;
-  check(cudaMemcpyAsync(ids_.get(), h_ids_, T * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
-  check(cudaMemcpyAsync(pos_.get(), h_pos_, sizeof(int), cudaMemcpyHostToDevice, stream_), "copy position");
+  h_io_[0] = pos0;
+  std::memcpy(h_io_ + 1, ids, T * sizeof(int));
+  check(cudaMemcpyAsync(io_.get(), h_io_, (T + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
   prof_tokens_ += T;
+  pdl_wanted() = T == 1;  // decode: overlap each kernel's launch with the previous one's tail
   if (T == 1 && opt_.graphs) {
     // A decode step as one graph; captured again when a buffer moved.
     if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || st.graph_gen != buffer_gen_) {
       if (st.graph) cudaGraphExecDestroy(st.graph), st.graph = nullptr;
       cudaGraph_t g;
       check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
-      run(st, 1, logit_rows);
+      try {
+        run(st, 1, logit_rows);
+      } catch (...) {  // leave the stream usable: end the broken capture
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream_, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        cudaGetLastError();
+        throw;
+      }
       check(cudaStreamEndCapture(stream_, &g), "end capture");
       check(cudaGraphInstantiate(&st.graph, g, 0), "graph instantiate");
       cudaGraphDestroy(g);
@@ -586,15 +649,29 @@ void CudaBackend::forward_chunk(BackendState& state, const int* ids, int T, int 
   } else {
     run(st, T, logit_rows);
   }
-  if (nlog) check(cudaMemcpyAsync(h_logits_, logits_.get(), nlog * sizeof(float), cudaMemcpyDeviceToHost, stream_), "copy logits");
+  pending_ = {true, T, logit_rows, t_start};
+}
+
+void CudaBackend::finish_chunk(BackendState&, float* logits) {
+  if (!pending_.active) throw Error("CUDA backend: finish_chunk without start_chunk (internal)");
+  const Pending p = pending_;
+  pending_.active = false;
+  const int V = s_.vocab_size;
+  // Each column range as soon as it is on the host.
+  for (int i = 0; p.logit_rows && i < logit_parts_; ++i) {
+    check(cudaEventSynchronize(part_copied_[i]), "logits");
+    if (!logits) continue;
+    const int r0 = static_cast<int>(static_cast<long long>(V) * i / logit_parts_), r1 = static_cast<int>(static_cast<long long>(V) * (i + 1) / logit_parts_);
+    for (int t = 0; t < p.logit_rows; ++t)
+      std::memcpy(logits + std::size_t(t) * V + r0, h_logits_ + std::size_t(t) * V + r0, (r1 - r0) * sizeof(float));
+  }
   check(cudaStreamSynchronize(stream_), "forward");
   if (profile_) collect_profile();
-  std::memcpy(logits, h_logits_, nlog * sizeof(float));
-  if (graph_timing_ && T == 1 && opt_.graphs) {
+  if (graph_timing_ && p.T == 1 && opt_.graphs) {
     float ms = 0;
     cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]);
     graph_ms_ += ms, ++graph_steps_;
-    step_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+    step_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p.t0).count();
   }
 }
 

@@ -3,7 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "util/error.h"
 
@@ -11,6 +13,49 @@ namespace coli::cuda {
 
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Programmatic Dependent Launch (sm_90+): every kernel is launched allowed
+// to start while the previous kernel in the stream is finishing (its
+// launch and block scheduling overlap that kernel's tail); every kernel
+// therefore begins with griddep_wait(), which returns once the previous
+// kernel has completed and its writes are visible, and then lets the next
+// kernel launch. COLI_CUDA_PDL=0 turns it off.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Whether launches now ask for PDL: the backend turns it on for decode
+// steps (latency-bound chains of small kernels) and off for prefill, where
+// early-launched blocks would only take SM slots from the running kernel.
+inline bool& pdl_wanted() {
+  static bool on = true;
+  return on;
+}
+
+inline bool pdl_enabled() {
+  static const bool supported = [] {
+    const char* e = std::getenv("COLI_CUDA_PDL");
+    if (e && std::string(e) == "0") return false;
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return supported && pdl_wanted();
+}
+
+// kernel<<<grid, block, smem, s>>>(args...) with PDL allowed (see above).
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), "kernel launch");
 }
 
 // A device array of n T; moves, frees on destruction.

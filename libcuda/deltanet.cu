@@ -18,6 +18,7 @@ namespace {
 constexpr int kMaxTaps = 8;
 
 __global__ void conv_kernel(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out) {
+  griddep_wait();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cd) return;
   float tap[kMaxTaps - 1], win[kMaxTaps - 1];
@@ -53,6 +54,7 @@ __global__ void conv_kernel(const float* qkv, const float* taps, float* state, i
 // in order (deterministic).
 __global__ void __launch_bounds__(128) conv_norm_step_kernel(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk,
                                                              float* out) {
+  griddep_wait();
   __shared__ float warp_ss[4];
   const int c = blockIdx.x * 128 + threadIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
   float v = 0.0f;
@@ -86,6 +88,7 @@ __global__ void __launch_bounds__(128) conv_norm_step_kernel(const float* qkv, c
 constexpr int kConvTile = 16;
 
 __global__ void conv_tiles_kernel(const float* qkv, const float* taps, const float* state, int T, int cd, int K, float* out) {
+  griddep_wait();
   const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * kConvTile;
   if (c >= cd) return;
   float tap[kMaxTaps - 1], win[kMaxTaps - 1];
@@ -116,6 +119,7 @@ __global__ void conv_tiles_kernel(const float* qkv, const float* taps, const flo
 // state <- the last K-1 inputs of [state; chunk], in place (row j reads row
 // j + T > j, not yet written).
 __global__ void conv_state_kernel(const float* qkv, float* state, int T, int cd, int K) {
+  griddep_wait();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cd) return;
   for (int j = 0; j < K - 1; ++j) {
@@ -127,6 +131,7 @@ __global__ void conv_state_kernel(const float* qkv, float* state, int T, int cd,
 
 // Warp per (t, head of q or k): x *= rsqrt(sum x^2 + 1e-6), q also / sqrt(dk).
 __global__ void qk_norm_kernel(float* conv_out, int T, int cd, int nk, int dk) {
+  griddep_wait();
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (w >= T * 2 * nk) return;
   const int t = w / (2 * nk), hh = w % (2 * nk);  // hh < nk: q head, else k head
@@ -147,6 +152,7 @@ constexpr int kMaxParts = 8;
 __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
                                   const float* dt_bias, const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps,
                                   float* normed) {
+  griddep_wait();
   extern __shared__ float sh[];
   const int dvp = (dv + 31) / 32 * 32, parts = (dk + 31) / 32;
   float* q = sh;                 // [dk]
@@ -210,6 +216,7 @@ constexpr int kRecTile = 32, kRecCols = 16;
 template <int R>
 __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, const float* conv_out, const float* b, const float* a, const float* A_log,
                                                               const float* dt_bias, int T, int nk, int nv, int dk, int dv, int cd, float* out) {
+  griddep_wait();
   extern __shared__ float sm[];
   float* qs = sm;                     // [kRecTile][dk]
   float* ks = qs + kRecTile * dk;     // [kRecTile][dk]
@@ -287,6 +294,7 @@ __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, cons
 constexpr int kNormPer = 8;  // dv <= 256
 
 __global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w, int T, int nv, int dv, float eps, QuantX q, bool quant, bool nibble) {
+  griddep_wait();
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (w >= T * nv) return;
   float* x = o + static_cast<long long>(w) * dv;
@@ -328,24 +336,24 @@ __global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w,
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s) {
   if (K < 1 || K > kMaxTaps) throw Error("CUDA: Gated DeltaNet conv of " + std::to_string(K) + " taps (at most " + std::to_string(kMaxTaps) + ")");
   if (T == 1) {
-    conv_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, taps, state, T, cd, K, out);
+    launch(conv_kernel, (cd + 255) / 256, 256, 0, s, qkv, taps, state, T, cd, K, out);
   } else {
-    conv_tiles_kernel<<<dim3((cd + 127) / 128, (T + kConvTile - 1) / kConvTile), 128, 0, s>>>(qkv, taps, state, T, cd, K, out);
-    conv_state_kernel<<<(cd + 255) / 256, 256, 0, s>>>(qkv, state, T, cd, K);
+    launch(conv_tiles_kernel, dim3((cd + 127) / 128, (T + kConvTile - 1) / kConvTile), 128, 0, s, qkv, taps, state, T, cd, K, out);
+    launch(conv_state_kernel, (cd + 255) / 256, 256, 0, s, qkv, state, T, cd, K);
   }
   check(cudaGetLastError(), "gdn conv launch");
 }
 
 bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s) {
   if (dk > 128 || (dk & (dk - 1)) || K < 1) return false;
-  conv_norm_step_kernel<<<(cd + 127) / 128, 128, 0, s>>>(qkv, taps, state, cd, K, nk, dk, out);
+  launch(conv_norm_step_kernel, (cd + 127) / 128, 128, 0, s, qkv, taps, state, cd, K, nk, dk, out);
   check(cudaGetLastError(), "gdn conv+norm launch");
   return true;
 }
 
 void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s) {
   const int warps = T * 2 * nk;
-  qk_norm_kernel<<<(warps + 7) / 8, 256, 0, s>>>(conv_out, T, cd, nk, dk);
+  launch(qk_norm_kernel, (warps + 7) / 8, 256, 0, s, conv_out, T, cd, nk, dk);
   check(cudaGetLastError(), "gdn qk norm launch");
 }
 
@@ -357,21 +365,21 @@ bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float
     const int blocks = nv * ((dv + kRecCols - 1) / kRecCols);
     const std::size_t shmem = (2 * std::size_t(kRecTile) * dk + kRecTile * kRecCols + 2 * kRecTile) * sizeof(float);
     auto run = [&]<int R>() {
-      recurrence_warp_kernel<R><<<blocks, 128, shmem, s>>>(S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, normed);
+      launch(recurrence_warp_kernel<R>, blocks, 128, shmem, s, S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, normed);
     };
     if (rows_per_lane <= 2) run.template operator()<2>();
     else if (rows_per_lane <= 4) run.template operator()<4>();
     else if (rows_per_lane <= 8) run.template operator()<8>();
     else run.template operator()<16>();
     const bool quant = q && dv % 32 == 0;
-    gated_norm_kernel<<<(T * nv + 7) / 8, 256, 0, s>>>(normed, z, norm_w, T, nv, dv, eps, quant ? *q : QuantX{}, quant, nibble);
+    launch(gated_norm_kernel, (T * nv + 7) / 8, 256, 0, s, normed, z, norm_w, T, nv, dv, eps, quant ? *q : QuantX{}, quant, nibble);
     check(cudaGetLastError(), "gdn recurrence launch");
     return quant;
   }
   const int dvp = (dv + 31) / 32 * 32, parts = (dk + 31) / 32;
   if (parts > kMaxParts || parts * dvp > 1024) throw Error("CUDA: Gated DeltaNet head of " + std::to_string(dk) + " x " + std::to_string(dv) + " is too large");
   const std::size_t shmem = (2 * static_cast<std::size_t>(dk) + static_cast<std::size_t>(parts) * dvp) * sizeof(float);
-  recurrence_kernel<<<nv, parts * dvp, shmem, s>>>(S, conv_out, z, b, a, A_log, dt_bias, norm_w, T, nk, nv, dk, dv, cd, eps, normed);
+  launch(recurrence_kernel, nv, parts * dvp, shmem, s, S, conv_out, z, b, a, A_log, dt_bias, norm_w, T, nk, nv, dk, dv, cd, eps, normed);
   check(cudaGetLastError(), "gdn recurrence launch");
   return false;
 }

@@ -200,7 +200,9 @@ __device__ __forceinline__ void warp_row_dot(const DevMatrix& W, int r, const fl
   const int lane = threadIdx.x & 31;
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   const int chunks = (W.cols + per - 1) / per;
-#pragma unroll 2
+  // One token: 8 chunks per lane in flight (a decode step's row is one
+  // round trip to memory, not four); more tokens keep registers for x.
+#pragma unroll(NT == 1 ? 8 : 2)
   for (int ch = lane; ch < chunks; ch += 32) chunk_dot<K, NT>(W, r, ch, x, ldx, acc);
   for (int t = 0; t < NT; ++t) acc[t] = warp_sum(acc[t]);
 }

@@ -1,3 +1,5 @@
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <string>
 
@@ -11,6 +13,7 @@ namespace {
 
 template <Kind K>
 __global__ void embed_kernel(DevMatrix E, const int* ids, float* x) {
+  griddep_wait();
   const int t = blockIdx.x, r = ids[t];
   constexpr int per = K == Kind::kF32 ? 4 : K == Kind::kI8 ? 16 : K == Kind::kI4 ? 32 : 8;
   const int chunks = (E.cols + per - 1) / per;
@@ -37,17 +40,24 @@ struct NormArgs {
   bool quant, nibble;
 };
 
-template <int kPer>
+// kCluster (sm_90): a row is split over the gridDim.x blocks of a thread
+// block cluster, each owning n / gridDim.x values (a multiple of 32); the
+// blocks' sums of squares meet through distributed shared memory, added in
+// block order (deterministic). A decode step's row then spreads over 8 SMs.
+template <int kPer, bool kCluster>
 __global__ void norm_kernel(NormArgs p) {
-  const long long o = static_cast<long long>(blockIdx.x) * p.n;
-  const float g = p.b_gate ? sigmoidf(p.b_gate[blockIdx.x]) : 1.0f;
+  griddep_wait();
+  const int row = kCluster ? blockIdx.y : blockIdx.x;
+  const int len = kCluster ? p.n / gridDim.x : p.n, i0 = kCluster ? blockIdx.x * len : 0;
+  const long long o = static_cast<long long>(row) * p.n;
+  const float g = p.b_gate ? sigmoidf(p.b_gate[row]) : 1.0f;
   float v[kPer];
   float ss = 0;
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
+    const int i = i0 + threadIdx.x + k * blockDim.x;
     v[k] = 0.0f;
-    if (i < p.n) {
+    if (i < i0 + len) {
       float val = p.x[o + i];
       if (p.a) {
         val = val + p.a[o + i] + (p.b ? g * p.b[o + i] : 0.0f);
@@ -58,11 +68,24 @@ __global__ void norm_kernel(NormArgs p) {
     }
   }
   if (!p.y && !p.quant) return;
-  const float r = rsqrtf(block_sum(ss) / p.n + p.eps);
+  ss = block_sum(ss);
+  if constexpr (kCluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ float part;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) part = ss;
+    cluster.sync();
+    ss = 0;
+    for (unsigned b = 0; b < cluster.num_blocks(); ++b) ss += *cluster.map_shared_rank(&part, b);
+    cluster.sync();  // every block has read the others' partial sums
+#endif
+  }
+  const float r = rsqrtf(ss / p.n + p.eps);
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    if (i < p.n) {
+    const int i = i0 + threadIdx.x + k * blockDim.x;
+    if (i < i0 + len) {
       v[k] = v[k] * r * (p.plus_one ? 1.0f + p.w[i] : p.w[i]);
       if (p.y) p.y[o + i] = v[k];
     }
@@ -71,8 +94,8 @@ __global__ void norm_kernel(NormArgs p) {
   const int lane = threadIdx.x & 31, nb = p.n / 32;
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    const int i0 = threadIdx.x - lane + k * blockDim.x;  // this warp's block of 32
-    if (i0 >= p.n) break;
+    const int b0 = threadIdx.x - lane + k * blockDim.x;  // this warp's block of 32 within the slice
+    if (b0 >= len) break;
     float amax = fabsf(v[k]);
     for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
     const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
@@ -80,23 +103,51 @@ __global__ void norm_kernel(NormArgs p) {
     int sum = c;
     for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     const int pos = p.nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
-    const long long qb = static_cast<long long>(blockIdx.x) * nb + i0 / 32;
+    const long long qb = static_cast<long long>(row) * nb + (i0 + b0) / 32;
     p.q.codes[qb * 32 + pos] = static_cast<int8_t>(c);
     if (lane == 0) p.q.scale[qb] = sc, p.q.sum[qb] = sum;
   }
 }
 
+bool clusters_supported() {
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return ok;
+}
+
 void launch_norm(const NormArgs& a, int rows, cudaStream_t s) {
   if (a.quant && a.n % 32) throw Error("CUDA: quantized norm of a row of " + std::to_string(a.n) + " (needs a multiple of 32)");
+  // Few rows (decode): a cluster of up to 8 blocks per row, 256 values each.
+  int nb = 1;
+  if (rows <= 16 && clusters_supported())
+    for (int c : {8, 4, 2})
+      if (a.n % (32 * c) == 0 && a.n / c >= 128 && a.n / c <= 1024) {
+        nb = c;
+        break;
+      }
+  if (nb > 1) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(nb, rows), cfg.blockDim = dim3(a.n / nb), cfg.stream = s;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = nb, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 2 : 1;
+    check(cudaLaunchKernelEx(&cfg, norm_kernel<1, true>, a), "norm launch");
+    return;
+  }
   const int per = a.n <= 8 * 1024 ? 8 : 32;
   if (a.n > per * 1024) throw Error("CUDA: norm of a row of " + std::to_string(a.n) + " values is too long");
   const int threads = std::min(1024, std::max(32, ((a.n + per - 1) / per + 31) / 32 * 32));
-  if (per == 8) norm_kernel<8><<<rows, threads, 0, s>>>(a);
-  else norm_kernel<32><<<rows, threads, 0, s>>>(a);
-  check(cudaGetLastError(), "norm launch");
+  if (per == 8) launch(norm_kernel<8, false>, rows, threads, 0, s, a);
+  else launch(norm_kernel<32, false>, rows, threads, 0, s, a);
 }
 
 __global__ void silu_mul_kernel(const float* g, const float* u, float* out, std::size_t n) {
+  griddep_wait();
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
     out[i] = g[i] * sigmoidf(g[i]) * u[i];
 }
@@ -106,7 +157,7 @@ int grid_for(std::size_t n) { return static_cast<int>(std::min<std::size_t>((n +
 }  // namespace
 
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s) {
-  dispatch_kind(E.kind, [&]<Kind K>() { embed_kernel<K><<<T, 256, 0, s>>>(E, ids, x); });
+  dispatch_kind(E.kind, [&]<Kind K>() { launch(embed_kernel<K>, T, 256, 0, s, E, ids, x); });
   check(cudaGetLastError(), "embed launch");
 }
 
@@ -120,7 +171,7 @@ void add_rms_norm(float* x, const float* a, const float* b, const float* b_gate,
 }
 
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s) {
-  silu_mul_kernel<<<grid_for(n), 256, 0, s>>>(g, u, out, n);
+  launch(silu_mul_kernel, grid_for(n), 256, 0, s, g, u, out, n);
   check(cudaGetLastError(), "silu_mul launch");
 }
 

@@ -62,6 +62,7 @@ __device__ __forceinline__ int batch_index(const Batch& b, int* blk) {
 // (the router, a 1-row gate) still spread over the whole GPU.
 template <Kind K, int NT>
 __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
+  griddep_wait();
   int blk;
   const MatmulOut& o = b.m[batch_index(b, &blk)];
   const int gw = blk * kWarps + threadIdx.x / 32, groups = (T + NT - 1) / NT;
@@ -76,6 +77,7 @@ __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
 // weights need (int4: per 8 columns the 4 even ones, then the 4 odd ones, so
 // a word of low / high nibbles meets one word of x; int8: natural order).
 __global__ void quantize_x_kernel(const float* x, const float* up, int T, int cols, bool nibble_order, QuantX q) {
+  griddep_wait();
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
   const int nb = cols / 32;
   if (w >= T * nb) return;
@@ -108,6 +110,7 @@ __device__ void matmul_q_row(const DevMatrix& W, int r, const QuantX& q, int T, 
 
 template <Kind K, int NT>
 __global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
+  griddep_wait();
   int blk;
   const MatmulOut& o = b.m[batch_index(b, &blk)];
   const int r = blk * kWarps + threadIdx.x / 32;
@@ -118,6 +121,7 @@ __global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
 // of its matrix for tokens ty * kMmaTokens .. + kMmaTokens.
 template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, QuantX q, int T) {
+  griddep_wait();
   using Tile = MmaTile<K, kAsym, 1, kMmaTokens>;
   __shared__ typename Tile::Smem sm;
   int blk;
@@ -155,7 +159,7 @@ bool mma_supported() {
 
 void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s, const float* up) {
   const int warps = T * (cols / 32);
-  quantize_x_kernel<<<(warps + 7) / 8, 256, 0, s>>>(x, up, T, cols, nibble_order, q);
+  launch(quantize_x_kernel, (warps + 7) / 8, 256, 0, s, x, up, T, cols, nibble_order, q);
   check(cudaGetLastError(), "quantize_x launch");
 }
 
@@ -191,23 +195,23 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
     if (mma) {
       const dim3 mgrid(b.first[n], (T + kMmaTokens - 1) / kMmaTokens);
-      dispatch_mma(W, [&]<Kind K, bool kAsym>() { matmul_mma_kernel<K, kAsym><<<mgrid, kMmaWarps * 32, 0, s>>>(b, *q, T); });
+      dispatch_mma(W, [&]<Kind K, bool kAsym>() { launch(matmul_mma_kernel<K, kAsym>, mgrid, kMmaWarps * 32, 0, s, b, *q, T); });
       check(cudaGetLastError(), "matmul_mma launch");
       return;
     }
     if (W.kind == Kind::kI4) {
-      if (T == 1) matmul_q_kernel<Kind::kI4, 1><<<grid, block, 0, s>>>(b, *q, T);
-      else matmul_q_kernel<Kind::kI4, 8><<<grid, block, 0, s>>>(b, *q, T);
+      if (T == 1) launch(matmul_q_kernel<Kind::kI4, 1>, grid, block, 0, s, b, *q, T);
+      else launch(matmul_q_kernel<Kind::kI4, 8>, grid, block, 0, s, b, *q, T);
     } else {
-      if (T == 1) matmul_q_kernel<Kind::kI8, 1><<<grid, block, 0, s>>>(b, *q, T);
-      else matmul_q_kernel<Kind::kI8, 8><<<grid, block, 0, s>>>(b, *q, T);
+      if (T == 1) launch(matmul_q_kernel<Kind::kI8, 1>, grid, block, 0, s, b, *q, T);
+      else launch(matmul_q_kernel<Kind::kI8, 8>, grid, block, 0, s, b, *q, T);
     }
     check(cudaGetLastError(), "matmul_q launch");
     return;
   }
   dispatch_kind(W.kind, [&]<Kind K>() {
-    if (T == 1) matmul_kernel<K, 1><<<grid, block, 0, s>>>(b, x, T);
-    else matmul_kernel<K, 8><<<grid, block, 0, s>>>(b, x, T);
+    if (T == 1) launch(matmul_kernel<K, 1>, grid, block, 0, s, b, x, T);
+    else launch(matmul_kernel<K, 8>, grid, block, 0, s, b, x, T);
   });
   check(cudaGetLastError(), "matmul launch");
 }

@@ -17,6 +17,7 @@ constexpr int kWarps = 8;
 // Block per token: softmax over E (sum in double, as the reference), then
 // K rounds of block argmax (ties to the lower index).
 __global__ void route_kernel(const float* logits, int E, int K, int* idx, float* w) {
+  griddep_wait();
   extern __shared__ float p[];
   __shared__ double dsum[32];
   __shared__ int best_i[32];
@@ -70,14 +71,10 @@ __global__ void route_kernel(const float* logits, int E, int K, int* idx, float*
     for (int k = 0; k < K; ++k) w[t * K + k] /= picked_sum;
 }
 
-// Warp per token (E <= 32 PER): the same softmax and top-K as route_kernel
-// with no block barriers; with gate, also gate_out[t] = gate row 0 . hn[t]
-// (the shared expert's 1-row gate, folded in to save a launch).
-template <int PER, Kind KG>
-__global__ void route_warp_kernel(const float* logits, int E, int K, int* idx, float* w, DevMatrix gate, const float* hn, float* gate_out,
-                                  bool with_shared) {
-  const int ks = K + with_shared;  // idx / w row stride
-  const int t = blockIdx.x, lane = threadIdx.x;
+// Softmax over E logits of token t and top-K, on one warp (E <= 32 PER).
+template <int PER>
+__device__ __forceinline__ void route_one(const float* logits, int E, int K, int ks, int t, int* idx, float* w) {
+  const int lane = threadIdx.x & 31;
   const float* lt = logits + static_cast<long long>(t) * E;
   float p[PER];
   float m = -INFINITY;
@@ -117,19 +114,47 @@ __global__ void route_warp_kernel(const float* logits, int E, int K, int* idx, f
   __syncwarp();
   if (lane == 0)
     for (int kk = 0; kk < K; ++kk) w[t * ks + kk] /= picked_sum;
-  if (gate_out) {
-    float g[1];
-    warp_row_dot<KG, 1>(gate, 0, hn + static_cast<long long>(t) * gate.cols, gate.cols, g);
-    if (lane == 0) {
-      gate_out[t] = g[0];
-      if (with_shared) idx[t * ks + K] = E, w[t * ks + K] = sigmoidf(g[0]);  // the shared expert as pair K
-    }
+}
+
+// Block per token: warp 0 does the softmax and top-K of route_kernel with
+// no block barriers (E <= 32 PER); with gate, the other kRouteWarps - 1
+// warps meanwhile compute gate_out[t] = gate row 0 . hn[t] (the shared
+// expert's 1-row gate, folded in to save a launch).
+constexpr int kRouteWarps = 8;
+
+template <int PER, Kind KG>
+__global__ void __launch_bounds__(kRouteWarps * 32) route_warp_kernel(const float* logits, int E, int K, int* idx, float* w, DevMatrix gate,
+                                                                      const float* hn, float* gate_out, bool with_shared) {
+  griddep_wait();
+  __shared__ float gate_part[kRouteWarps];
+  const int ks = K + with_shared;  // idx / w row stride
+  const int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
+  if (wid > 0) {  // (launched only with a gate)
+    constexpr int per = KG == Kind::kF32 ? 4 : KG == Kind::kI8 ? 16 : KG == Kind::kI4 ? 32 : 8;
+    const int chunks = (gate.cols + per - 1) / per;
+    float acc[1] = {0.0f};
+    const float* x = hn + static_cast<long long>(t) * gate.cols;
+#pragma unroll 4
+    for (int ch = (wid - 1) * 32 + lane; ch < chunks; ch += (kRouteWarps - 1) * 32) chunk_dot<KG, 1>(gate, 0, ch, x, gate.cols, acc);
+    const float part = warp_sum(acc[0]);
+    if (lane == 0) gate_part[wid] = part;
+  } else {
+    route_one<PER>(logits, E, K, ks, t, idx, w);
+  }
+  if (!gate_out) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float g = 0;
+    for (int i = 1; i < kRouteWarps; ++i) g += gate_part[i];
+    gate_out[t] = g;
+    if (with_shared) idx[t * ks + K] = E, w[t * ks + K] = sigmoidf(g);  // the shared expert as pair K
   }
 }
 
 // Warp per (pair, row of the expert's intermediate).
 template <Kind KG, Kind KU>
 __global__ void gate_up_kernel(ExpertTable tab, const float* hn, const int* idx, int K, float* act) {
+  griddep_wait();
   const int p = blockIdx.y, I = tab.gate.rows, H = tab.gate.cols;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   if (r >= I) return;
@@ -147,6 +172,7 @@ __global__ void gate_up_kernel(ExpertTable tab, const float* hn, const int* idx,
 // Warp per (token, output row): the K experts' rows in order, weighted.
 template <Kind KD>
 __global__ void down_kernel(ExpertTable tab, const float* act, const int* idx, const float* w, int K, float* out) {
+  griddep_wait();
   const int t = blockIdx.y, H = tab.down.rows, I = tab.down.cols;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   if (r >= H) return;
@@ -166,6 +192,7 @@ __global__ void down_kernel(ExpertTable tab, const float* act, const int* idx, c
 // token (q row t), act per pair (q row p).
 template <Kind KG>
 __global__ void gate_up_q_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act) {
+  griddep_wait();
   const int p = blockIdx.y, I = tab.gate.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   if (r >= I) return;
@@ -179,6 +206,7 @@ __global__ void gate_up_q_kernel(ExpertTable tab, const int* idx, int K, QuantX 
 
 template <Kind KD>
 __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
+  griddep_wait();
   const int t = blockIdx.y, H = tab.down.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   if (r >= H) return;
@@ -199,6 +227,7 @@ constexpr int kDownRows = 8;
 
 template <Kind KD>
 __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
+  griddep_wait();
   __shared__ float part[32][kDownRows];
   const int t = blockIdx.y, H = tab.down.rows, k = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int r0 = blockIdx.x * kDownRows, p = t * K + k;
@@ -224,6 +253,7 @@ __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float
 // in its expert's range. The order within an expert is arbitrary: every
 // pair's result is computed on its own, so it does not change any value.
 __global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int* offsets) {
+  griddep_wait();
   extern __shared__ int cnt[];  // [E + 1] counts, then [E] cursors
   int* cur = cnt + E + 1;
   for (int e = threadIdx.x; e <= E; e += blockDim.x) cnt[e] = 0;
@@ -251,6 +281,7 @@ constexpr int kMmaPairs = 32;
 template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int Kk, QuantX qx,
                                                                       float* act) {
+  griddep_wait();
   using Tile = MmaTile<K, kAsym, 2, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
   const int e = blockIdx.y, I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
@@ -279,6 +310,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
 // y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
 template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, QuantX qa, float* y) {
+  griddep_wait();
   using Tile = MmaTile<K, kAsym, 1, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
   const int e = blockIdx.y, H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
@@ -306,6 +338,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable ta
 // Warp per (expert, row): gate and up of every pair of the expert, 8 at a time.
 template <Kind KG>
 __global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, int K, QuantX qx, float* act) {
+  griddep_wait();
   const int e = blockIdx.y, I = tab.gate.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   const int p0 = offsets[e], p1 = offsets[e + 1];
@@ -328,6 +361,7 @@ __global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const 
 // Warp per (expert, output row): y[p, r] = down_e[r] . act[p] for the expert's pairs.
 template <Kind KD>
 __global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, QuantX qa, float* y) {
+  griddep_wait();
   const int e = blockIdx.y, H = tab.down.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   const int p0 = offsets[e], p1 = offsets[e + 1];
@@ -347,6 +381,7 @@ __global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int
 
 // out[t, r] = sum_k w[t, k] y[t K + k, r], k in order (as down_kernel sums).
 __global__ void combine_kernel(const float* y, const float* w, int K, int H, float* out) {
+  griddep_wait();
   const int t = blockIdx.x;
   for (int r = threadIdx.x; r < H; r += blockDim.x) {
     float sum = 0;
@@ -361,30 +396,30 @@ bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const 
                  cudaStream_t s, const QuantX& q, bool hn_in_q) {
   if (!takes_int8_x(tab.gate) || !takes_int8_x(tab.down) || tab.gate.kind != tab.up.kind) return false;
   const int n = T * K, I = tab.gate.rows, H = tab.down.rows;
-  group_pairs_kernel<<<1, 1024, (2 * E + 1) * sizeof(int), s>>>(idx, n, E, sc.order, sc.offsets);
+  launch(group_pairs_kernel, 1, 1024, (2 * E + 1) * sizeof(int), s, idx, n, E, sc.order, sc.offsets);
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
   const bool mma = mma_supported() && tab.gate.asym == tab.up.asym;
   const dim3 block(kWarps * 32);
   if (mma) {
     dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
-      gate_up_mma_kernel<KK, kAsym><<<dim3((I + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+      launch(gate_up_mma_kernel<KK, kAsym>, dim3((I + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, K, q, sc.act);
     });
   } else {
     const dim3 g1((I + kWarps - 1) / kWarps, E);
-    if (tab.gate.kind == Kind::kI4) gate_up_grouped_kernel<Kind::kI4><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
-    else gate_up_grouped_kernel<Kind::kI8><<<g1, block, 0, s>>>(tab, sc.order, sc.offsets, K, q, sc.act);
+    if (tab.gate.kind == Kind::kI4) launch(gate_up_grouped_kernel<Kind::kI4>, g1, block, 0, s, tab, sc.order, sc.offsets, K, q, sc.act);
+    else launch(gate_up_grouped_kernel<Kind::kI8>, g1, block, 0, s, tab, sc.order, sc.offsets, K, q, sc.act);
   }
   quantize_x(sc.act, n, I, tab.down.kind == Kind::kI4, q, s);
   if (mma) {
     dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
-      down_mma_kernel<KK, kAsym><<<dim3((H + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+      launch(down_mma_kernel<KK, kAsym>, dim3((H + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, q, sc.y);
     });
   } else {
     const dim3 g2((H + kWarps - 1) / kWarps, E);
-    if (tab.down.kind == Kind::kI4) down_grouped_kernel<Kind::kI4><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
-    else down_grouped_kernel<Kind::kI8><<<g2, block, 0, s>>>(tab, sc.order, sc.offsets, q, sc.y);
+    if (tab.down.kind == Kind::kI4) launch(down_grouped_kernel<Kind::kI4>, g2, block, 0, s, tab, sc.order, sc.offsets, q, sc.y);
+    else launch(down_grouped_kernel<Kind::kI8>, g2, block, 0, s, tab, sc.order, sc.offsets, q, sc.y);
   }
-  combine_kernel<<<T, 256, 0, s>>>(sc.y, w, K, H, out);
+  launch(combine_kernel, T, 256, 0, s, sc.y, w, K, H, out);
   check(cudaGetLastError(), "moe grouped launch");
   return true;
 }
@@ -396,7 +431,7 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
     const DevMatrix g = gate ? *gate : DevMatrix{};
     float* go = gate ? gate_out : nullptr;
     auto run = [&]<int PER>() {
-      dispatch_kind(g.kind, [&]<Kind KG>() { route_warp_kernel<PER, KG><<<T, 32, 0, s>>>(logits, E, K, idx, w, g, hn, go, with_shared); });
+      dispatch_kind(g.kind, [&]<Kind KG>() { launch(route_warp_kernel<PER, KG>, T, gate ? kRouteWarps * 32 : 32, 0, s, logits, E, K, idx, w, g, hn, go, with_shared); });
     };
     if (E <= 64) run.template operator()<2>();
     else if (E <= 128) run.template operator()<4>();
@@ -405,7 +440,7 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
     check(cudaGetLastError(), "route launch");
     return;
   }
-  route_kernel<<<T, 256, E * sizeof(float), s>>>(logits, E, K, idx, w);
+  launch(route_kernel, T, 256, E * sizeof(float), s, logits, E, K, idx, w);
   check(cudaGetLastError(), "route launch");
   if (gate) matmul(*gate, hn, T, gate_out, 1, s);
 }
@@ -415,12 +450,12 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
   if (q && takes_int8_x(tab.gate)) {
     if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
-    if (tab.gate.kind == Kind::kI4) gate_up_q_kernel<Kind::kI4><<<grid, block, 0, s>>>(tab, idx, K, *q, act);
-    else gate_up_q_kernel<Kind::kI8><<<grid, block, 0, s>>>(tab, idx, K, *q, act);
+    if (tab.gate.kind == Kind::kI4) launch(gate_up_q_kernel<Kind::kI4>, grid, block, 0, s, tab, idx, K, *q, act);
+    else launch(gate_up_q_kernel<Kind::kI8>, grid, block, 0, s, tab, idx, K, *q, act);
     check(cudaGetLastError(), "moe gate_up launch");
     return;
   }
-  dispatch_kind(tab.gate.kind, [&]<Kind K_>() { gate_up_kernel<K_, K_><<<grid, block, 0, s>>>(tab, hn, idx, K, act); });
+  dispatch_kind(tab.gate.kind, [&]<Kind K_>() { launch(gate_up_kernel<K_, K_>, grid, block, 0, s, tab, hn, idx, K, act); });
   check(cudaGetLastError(), "moe gate_up launch");
 }
 
@@ -430,17 +465,17 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
     quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
     if (K <= 32) {
       const dim3 sgrid((tab.down.rows + kDownRows - 1) / kDownRows, T);
-      if (tab.down.kind == Kind::kI4) down_q_split_kernel<Kind::kI4><<<sgrid, 32 * K, 0, s>>>(tab, idx, w, K, *q, out);
-      else down_q_split_kernel<Kind::kI8><<<sgrid, 32 * K, 0, s>>>(tab, idx, w, K, *q, out);
+      if (tab.down.kind == Kind::kI4) launch(down_q_split_kernel<Kind::kI4>, sgrid, 32 * K, 0, s, tab, idx, w, K, *q, out);
+      else launch(down_q_split_kernel<Kind::kI8>, sgrid, 32 * K, 0, s, tab, idx, w, K, *q, out);
     } else if (tab.down.kind == Kind::kI4) {
-      down_q_kernel<Kind::kI4><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
+      launch(down_q_kernel<Kind::kI4>, grid, block, 0, s, tab, idx, w, K, *q, out);
     } else {
-      down_q_kernel<Kind::kI8><<<grid, block, 0, s>>>(tab, idx, w, K, *q, out);
+      launch(down_q_kernel<Kind::kI8>, grid, block, 0, s, tab, idx, w, K, *q, out);
     }
     check(cudaGetLastError(), "moe down launch");
     return;
   }
-  dispatch_kind(tab.down.kind, [&]<Kind K_>() { down_kernel<K_><<<grid, block, 0, s>>>(tab, act, idx, w, K, out); });
+  dispatch_kind(tab.down.kind, [&]<Kind K_>() { launch(down_kernel<K_>, grid, block, 0, s, tab, act, idx, w, K, out); });
   check(cudaGetLastError(), "moe down launch");
 }
 

@@ -65,6 +65,18 @@ class Backend {
   // the last logit_rows tokens (0, 1 or T) into logits[logit_rows, V].
   virtual bool runs_whole_chunks() const { return false; }
   virtual void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits);
+  // forward_chunk in two halves, so that the caller's own work (allocating
+  // the logits) overlaps the device's: start_chunk launches and returns,
+  // finish_chunk waits and writes the logits; ids must stay valid until
+  // then. Default: start remembers the arguments, finish runs forward_chunk.
+  virtual void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows);
+  virtual void finish_chunk(BackendState& state, float* logits);
+
+ private:
+  struct PendingChunk {
+    const int* ids = nullptr;
+    int T = 0, pos0 = 0, logit_rows = 0;
+  } pending_;
 };
 
 }  // namespace coli

@@ -12,6 +12,15 @@ void Backend::forward_chunk(BackendState&, const int*, int, int, int, float*) {
   throw Error("backend " + name() + " does not run whole chunks");
 }
 
+void Backend::start_chunk(BackendState&, const int* ids, int T, int pos0, int logit_rows) { pending_ = {ids, T, pos0, logit_rows}; }
+
+void Backend::finish_chunk(BackendState& state, float* logits) {
+  const PendingChunk p = pending_;
+  pending_ = {};
+  if (!p.ids) throw Error("backend " + name() + ": finish_chunk without start_chunk");
+  forward_chunk(state, p.ids, p.T, p.pos0, p.logit_rows, logits);
+}
+
 void Backend::add_moe_output(std::size_t n, const float* routed, const float* shared, float* x) {
   for (std::size_t i = 0; i < n; ++i) x[i] += routed[i] + shared[i];
 }
@@ -48,9 +57,10 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
   const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
   if (backend_.runs_whole_chunks() && !observe) {
     const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;
-    std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
     const auto t0 = std::chrono::steady_clock::now();
-    backend_.forward_chunk(*s.state, ids, T, s.n_past, rows, logits.data());
+    backend_.start_chunk(*s.state, ids, T, s.n_past, rows);  // the logits are allocated while the device runs
+    std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
+    backend_.finish_chunk(*s.state, logits.data());
     if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.n_past += T;
     return logits;
