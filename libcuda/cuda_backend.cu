@@ -420,6 +420,7 @@ void CudaBackend::ensure_buffers(int T) {
   const std::size_t qn = std::max(t * widest, t * (K + 1) * s_.moe_intermediate_size) + 32;
   qx_codes_.resize(qn), qx_scale_.resize(qn / 32 + 1), qx_sum_.resize(qn / 32 + 1);
   qx_ = QuantX{qx_codes_.get(), qx_scale_.get(), qx_sum_.get()};
+
   buf_T_ = T;
   ++buffer_gen_;
 }

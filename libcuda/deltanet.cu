@@ -3,8 +3,9 @@
 //   q scaled by 1/sqrt(d_k); beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias)
 //   S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
 //   out = RMSNorm(o) * w * silu(z) per value head.
-// The recurrence keeps each head's state S [dk, dv] in registers for the
-// whole chunk, spread over dk/32 x dv threads.
+// The recurrence keeps each head's state S in registers for the whole
+// chunk; in memory it is stored by column, S^T [dv, dk], so that the lanes
+// that share a column read consecutive rows.
 #include "cuda_util.cuh"
 #include "device_math.cuh"
 #include "kernels.cuh"
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const flo
   float* Sg = S_all + static_cast<long long>(h) * dk * dv;
   float s[32];
 #pragma unroll
-  for (int ii = 0; ii < 32; ++ii) s[ii] = ii < cnt ? Sg[(i0 + ii) * dv + j] : 0.0f;
+  for (int ii = 0; ii < 32; ++ii) s[ii] = ii < cnt ? Sg[static_cast<long long>(j) * dk + i0 + ii] : 0.0f;
   const float a_h = -expf(A_log[h]);
   for (int t = 0; t < T; ++t) {
     const float* row = conv_out + static_cast<long long>(t) * cd;
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const flo
   }
 #pragma unroll
   for (int ii = 0; ii < 32; ++ii)
-    if (ii < cnt) Sg[(i0 + ii) * dv + j] = s[ii];
+    if (ii < cnt) Sg[static_cast<long long>(j) * dk + i0 + ii] = s[ii];
 }
 
 // Block per (value head, 16 columns of its state), warp per 4 columns:
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, cons
   float* Sg = S_all + static_cast<long long>(h) * dk * dv;
   float s[R];
 #pragma unroll
-  for (int ii = 0; ii < R; ++ii) s[ii] = col && ii * 8 + p < dk ? Sg[(ii * 8 + p) * dv + j] : 0.0f;
+  for (int ii = 0; ii < R; ++ii) s[ii] = col && ii * 8 + p < dk ? Sg[static_cast<long long>(j) * dk + ii * 8 + p] : 0.0f;
   const float a_h = -expf(A_log[h]), dtb = dt_bias[h];
   for (int t0 = 0; t0 < T; t0 += kRecTile) {
     const int n = min(kRecTile, T - t0);
@@ -285,7 +286,86 @@ __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, cons
   if (col)
 #pragma unroll
     for (int ii = 0; ii < R; ++ii)
-      if (ii * 8 + p < dk) Sg[(ii * 8 + p) * dv + j] = s[ii];
+      if (ii * 8 + p < dk) Sg[static_cast<long long>(j) * dk + ii * 8 + p] = s[ii];
+}
+
+// Decode (one token): block per value head, warp per 4 columns as in
+// recurrence_warp_kernel, then the gated RMSNorm over the head's dv outputs
+// and their quantization for the out projection in the same block (no
+// gated_norm launch). Threads: 32 * ceil(dv / 4) (>= dv).
+template <int R>
+__global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a,
+                                                               const float* A_log, const float* dt_bias, const float* norm_w, int nk, int nv, int dk,
+                                                               int dv, int cd, float eps, float* normed, QuantX q, bool quant, bool nibble) {
+  griddep_wait();
+  extern __shared__ float o_s[];  // [dv]
+  const int h = blockIdx.x, lane = threadIdx.x & 31, c = threadIdx.x / 8, p = lane & 7;
+  const int j = c;
+  const bool col = j < dv;
+  const int jc = min(j, dv - 1);
+  const int kh = h / (nv / nk), kd = nk * dk, vd = nv * dv;
+  float* Sg = S_all + static_cast<long long>(h) * dk * dv;
+  const float beta = sigmoidf(b[h]), decay = expf(-expf(A_log[h]) * softplusf(a[h] + dt_bias[h]));
+  const float v = conv_out[2 * kd + h * dv + jc];
+  float s[R], k[R], qv[R];
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) {
+    const int i = ii * 8 + p;
+    const bool in = col && i < dk;
+    s[ii] = in ? Sg[static_cast<long long>(jc) * dk + i] : 0.0f;
+    k[ii] = i < dk ? conv_out[kd + kh * dk + i] : 0.0f;
+    qv[ii] = i < dk ? conv_out[kh * dk + i] : 0.0f;
+  }
+  float m0 = 0, m1 = 0;
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) {
+    if (ii & 1) m1 += s[ii] * k[ii];
+    else m0 += s[ii] * k[ii];
+  }
+  float mem = m0 + m1;
+  mem += __shfl_xor_sync(0xffffffffu, mem, 1);
+  mem += __shfl_xor_sync(0xffffffffu, mem, 2);
+  mem += __shfl_xor_sync(0xffffffffu, mem, 4);
+  const float delta = (v - decay * mem) * beta;
+  float o0 = 0, o1 = 0;
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) {
+    s[ii] = decay * s[ii] + k[ii] * delta;
+    if (ii & 1) o1 += s[ii] * qv[ii];
+    else o0 += s[ii] * qv[ii];
+  }
+  float o = o0 + o1;
+  o += __shfl_xor_sync(0xffffffffu, o, 1);
+  o += __shfl_xor_sync(0xffffffffu, o, 2);
+  o += __shfl_xor_sync(0xffffffffu, o, 4);
+  if (col) {
+#pragma unroll
+    for (int ii = 0; ii < R; ++ii)
+      if (ii * 8 + p < dk) Sg[static_cast<long long>(j) * dk + ii * 8 + p] = s[ii];
+    if (p == 0) o_s[j] = o;
+  }
+  __syncthreads();
+  const int tid = threadIdx.x;
+  const float x = tid < dv ? o_s[tid] : 0.0f;
+  const float r = rsqrtf(block_sum(x * x) / dv + eps);
+  if (tid >= (dv + 31) / 32 * 32) return;
+  float y = 0.0f;
+  if (tid < dv) {
+    y = x * r * norm_w[tid] * siluf(z[h * dv + tid]);
+    normed[h * dv + tid] = y;
+  }
+  if (!quant) return;  // (dv % 32 == 0 when quant)
+  float amax = fabsf(y);
+  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+  const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+  const int cq = __float2int_rn(y * inv);
+  int sum = cq;
+  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  const int pos = nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
+  const long long qb = (h * dv) / 32 + tid / 32;
+  q.codes[qb * 32 + pos] = static_cast<int8_t>(cq);
+  if (lane == 0) q.scale[qb] = sc, q.sum[qb] = sum;
+  (void)vd;
 }
 
 // Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z); with
@@ -361,6 +441,19 @@ bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s, const QuantX* q,
                     bool nibble) {
   const int rows_per_lane = (dk + 7) / 8;
+  const int step_threads = 32 * ((dv + 3) / 4);
+  if (T == 1 && rows_per_lane <= 16 && step_threads <= 1024) {
+    const bool quant = q && dv % 32 == 0;
+    auto run = [&]<int R>() {
+      launch(recurrence_step_kernel<R>, nv, step_threads, dv * sizeof(float), s, S, conv_out, z, b, a, A_log, dt_bias, norm_w, nk, nv, dk, dv, cd, eps,
+             normed, quant ? *q : QuantX{}, quant, nibble);
+    };
+    if (rows_per_lane <= 2) run.template operator()<2>();
+    else if (rows_per_lane <= 4) run.template operator()<4>();
+    else if (rows_per_lane <= 8) run.template operator()<8>();
+    else run.template operator()<16>();
+    return quant;
+  }
   if (rows_per_lane <= 16 && dv <= 32 * kNormPer) {
     const int blocks = nv * ((dv + kRecCols - 1) / kRecCols);
     const std::size_t shmem = (2 * std::size_t(kRecTile) * dk + kRecTile * kRecCols + 2 * kRecTile) * sizeof(float);

@@ -256,12 +256,70 @@ __device__ __forceinline__ void warp_row_dot_q_n(const DevMatrix& W, int r, cons
   }
 }
 
+// Row r of two int4 / int8 matrices of one kind and width (an expert's gate
+// and up) against
+// one token (row qrow of q): the token's codes are read once for both.
+template <Kind K>
+__device__ __forceinline__ void warp_row_dot_q2(const DevMatrix& A, const DevMatrix& B, int r, const QuantX& q, int qrow, float* a_out, float* b_out) {
+  const int lane = threadIdx.x & 31, nb = A.cols / 32;
+  float sa = 0.0f, sb = 0.0f;
+#pragma unroll 2
+  for (int b = lane; b < nb; b += 32) {
+    const long long qb = static_cast<long long>(qrow) * nb + b;
+    const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
+    const int4 xa = xp[0], xb = xp[1];
+    const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    const float xs = q.scale[qb];
+    const DevMatrix* M[2] = {&A, &B};
+    float* acc[2] = {&sa, &sb};
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const uint8_t* row = M[m]->data + static_cast<long long>(r) * M[m]->row_stride;
+      int w[8];
+      float s = 0.0f, mn = 0.0f;
+      if constexpr (K == Kind::kI4) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+        for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
+        int4_scale(*M[m], r, b * 32, &s, &mn);
+      } else {
+        const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
+        w[0] = int(v0.x), w[1] = int(v0.y), w[2] = int(v0.z), w[3] = int(v0.w), w[4] = int(v1.x), w[5] = int(v1.y), w[6] = int(v1.z), w[7] = int(v1.w);
+      }
+      int d = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
+      if (K == Kind::kI4) *acc[m] += xs * (s * static_cast<float>(d) + mn * static_cast<float>(q.sum[qb]));
+      else *acc[m] += xs * static_cast<float>(d);
+    }
+  }
+  sa = warp_sum(sa), sb = warp_sum(sb);
+  if (K == Kind::kI8) {
+    sa *= *reinterpret_cast<const float*>(A.data + A.scale_offset + static_cast<long long>(r) * A.scale_row_bytes);
+    sb *= *reinterpret_cast<const float*>(B.data + B.scale_offset + static_cast<long long>(r) * B.scale_row_bytes);
+  }
+  *a_out = sa, *b_out = sb;
+}
+
 // One token (row qrow of q).
 template <Kind K>
 __device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const QuantX& q, int qrow) {
   float out[1];
   warp_row_dot_q_n<K, 1>(W, r, q, &qrow, 1, out);
   return out[0];
+}
+
+// Asks L2 for row r of W (codes and scales), one 128-byte line per lane
+// per step: issued before griddep_wait(), the weight reads of a decode
+// matmul overlap the kernel it waits for.
+__device__ __forceinline__ void prefetch_row_l2(const DevMatrix& W, int r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int lane = threadIdx.x & 31;
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  for (int off = lane * 128; off < W.row_stride; off += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+  if (W.scale_row_bytes && lane == 0)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes));
+#endif
 }
 
 __host__ inline bool takes_int8_x(const DevMatrix& W) { return (W.kind == Kind::kI4 || W.kind == Kind::kI8) && W.cols % 32 == 0; }

@@ -65,7 +65,8 @@ void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, 
 bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s);
 // q and k heads of conv_out [T, cd] L2-normalised, q scaled by 1/sqrt(dk).
 void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s);
-// Token by token per value head with S [nv, dk, dv] resident; writes the
+// Token by token per value head with S [nv][dv][dk] (each head's state
+// stored by column) resident; writes the
 // gated-normed output [T, nv * dv]. With q, also quantizes that output for
 // the out projection (nibble order for int4) when it can: returns whether.
 bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,

@@ -14,7 +14,8 @@ namespace coli::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;  // rows per block of 256 threads
+constexpr int kWarps = 8;        // rows per block of 256 threads
+constexpr int kDecodeWarps = 4;  // the same for one token
 // Tensor-core path (mma_tile.cuh): chunks of at least kMmaMinTokens tokens;
 // a block covers kMmaRows rows times kMmaTokens tokens.
 constexpr int kMmaMinTokens = 8, kMmaTokens = 64;
@@ -62,10 +63,11 @@ __device__ __forceinline__ int batch_index(const Batch& b, int* blk) {
 // (the router, a 1-row gate) still spread over the whole GPU.
 template <Kind K, int NT>
 __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
-  griddep_wait();
   int blk;
   const MatmulOut& o = b.m[batch_index(b, &blk)];
-  const int gw = blk * kWarps + threadIdx.x / 32, groups = (T + NT - 1) / NT;
+  const int gw = blk * (blockDim.x / 32) + threadIdx.x / 32, groups = (T + NT - 1) / NT;
+  if (gw < o.W.rows * groups) prefetch_row_l2(o.W, gw % o.W.rows);
+  griddep_wait();
   if (gw >= o.W.rows * groups) return;
   const int r = gw % o.W.rows, t0 = gw / o.W.rows * NT;
   matmul_row<K, NT>(o.W, r, x + static_cast<long long>(t0) * o.W.cols, min(NT, T - t0), o.y + static_cast<long long>(t0) * o.ldy, o.ldy);
@@ -110,10 +112,11 @@ __device__ void matmul_q_row(const DevMatrix& W, int r, const QuantX& q, int T, 
 
 template <Kind K, int NT>
 __global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
-  griddep_wait();
   int blk;
   const MatmulOut& o = b.m[batch_index(b, &blk)];
-  const int r = blk * kWarps + threadIdx.x / 32;
+  const int r = blk * (blockDim.x / 32) + threadIdx.x / 32;
+  if (r < o.W.rows) prefetch_row_l2(o.W, r);
+  griddep_wait();
   if (r < o.W.rows) matmul_q_row<K, NT>(o.W, r, q, T, o.y, o.ldy);
 }
 
@@ -184,13 +187,16 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
   // (row, 8 tokens) in blocks of kWarps (float path).
   const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
-  const int rows_per_block = mma ? kMmaRows : kWarps;
+  // One token (decode): blocks of kDecodeWarps warps, so that matrices of a
+  // few hundred rows (the router) still spread over many SMs.
+  const int warps = T == 1 ? kDecodeWarps : kWarps;
+  const int rows_per_block = mma ? kMmaRows : warps;
   Batch b{};
   b.n = n;
   b.first[0] = 0;
   for (int i = 0; i < n; ++i)
     b.m[i] = outs[i], b.first[i + 1] = b.first[i] + (outs[i].W.rows * float_groups + rows_per_block - 1) / rows_per_block;
-  const dim3 grid(b.first[n]), block(kWarps * 32);
+  const dim3 grid(b.first[n]), block(warps * 32);
   if (int8_x) {
     if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
     if (mma) {

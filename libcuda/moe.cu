@@ -200,7 +200,8 @@ __global__ void gate_up_q_kernel(ExpertTable tab, const int* idx, int K, QuantX 
   DevMatrix g = tab.gate, u = tab.up;
   g.data = tab.gate_ptrs[e];
   u.data = tab.up_ptrs[e];
-  const float gv = warp_row_dot_q<KG>(g, r, qx, t), uv = warp_row_dot_q<KG>(u, r, qx, t);
+  float gv, uv;
+  warp_row_dot_q2<KG>(g, u, r, qx, t, &gv, &uv);
   if ((threadIdx.x & 31) == 0) act[static_cast<long long>(p) * I + r] = siluf(gv) * uv;
 }
 
@@ -452,11 +453,9 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
     if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
     if (tab.gate.kind == Kind::kI4) launch(gate_up_q_kernel<Kind::kI4>, grid, block, 0, s, tab, idx, K, *q, act);
     else launch(gate_up_q_kernel<Kind::kI8>, grid, block, 0, s, tab, idx, K, *q, act);
-    check(cudaGetLastError(), "moe gate_up launch");
     return;
   }
   dispatch_kind(tab.gate.kind, [&]<Kind K_>() { launch(gate_up_kernel<K_, K_>, grid, block, 0, s, tab, hn, idx, K, act); });
-  check(cudaGetLastError(), "moe gate_up launch");
 }
 
 void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s, const QuantX* q) {
