@@ -1,11 +1,13 @@
 // Launchers of the CUDA backend's kernels, one concept per .cu file:
-//   matmul.cu       y = x W^T for every weight format (warp per row)
+//   matmul.cu       y = x W^T for every weight format (warp per row; 8+
+//                   tokens of int4 / int8 on tensor cores, mma_tile.cuh)
 //   elementwise.cu  embedding rows, norms, residual adds, SiLU*up
 //   attention.cu    gated attention: k/v into the cache, softmax over it
 //   deltanet.cu     Gated DeltaNet: causal conv, q/k norms, recurrence
 //   moe.cu          router softmax + top-k, routed experts over all pairs
-// All run on the given stream; positions come from device memory (d_pos:
-// tokens already in the session) so a captured decode graph stays valid.
+// All run on the given stream through launch() (cuda_util.cuh: PDL for
+// decode steps); positions come from device memory (d_pos: tokens already
+// in the session) so a captured decode graph stays valid.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -66,9 +68,9 @@ bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int c
 // q and k heads of conv_out [T, cd] L2-normalised, q scaled by 1/sqrt(dk).
 void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s);
 // Token by token per value head with S [nv][dv][dk] (each head's state
-// stored by column) resident; writes the
-// gated-normed output [T, nv * dv]. With q, also quantizes that output for
-// the out projection (nibble order for int4) when it can: returns whether.
+// stored by column) resident; writes the gated-normed output [T, nv * dv].
+// With q, also quantizes that output for the out projection (nibble order
+// for int4) when it can: returns whether.
 bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s,
                     const QuantX* q = nullptr, bool nibble = false);
@@ -98,8 +100,9 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
               const QuantX* q = nullptr);
 
 // Prefill: the T * K pairs grouped by expert on the device, each expert's
-// weight rows read once per 8 of its tokens (int8 / int4 experts with a
-// multiple of 32 columns; false, nothing launched, otherwise). Scratch:
+// weight rows read once per tile of its tokens (tensor cores on sm_80+,
+// dp4a 8 tokens at a time otherwise; int8 / int4 experts with a multiple of
+// 32 columns; false, nothing launched, otherwise). Scratch:
 // order [T K], offsets [E + 1], act [T K, I], y [T K, H].
 struct MoeScratch {
   int* order = nullptr;
