@@ -15,6 +15,17 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
+// The current device's compute capability major (0 when it cannot be
+// read), asked once: which kernels exist there (mma sm_80, PDL and
+// clusters sm_90).
+inline int device_cc_major() {
+  static const int major = [] {
+    int dev = 0, m = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess ? m : 0;
+  }();
+  return major;
+}
+
 // Programmatic Dependent Launch (sm_90+): every kernel is launched allowed
 // to start while the previous kernel in the stream is finishing (its
 // launch and block scheduling overlap that kernel's tail); every kernel
@@ -39,9 +50,7 @@ inline bool& pdl_wanted() {
 inline bool pdl_enabled() {
   static const bool supported = [] {
     const char* e = std::getenv("COLI_CUDA_PDL");
-    if (e && std::string(e) == "0") return false;
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    return !(e && std::string(e) == "0") && device_cc_major() >= 9;
   }();
   return supported && pdl_wanted();
 }

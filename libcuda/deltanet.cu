@@ -18,34 +18,51 @@ namespace {
 // registers (K <= kMaxTaps). State rows: the K-1 previous inputs, oldest first.
 constexpr int kMaxTaps = 8;
 
+// One channel of the causal depthwise conv, in registers: its taps and the
+// window of the K-1 previous inputs, oldest first.
+using ConvRegs = float[kMaxTaps - 1];
+
+__device__ __forceinline__ float conv_load_taps(const float* taps, int c, int K, ConvRegs& tap) {
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j) tap[j] = j < K - 1 ? taps[c * K + j] : 0.0f;
+  return taps[c * K + K - 1];  // the tap of the current input
+}
+
+__device__ __forceinline__ void conv_load_window(const float* state, int cd, int c, int K, ConvRegs& win) {
+  conv_load_window(state, cd, c, K, win);
+}
+
+__device__ __forceinline__ void conv_store_window(float* state, int cd, int c, int K, const ConvRegs& win) {
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j)
+    if (j < K - 1) state[static_cast<long long>(j) * cd + c] = win[j];
+}
+
+// silu(taps . [window, xin]); xin joins the window.
+__device__ __forceinline__ float conv_step(const ConvRegs& tap, ConvRegs& win, float last, float xin, int K) {
+  float acc = last * xin;
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j)
+    if (j < K - 1) acc += tap[j] * win[j];
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 2; ++j)
+    if (j + 1 < K - 1) win[j] = win[j + 1];
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j)
+    if (j == K - 2) win[j] = xin;
+  return siluf(acc);
+}
+
 __global__ void conv_kernel(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out) {
   griddep_wait();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cd) return;
-  float tap[kMaxTaps - 1], win[kMaxTaps - 1];
-  const float last = taps[c * K + K - 1];
-#pragma unroll
-  for (int j = 0; j < kMaxTaps - 1; ++j) tap[j] = j < K - 1 ? taps[c * K + j] : 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxTaps - 1; ++j) win[j] = j < K - 1 ? state[static_cast<long long>(j) * cd + c] : 0.0f;
+  ConvRegs tap, win;
+  const float last = conv_load_taps(taps, c, K, tap);
+  conv_load_window(state, cd, c, K, win);
 #pragma unroll 4
-  for (int t = 0; t < T; ++t) {
-    const float xin = qkv[static_cast<long long>(t) * cd + c];
-    float acc = last * xin;
-#pragma unroll
-    for (int j = 0; j < kMaxTaps - 1; ++j)
-      if (j < K - 1) acc += tap[j] * win[j];
-    out[static_cast<long long>(t) * cd + c] = siluf(acc);
-#pragma unroll
-    for (int j = 0; j < kMaxTaps - 2; ++j)
-      if (j + 1 < K - 1) win[j] = win[j + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxTaps - 1; ++j)
-      if (j == K - 2) win[j] = xin;
-  }
-#pragma unroll
-  for (int j = 0; j < kMaxTaps - 1; ++j)
-    if (j < K - 1) state[static_cast<long long>(j) * cd + c] = win[j];
+  for (int t = 0; t < T; ++t) out[static_cast<long long>(t) * cd + c] = conv_step(tap, win, last, qkv[static_cast<long long>(t) * cd + c], K);
+  conv_store_window(state, cd, c, K, win);
 }
 
 // Decode (one token): the conv step of conv_kernel and the q / k head
@@ -60,12 +77,11 @@ __global__ void __launch_bounds__(128) conv_norm_step_kernel(const float* qkv, c
   const int c = blockIdx.x * 128 + threadIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
   float v = 0.0f;
   if (c < cd) {
-    const float xin = qkv[c];
-    float acc = taps[c * K + K - 1] * xin;
-    for (int j = 0; j < K - 1; ++j) acc += taps[c * K + j] * state[static_cast<long long>(j) * cd + c];
-    v = siluf(acc);
-    for (int j = 0; j + 1 < K - 1; ++j) state[static_cast<long long>(j) * cd + c] = state[static_cast<long long>(j + 1) * cd + c];
-    if (K > 1) state[static_cast<long long>(K - 2) * cd + c] = xin;
+    ConvRegs tap, win;
+    const float last = conv_load_taps(taps, c, K, tap);
+    conv_load_window(state, cd, c, K, win);
+    v = conv_step(tap, win, last, qkv[c], K);
+    conv_store_window(state, cd, c, K, win);
   }
   const int qk_end = 2 * nk * dk;  // q heads, then k heads, then v
   float ss = v * v;
@@ -92,29 +108,15 @@ __global__ void conv_tiles_kernel(const float* qkv, const float* taps, const flo
   griddep_wait();
   const int c = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * kConvTile;
   if (c >= cd) return;
-  float tap[kMaxTaps - 1], win[kMaxTaps - 1];
-  const float last = taps[c * K + K - 1];
+  ConvRegs tap, win;
+  const float last = conv_load_taps(taps, c, K, tap);
 #pragma unroll
   for (int j = 0; j < kMaxTaps - 1; ++j) {
-    tap[j] = j < K - 1 ? taps[c * K + j] : 0.0f;
     const int tt = t0 - (K - 1) + j;  // input position; state row tt + K - 1 when negative
     win[j] = j >= K - 1 ? 0.0f : tt >= 0 ? qkv[static_cast<long long>(tt) * cd + c] : state[static_cast<long long>(tt + K - 1) * cd + c];
   }
   const int t1 = min(T, t0 + kConvTile);
-  for (int t = t0; t < t1; ++t) {
-    const float xin = qkv[static_cast<long long>(t) * cd + c];
-    float acc = last * xin;
-#pragma unroll
-    for (int j = 0; j < kMaxTaps - 1; ++j)
-      if (j < K - 1) acc += tap[j] * win[j];
-    out[static_cast<long long>(t) * cd + c] = siluf(acc);
-#pragma unroll
-    for (int j = 0; j < kMaxTaps - 2; ++j)
-      if (j + 1 < K - 1) win[j] = win[j + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxTaps - 1; ++j)
-      if (j == K - 2) win[j] = xin;
-  }
+  for (int t = t0; t < t1; ++t) out[static_cast<long long>(t) * cd + c] = conv_step(tap, win, last, qkv[static_cast<long long>(t) * cd + c], K);
 }
 
 // state <- the last K-1 inputs of [state; chunk], in place (row j reads row
@@ -303,7 +305,7 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
   const int j = c;
   const bool col = j < dv;
   const int jc = min(j, dv - 1);
-  const int kh = h / (nv / nk), kd = nk * dk, vd = nv * dv;
+  const int kh = h / (nv / nk), kd = nk * dk;
   float* Sg = S_all + static_cast<long long>(h) * dk * dv;
   const float beta = sigmoidf(b[h]), decay = expf(-expf(A_log[h]) * softplusf(a[h] + dt_bias[h]));
   const float v = conv_out[2 * kd + h * dv + jc];
@@ -354,18 +356,7 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
     y = x * r * norm_w[tid] * siluf(z[h * dv + tid]);
     normed[h * dv + tid] = y;
   }
-  if (!quant) return;  // (dv % 32 == 0 when quant)
-  float amax = fabsf(y);
-  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-  const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
-  const int cq = __float2int_rn(y * inv);
-  int sum = cq;
-  for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  const int pos = nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
-  const long long qb = (h * dv) / 32 + tid / 32;
-  q.codes[qb * 32 + pos] = static_cast<int8_t>(cq);
-  if (lane == 0) q.scale[qb] = sc, q.sum[qb] = sum;
-  (void)vd;
+  if (quant) warp_quantize_block(y, nibble, q, (h * dv) / 32 + tid / 32);  // (dv % 32 == 0 when quant)
 }
 
 // Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z); with
@@ -398,16 +389,7 @@ __global__ void gated_norm_kernel(float* o, const float* z, const float* norm_w,
 #pragma unroll
   for (int k = 0; k < kNormPer; ++k) {
     if (32 * k >= dv) break;
-    float amax = fabsf(v[k]);
-    for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-    const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
-    const int c = __float2int_rn(v[k] * inv);
-    int sum = c;
-    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    const int pos = nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
-    const long long qb = static_cast<long long>(t) * nb + (h * dv) / 32 + k;
-    q.codes[qb * 32 + pos] = static_cast<int8_t>(c);
-    if (lane == 0) q.scale[qb] = sc, q.sum[qb] = sum;
+    warp_quantize_block(v[k], nibble, q, static_cast<long long>(t) * nb + (h * dv) / 32 + k);
   }
 }
 

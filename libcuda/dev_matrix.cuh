@@ -214,28 +214,54 @@ struct QuantX {
   int* sum = nullptr;
 };
 
+// One 32-column block of x, value v in each lane (lane = column), into
+// block qb of q: scale absmax / 127, codes rounded, their sum; codes in the
+// order the weights' words meet them (nibble: int4's per 8 columns the 4
+// even ones, then the 4 odd ones, so a word of low / high nibbles meets one
+// word of x; otherwise natural). Every quantizer of activations calls this.
+__device__ __forceinline__ void warp_quantize_block(float v, bool nibble, const QuantX& q, long long qb) {
+  const int lane = threadIdx.x & 31;
+  float amax = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+  const int c = __float2int_rn(v * inv);
+  int sum = c;
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const int pos = nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
+  q.codes[qb * 32 + pos] = static_cast<int8_t>(c);
+  if (lane == 0) q.scale[qb] = s, q.sum[qb] = sum;
+}
+
+// Block b (32 columns) of row r of an int4 / int8 matrix as 8 words for
+// dp4a against x's codes (int4: word 2k the low nibbles of the block's word
+// k, 2k + 1 its high nibbles), and for int4 the block's scale and offset.
+template <Kind K>
+__device__ __forceinline__ void load_q_block(const DevMatrix& W, int r, int b, int (&w)[8], float* s, float* mn) {
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  if constexpr (K == Kind::kI4) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
+    int4_scale(W, r, b * 32, s, mn);
+  } else {
+    const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
+    w[0] = int(v0.x), w[1] = int(v0.y), w[2] = int(v0.z), w[3] = int(v0.w), w[4] = int(v1.x), w[5] = int(v1.y), w[6] = int(v1.z), w[7] = int(v1.w);
+  }
+}
+
 // W[r, :] . x for up to NT tokens, x in int8 (rows qrows[0..n) of q), int4
 // or int8 weights with cols % 32 == 0, against one load of the weight row,
 // on one warp: out[t] in every lane.
 template <Kind K, int NT>
 __device__ __forceinline__ void warp_row_dot_q_n(const DevMatrix& W, int r, const QuantX& q, const int* qrows, int n, float (&out)[NT]) {
   const int lane = threadIdx.x & 31, nb = W.cols / 32;
-  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
   const float row_scale = K == Kind::kI8 ? *reinterpret_cast<const float*>(W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes) : 0.0f;
   for (int t = 0; t < NT; ++t) out[t] = 0.0f;
 #pragma unroll 2
   for (int b = lane; b < nb; b += 32) {
     int w[8];
     float s = 0.0f, mn = 0.0f;
-    if constexpr (K == Kind::kI4) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
-      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-      for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
-      int4_scale(W, r, b * 32, &s, &mn);
-    } else {
-      const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
-      w[0] = int(v0.x), w[1] = int(v0.y), w[2] = int(v0.z), w[3] = int(v0.w), w[4] = int(v1.x), w[5] = int(v1.y), w[6] = int(v1.z), w[7] = int(v1.w);
-    }
+    load_q_block<K>(W, r, b, w, &s, &mn);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= n) break;
@@ -274,18 +300,9 @@ __device__ __forceinline__ void warp_row_dot_q2(const DevMatrix& A, const DevMat
     float* acc[2] = {&sa, &sb};
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
-      const uint8_t* row = M[m]->data + static_cast<long long>(r) * M[m]->row_stride;
       int w[8];
       float s = 0.0f, mn = 0.0f;
-      if constexpr (K == Kind::kI4) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-        for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
-        int4_scale(*M[m], r, b * 32, &s, &mn);
-      } else {
-        const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
-        w[0] = int(v0.x), w[1] = int(v0.y), w[2] = int(v0.z), w[3] = int(v0.w), w[4] = int(v1.x), w[5] = int(v1.y), w[6] = int(v1.z), w[7] = int(v1.w);
-      }
+      load_q_block<K>(*M[m], r, b, w, &s, &mn);
       int d = 0;
 #pragma unroll
       for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);

@@ -27,8 +27,8 @@ __global__ void embed_kernel(DevMatrix E, const int* ids, float* x) {
 
 // Block per row, kPer values per thread kept in registers: the optional
 // residual add (x += a + g b, written back), the RMS norm into y, and the
-// optional int8 quantization of the normed row for the next matmul (the
-// quantize_x scheme: per 32 columns, one warp per block of 32).
+// optional int8 quantization of the normed row for the next matmul
+// (warp_quantize_block, one warp per block of 32).
 struct NormArgs {
   float* x;
   const float *a, *b, *b_gate, *w;
@@ -96,25 +96,12 @@ __global__ void norm_kernel(NormArgs p) {
   for (int k = 0; k < kPer; ++k) {
     const int b0 = threadIdx.x - lane + k * blockDim.x;  // this warp's block of 32 within the slice
     if (b0 >= len) break;
-    float amax = fabsf(v[k]);
-    for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-    const float sc = amax / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
-    const int c = __float2int_rn(v[k] * inv);
-    int sum = c;
-    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    const int pos = p.nibble ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
-    const long long qb = static_cast<long long>(row) * nb + (i0 + b0) / 32;
-    p.q.codes[qb * 32 + pos] = static_cast<int8_t>(c);
-    if (lane == 0) p.q.scale[qb] = sc, p.q.sum[qb] = sum;
+    warp_quantize_block(v[k], p.nibble, p.q, static_cast<long long>(row) * nb + (i0 + b0) / 32);
   }
 }
 
 bool clusters_supported() {
-  static const bool ok = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-  }();
-  return ok;
+  return device_cc_major() >= 9;
 }
 
 void launch_norm(const NormArgs& a, int rows, cudaStream_t s) {

@@ -75,9 +75,7 @@ __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
 
 // ---- int8-activation path ------------------------------------------------
 
-// Warp per (token, 32-column block), lane per column: codes in the order the
-// weights need (int4: per 8 columns the 4 even ones, then the 4 odd ones, so
-// a word of low / high nibbles meets one word of x; int8: natural order).
+// Warp per (token, 32-column block), lane per column (warp_quantize_block).
 __global__ void quantize_x_kernel(const float* x, const float* up, int T, int cols, bool nibble_order, QuantX q) {
   griddep_wait();
   const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -86,15 +84,7 @@ __global__ void quantize_x_kernel(const float* x, const float* up, int T, int co
   const int t = w / nb, b = w % nb;
   const long long i = static_cast<long long>(t) * cols + b * 32 + lane;
   const float v = up ? x[i] / (1.0f + expf(-x[i])) * up[i] : x[i];
-  float amax = fabsf(v);
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
-  const int c = __float2int_rn(v * inv);
-  int sum = c;
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const int pos = nibble_order ? (lane / 8) * 8 + (lane & 1) * 4 + (lane % 8) / 2 : lane;
-  q.codes[(static_cast<long long>(t) * nb + b) * 32 + pos] = static_cast<int8_t>(c);
-  if (lane == 0) q.scale[static_cast<long long>(t) * nb + b] = s, q.sum[static_cast<long long>(t) * nb + b] = sum;
+  warp_quantize_block(v, nibble_order, q, static_cast<long long>(t) * nb + b);
 }
 
 template <Kind K, int NT>
@@ -134,30 +124,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, Qua
   const DevMatrix W[1] = {o.W};
   float acc[1][Tile::NT][4];
   Tile::run(W, r0, q, ntok, sm, acc);
-  const int lane = threadIdx.x & 31, ra = r0 + threadIdx.x / 32 * 16 + (lane >> 2), rb = ra + 8, i = lane & 3;
-#pragma unroll
-  for (int j = 0; j < Tile::NT; ++j) {
-    const int t = 8 * j + 2 * i;
-    float* y0 = o.y + static_cast<long long>(t0 + t) * o.ldy;
-    if (t < ntok) {
-      if (ra < o.W.rows) y0[ra] = acc[0][j][0];
-      if (rb < o.W.rows) y0[rb] = acc[0][j][2];
-    }
-    if (t + 1 < ntok) {
-      if (ra < o.W.rows) y0[o.ldy + ra] = acc[0][j][1];
-      if (rb < o.W.rows) y0[o.ldy + rb] = acc[0][j][3];
-    }
-  }
+  Tile::for_each_result(r0, o.W.rows, ntok, [&](int j, int c, int tok, int row) { o.y[static_cast<long long>(t0 + tok) * o.ldy + row] = acc[0][j][c]; });
 }
 
 }  // namespace
 
 bool mma_supported() {
-  static const bool ok = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
-  }();
-  return ok;
+  return device_cc_major() >= 8;
 }
 
 void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s, const float* up) {

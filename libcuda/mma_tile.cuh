@@ -87,6 +87,20 @@ struct MmaTile {
     int qrow[BN];
   };
 
+  // f(j, c, tok, row) for each of this lane's results acc[.][j][c] that the
+  // caller keeps: token slot tok < ntok, row < rows.
+  template <typename F>
+  __device__ static void for_each_result(int r0, int rows, int ntok, F&& f) {
+    const int lane = threadIdx.x & 31, ra = r0 + (threadIdx.x >> 5) * 16 + (lane >> 2), i = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int tok = 8 * j + 2 * i + (c & 1), row = ra + 8 * (c >> 1);
+        if (tok < ntok && row < rows) f(j, c, tok, row);
+      }
+  }
+
   // acc[m][j][c] = W[m] rows (r0 + 16 w + g, + 8) . tokens (8 j + 2 i, + 1)
   // for tokens < ntok, whose QuantX rows the caller put in sm.qrow; other
   // slots hold garbage (drop them). Every thread of the block must call.

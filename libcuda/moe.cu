@@ -278,6 +278,22 @@ constexpr int kGroupTokens = 8;  // dp4a fallback: tokens per pass over a weight
 // expert's matrices and runs over the expert's pairs kMmaPairs at a time.
 constexpr int kMmaPairs = 32;
 
+// Runs Tile over expert e's pairs order[p0 .. p1), kMmaPairs at a time (the
+// QuantX row of pair p is p / div); store(acc, i0, n) keeps each pass's
+// results for pairs order[i0 .. i0 + n).
+template <typename Tile, int NM, typename Store>
+__device__ __forceinline__ void expert_passes(const DevMatrix (&W)[NM], int r0, const QuantX& q, const int* order, int p0, int p1, int div,
+                                              typename Tile::Smem& sm, Store&& store) {
+  for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
+    const int n = min(kMmaPairs, p1 - i0);
+    __syncthreads();  // the previous pass is done with sm.qrow
+    for (int x = threadIdx.x; x < n; x += blockDim.x) sm.qrow[x] = order[i0 + x] / div;
+    float acc[NM][Tile::NT][4];
+    Tile::run(W, r0, q, n, sm, acc);
+    store(acc, i0, n);
+  }
+}
+
 // act[p, r] = silu(gate_e[r] . hn[t]) * (up_e[r] . hn[t]) for expert e's pairs p (token t = p / K).
 template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int Kk, QuantX qx,
@@ -291,21 +307,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
   DevMatrix W[2] = {tab.gate, tab.up};
   W[0].data = tab.gate_ptrs[e];
   W[1].data = tab.up_ptrs[e];
-  const int lane = threadIdx.x & 31, ra = r0 + threadIdx.x / 32 * 16 + (lane >> 2), rb = ra + 8, i = lane & 3;
-  for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
-    const int n = min(kMmaPairs, p1 - i0);
-    __syncthreads();  // the previous pass is done with sm.qrow
-    for (int x = threadIdx.x; x < n; x += blockDim.x) sm.qrow[x] = order[i0 + x] / Kk;
-    float acc[2][Tile::NT][4];
-    Tile::run(W, r0, qx, n, sm, acc);
-#pragma unroll
-    for (int j = 0; j < Tile::NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int slot = 8 * j + 2 * i + (c & 1), r = c < 2 ? ra : rb;
-        if (slot < n && r < I) act[static_cast<long long>(order[i0 + slot]) * I + r] = siluf(acc[0][j][c]) * acc[1][j][c];
-      }
-  }
+  expert_passes<Tile>(W, r0, qx, order, p0, p1, Kk, sm, [&](const float (&acc)[2][Tile::NT][4], int i0, int n) {
+    Tile::for_each_result(r0, I, n, [&](int j, int c, int slot, int r) {
+      act[static_cast<long long>(order[i0 + slot]) * I + r] = siluf(acc[0][j][c]) * acc[1][j][c];
+    });
+  });
 }
 
 // y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
@@ -319,21 +325,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable ta
   if (p0 == p1) return;
   DevMatrix W[1] = {tab.down};
   W[0].data = tab.down_ptrs[e];
-  const int lane = threadIdx.x & 31, ra = r0 + threadIdx.x / 32 * 16 + (lane >> 2), rb = ra + 8, i = lane & 3;
-  for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
-    const int n = min(kMmaPairs, p1 - i0);
-    __syncthreads();
-    for (int x = threadIdx.x; x < n; x += blockDim.x) sm.qrow[x] = order[i0 + x];
-    float acc[1][Tile::NT][4];
-    Tile::run(W, r0, qa, n, sm, acc);
-#pragma unroll
-    for (int j = 0; j < Tile::NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int slot = 8 * j + 2 * i + (c & 1), r = c < 2 ? ra : rb;
-        if (slot < n && r < H) y[static_cast<long long>(order[i0 + slot]) * H + r] = acc[0][j][c];
-      }
-  }
+  expert_passes<Tile>(W, r0, qa, order, p0, p1, 1, sm, [&](const float (&acc)[1][Tile::NT][4], int i0, int n) {
+    Tile::for_each_result(r0, H, n, [&](int j, int c, int slot, int r) { y[static_cast<long long>(order[i0 + slot]) * H + r] = acc[0][j][c]; });
+  });
 }
 
 // Warp per (expert, row): gate and up of every pair of the expert, 8 at a time.

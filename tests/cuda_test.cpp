@@ -102,11 +102,7 @@ TEST(CudaBackend, CheckpointMatchesTheGoldens) {
   auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
   auto gpu = cuda::make_cuda_backend(*m);
   Engine e(m->spec(), *gpu, 7);
-  for (const auto& p : test::tiny_goldens()["prompts"]) {
-    const std::vector<int> ids = p["ids"];
-    EXPECT_LT(test::golden_logit_error(e, p), 1e-3f) << "prompt of " << ids.size();
-    EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>());
-  }
+  test::expect_golden_prompts(e);
 }
 
 TEST(CudaBackend, ContainersMatchTheCpuReference) {

@@ -1,9 +1,12 @@
 // Test helpers around an Engine: the tiny fixture's transformers goldens,
 // greedy generation, and the last-logit error against a golden prompt.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -31,6 +34,18 @@ inline std::vector<int> greedy_tokens(Engine& e, const std::vector<int>& prompt,
 }
 
 // max |logit - golden| of the last logits of a golden prompt, fresh session.
+inline float golden_logit_error(Engine& e, const nlohmann::json& prompt);
+
+// Every fixture prompt: last logits within 1e-3 of the goldens and the
+// golden greedy tokens; what prefixes the failure messages.
+inline void expect_golden_prompts(Engine& e, const std::string& what = "") {
+  for (const auto& p : tiny_goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    EXPECT_LT(golden_logit_error(e, p), 1e-3f) << what << "prompt of " << ids.size();
+    EXPECT_EQ(greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>()) << what << "prompt of " << ids.size();
+  }
+}
+
 inline float golden_logit_error(Engine& e, const nlohmann::json& prompt) {
   Session s = e.new_session();
   const auto logits = e.forward(s, prompt["ids"].get<std::vector<int>>());

@@ -20,11 +20,7 @@ TEST(FastBackend, MatchesGoldensOnTheCheckpoint) {
   for (int threads : {1, 3}) {
     cpu::CpuBackend be(*m, {threads, true});
     Engine e(m->spec(), be, 7);  // small prefill chunks: the panel path and chunking both run
-    for (const auto& p : test::tiny_goldens()["prompts"]) {
-      const std::vector<int> ids = p["ids"];
-      EXPECT_LT(test::golden_logit_error(e, p), 1e-3f) << threads << " threads, prompt of " << ids.size();
-      EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>()) << threads << " threads";
-    }
+    test::expect_golden_prompts(e, std::to_string(threads) + " threads, ");
   }
 }
 
@@ -36,11 +32,7 @@ TEST(FastBackend, ChunkedDeltaNetPrefillMatchesGoldens) {
   o.gdn_chunked = true;
   cpu::CpuBackend be(*m, o);
   Engine e(m->spec(), be, 100);  // 60-token prompt: one chunk of 60 in the chunked form
-  for (const auto& p : test::tiny_goldens()["prompts"]) {
-    const std::vector<int> ids = p["ids"];
-    EXPECT_LT(test::golden_logit_error(e, p), 1e-3f) << "prompt of " << ids.size();
-    EXPECT_EQ(test::greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>());
-  }
+  test::expect_golden_prompts(e);
 }
 
 TEST(FastBackend, Int8ContainerGivesTheGoldenTokens) {
