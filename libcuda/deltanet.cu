@@ -29,7 +29,8 @@ __device__ __forceinline__ float conv_load_taps(const float* taps, int c, int K,
 }
 
 __device__ __forceinline__ void conv_load_window(const float* state, int cd, int c, int K, ConvRegs& win) {
-  conv_load_window(state, cd, c, K, win);
+#pragma unroll
+  for (int j = 0; j < kMaxTaps - 1; ++j) win[j] = j < K - 1 ? state[static_cast<long long>(j) * cd + c] : 0.0f;
 }
 
 __device__ __forceinline__ void conv_store_window(float* state, int cd, int c, int K, const ConvRegs& win) {
