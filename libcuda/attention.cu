@@ -11,8 +11,9 @@ namespace coli::cuda {
 namespace {
 
 // Normalises v[0..hd) in shared memory with (1 + w), then rotates the first
-// rot dims at position pos. All threads of the block take part.
-__device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, double theta, float eps) {
+// rot dims at position pos. inv_freq[i] = f32(1 / theta^(2i / rot)), made on
+// the host as the reference makes it. All threads of the block take part.
+__device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, const float* inv_freq, float eps) {
   float ss = 0;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += v[i] * v[i];
   const float r = rsqrtf(block_sum(ss) / hd + eps);
@@ -20,10 +21,11 @@ __device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, do
   __syncthreads();
   const int half = rot / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // As the reference: inv_freq in double then f32, angle = pos * inv_freq in f32.
-    const float inv_freq = static_cast<float>(1.0 / pow(theta, double(2 * i) / rot));
-    const float angle = static_cast<float>(pos) * inv_freq;
-    const float c = static_cast<float>(cos(double(angle))), s = static_cast<float>(sin(double(angle)));
+    // As the reference: angle = pos * inv_freq in f32, its cos and sin in double.
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    double sd, cd;
+    sincos(double(angle), &sd, &cd);
+    const float c = static_cast<float>(cd), s = static_cast<float>(sd);
     const float x1 = v[i], x2 = v[i + half];
     v[i] = x1 * c - x2 * s;
     v[i + half] = x2 * c + x1 * s;
@@ -32,7 +34,7 @@ __device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, do
 }
 
 // Block (t, kv head): k normalised and rotated, k and v into the cache.
-__global__ void store_kv_kernel(const float* k, const float* v, const float* k_norm, const int* d_pos, int kv_heads, int hd, int rot, double theta,
+__global__ void store_kv_kernel(const float* k, const float* v, const float* k_norm, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
                                 float eps, float* kc, float* vc) {
   griddep_wait();
   extern __shared__ float sh[];
@@ -40,7 +42,7 @@ __global__ void store_kv_kernel(const float* k, const float* v, const float* k_n
   const int pos = *d_pos + t;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = k[static_cast<long long>(t) * kv_w + h * hd + i];
   __syncthreads();
-  norm_rope(sh, k_norm, hd, rot, pos, theta, eps);
+  norm_rope(sh, k_norm, hd, rot, pos, inv_freq, eps);
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     kc[static_cast<long long>(pos) * kv_w + h * hd + i] = sh[i];
     vc[static_cast<long long>(pos) * kv_w + h * hd + i] = v[static_cast<long long>(t) * kv_w + h * hd + i];
@@ -49,7 +51,8 @@ __global__ void store_kv_kernel(const float* k, const float* v, const float* k_n
 
 // Block (t, head): scores over positions 0 .. pos, softmax, weighted values.
 __global__ void attention_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads, int kv_heads,
-                                 int hd, int rot, double theta, float eps, float* scores, int cap, float* out) {
+                                 int hd, int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, QuantX oq, bool quant,
+                                 bool nibble) {
   griddep_wait();
   extern __shared__ float q[];
   const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd, qg_w = heads * hd * 2;
@@ -57,7 +60,7 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
   const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * 2 * hd;  // query, then gate
   for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qsrc[i];
   __syncthreads();
-  norm_rope(q, q_norm, hd, rot, pos, theta, eps);
+  norm_rope(q, q_norm, hd, rot, pos, inv_freq, eps);
   const int kvh = h / (heads / kv_heads);
   const float scale = rsqrtf(static_cast<float>(hd));
   float* sc = scores + (static_cast<long long>(t) * heads + h) * cap;
@@ -80,25 +83,33 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
     sum += e;
   }
   const float inv = 1.0f / block_sum(sum);  // block_sum syncs: sc is complete
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+  // Whole warps per step (d0 warp-uniform): with quant (hd % 32 == 0) each
+  // warp's 32 outputs are one block of the o_proj input, quantized here.
+  for (int d0 = threadIdx.x - lane; d0 < hd; d0 += blockDim.x) {
+    const int d = d0 + lane;
+    if (d >= hd) continue;
     float o = 0;
     for (int j = 0; j < n_ctx; ++j) o += sc[j] * vc[static_cast<long long>(j) * kv_w + kvh * hd + d];
     const float gate = qsrc[hd + d];
-    out[static_cast<long long>(t) * heads * hd + h * hd + d] = o * inv * sigmoidf(gate);
+    const float y = o * inv * sigmoidf(gate);
+    out[static_cast<long long>(t) * heads * hd + h * hd + d] = y;
+    if (quant) warp_quantize_block(y, nibble, oq, (static_cast<long long>(t) * heads * hd + h * hd + d0) / 32);
   }
 }
 
 }  // namespace
 
-void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, double theta,
+void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
                    float eps, float* kc, float* vc, cudaStream_t s) {
-  launch(store_kv_kernel, dim3(T, kv_heads), 128, hd * sizeof(float), s, k, v, k_norm, d_pos, kv_heads, hd, rot, theta, eps, kc, vc);
+  launch(store_kv_kernel, dim3(T, kv_heads), 128, hd * sizeof(float), s, k, v, k_norm, d_pos, kv_heads, hd, rot, inv_freq, eps, kc, vc);
   check(cudaGetLastError(), "store_kv launch");
 }
 
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
-               int rot, double theta, float eps, float* scores, int cap, float* out, cudaStream_t s) {
-  launch(attention_kernel, dim3(T, heads), 256, hd * sizeof(float), s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, theta, eps, scores, cap, out);
+               int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s, const QuantX* q, bool nibble) {
+  if (q && hd % 32) throw Error("CUDA: attention output quantized with a head size of " + std::to_string(hd) + " (needs a multiple of 32)");
+  launch(attention_kernel, dim3(T, heads), 256, hd * sizeof(float), s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, inv_freq, eps, scores, cap, out,
+         q ? *q : QuantX{}, q != nullptr, nibble);
   check(cudaGetLastError(), "attention launch");
 }
 

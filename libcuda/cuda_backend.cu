@@ -7,11 +7,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "cuda_device.h"
@@ -70,6 +73,7 @@ DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what) {
   d.group = fi.group ? fi.group : d.cols;
   d.asym = fi.asym;
   d.f16_scales = d.kind == Kind::kI4 && fi.group;
+  if (d.group % 32 == 0 && ((d.group / 32) & (d.group / 32 - 1)) == 0) d.group_shift = std::countr_zero(static_cast<unsigned>(d.group / 32));
   if (d.cols % 4) throw Error(std::string("CUDA backend: ") + what + " has " + std::to_string(d.cols) + " columns; the kernels need a multiple of 4");
   return d;
 }
@@ -162,6 +166,15 @@ class CudaBackend : public Backend {
   const float* put_floats(const std::vector<float>& v) { return reinterpret_cast<const float*>(arena_.put(v.data(), v.size() * 4)); }
   DevMatrix put_matrix(const Matrix& m, const std::string& what) { return describe(m, arena_.put(m.data, m.bytes()), what.c_str()); }
   void ensure_buffers(int T);
+  void enqueue_logit_copies(int logit_rows);
+  // Vocabulary columns [first, second) of logit range i: ranges shrink in
+  // the ratio n : n-1 : ... : 1, so the copy and host work that remain after
+  // the last range is computed are a small share of the vocabulary.
+  std::pair<int, int> logit_range(int i) const {
+    const long long n = logit_parts_, total = n * (n + 1) / 2, V = s_.vocab_size;
+    auto edge = [&](long long k) { return static_cast<int>(V * (k * n - k * (k - 1) / 2) / total); };  // sum of the first k weights
+    return {edge(i), edge(i + 1)};
+  }
   void ensure_cap(CudaState& st, int needed);
   // The forward pass of T tokens whose position and ids are in io_.
   void run(CudaState& st, int T, int logit_rows);
@@ -179,6 +192,7 @@ class CudaBackend : public Backend {
   WeightArena arena_;
   DevMatrix embed_, lm_head_;
   const float* final_norm_ = nullptr;
+  DeviceArray<float> inv_freq_;  // rotary inverse frequencies, f32(1 / theta^(2i / rot)) made on the host as the reference does
   std::vector<DevLayer> layers_;
   // Activations, sized for buf_T_ tokens.
   int buf_T_ = 0;
@@ -206,6 +220,10 @@ class CudaBackend : public Backend {
   bool graph_timing_ = false;
   cudaEvent_t graph_ev_[2] = {nullptr, nullptr};
   double graph_ms_ = 0, step_ms_ = 0;
+  // Host side of a graph step: launching it, the logits' work left after
+  // the last range is on the host, and the time between steps (the caller's).
+  double launch_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
+  std::chrono::steady_clock::time_point last_finish_{};
   long graph_steps_ = 0;
   std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;
   std::vector<std::pair<std::string, ProfRow>> prof_;
@@ -231,12 +249,12 @@ class CudaBackend : public Backend {
   // own event by finish_chunk.
   static constexpr int kLogitParts = 4;
   cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t part_ready_[kLogitParts] = {}, part_copied_[kLogitParts] = {}, copies_done_ = nullptr;
+  cudaEvent_t part_ready_[kLogitParts] = {}, part_copied_[kLogitParts] = {};
   int logit_parts_ = 1;
   struct Pending {
     bool active = false;
     int T = 0, logit_rows = 0;
-    std::chrono::steady_clock::time_point t0;
+    std::chrono::steady_clock::time_point t0, launched;
   } pending_;
   float* h_logits_ = nullptr;
   std::size_t h_logits_n_ = 0;
@@ -280,6 +298,12 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   embed_ = put_matrix(model.embed(), "embed_tokens");
   lm_head_ = put_matrix(model.lm_head(), "lm_head");
   final_norm_ = put_floats(model.final_norm());
+  {
+    std::vector<float> f(std::max(1, s_.rotary_dim / 2));
+    for (int i = 0; i < s_.rotary_dim / 2; ++i) f[i] = static_cast<float>(1.0 / std::pow(s_.rope_theta, double(2 * i) / s_.rotary_dim));
+    inv_freq_.resize(f.size());
+    check(cudaMemcpy(inv_freq_.get(), f.data(), f.size() * 4, cudaMemcpyHostToDevice), "upload rotary frequencies");
+  }
   layers_.resize(s_.num_layers);
   for (int l = 0; l < s_.num_layers; ++l) {
     const LayerWeights& lw = model.layer(l);
@@ -346,7 +370,6 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     check(cudaEventCreateWithFlags(&part_ready_[i], cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&part_copied_[i], cudaEventDisableTiming), "cudaEventCreate");
   }
-  check(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming), "cudaEventCreate");
   logit_parts_ = s_.vocab_size >= 4096 * kLogitParts ? kLogitParts : 1;
 }
 
@@ -366,6 +389,9 @@ CudaBackend::~CudaBackend() {
   if (graph_timing_ && graph_steps_)
     std::fprintf(stderr, "coli cuda graph timing: %ld decode steps, %.1f us per graph replay on the device, %.1f us per step on the host\n",
                  graph_steps_, 1000 * graph_ms_ / graph_steps_, 1000 * step_ms_ / graph_steps_);
+  if (graph_timing_ && graph_steps_)
+    std::fprintf(stderr, "coli cuda graph timing: host per step: %.1f us to launch, %.1f us after the last logits range arrived, %.1f us between steps\n",
+                 1000 * launch_ms_ / graph_steps_, 1000 * tail_ms_ / graph_steps_, 1000 * gap_ms_ / graph_steps_);
   for (cudaEvent_t e : graph_ev_)
     if (e) cudaEventDestroy(e);
   if (profile_ && !prof_.empty()) {
@@ -380,7 +406,6 @@ CudaBackend::~CudaBackend() {
     if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);
     if (part_copied_[i]) cudaEventDestroy(part_copied_[i]);
   }
-  if (copies_done_) cudaEventDestroy(copies_done_);
   if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (h_logits_) cudaFreeHost(h_logits_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -459,13 +484,15 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
     const MatmulOut outs[] = {{L.q_proj, proj_.get(), qg_w}, {L.k_proj, k_.get(), nkv * hd}, {L.v_proj, v_.get(), nkv * hd}};
     matmul_many(outs, 3, hn_.get(), T, stream_, &qx_, hn_q);
   });
+  // The attention kernel quantizes its output for an int8 o_proj.
+  const bool out_q = takes_int8_x(L.o_proj) && hd % 32 == 0;
   step("attention", [&] {
-    attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps, st.k.get(), st.v.get(),
+    attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, st.k.get(), st.v.get(),
                   stream_);
-    attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, s_.rope_theta, s_.rms_norm_eps,
-              scores_.get(), scores_cap_, heads_out_.get(), stream_);
+    attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps,
+              scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
   });
-  step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_); });
+  step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
 
 void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q) {
@@ -575,26 +602,36 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
     // while the next range is computed.
     const int V = s_.vocab_size;
     for (int i = 0; i < logit_parts_; ++i) {
-      const int r0 = static_cast<int>(static_cast<long long>(V) * i / logit_parts_), r1 = static_cast<int>(static_cast<long long>(V) * (i + 1) / logit_parts_);
+      const auto [r0, r1] = logit_range(i);
       DevMatrix part = lm_head_;
       part.data = lm_head_.data + static_cast<long long>(r0) * lm_head_.row_stride;
       part.scale_offset = lm_head_.scale_offset + static_cast<long long>(r0) * (lm_head_.scale_row_bytes - lm_head_.row_stride);
       part.rows = r1 - r0;
       matmul(part, hn_.get(), logit_rows, logits_.get() + r0, V, stream_, &qx_, hn_q);
-      check(cudaEventRecord(part_ready_[i], stream_), "event");
-      check(cudaStreamWaitEvent(copy_stream_, part_ready_[i]), "wait event");
-      check(cudaMemcpy2DAsync(h_logits_ + r0, V * sizeof(float), logits_.get() + r0, V * sizeof(float), (r1 - r0) * sizeof(float), logit_rows,
-                              cudaMemcpyDeviceToHost, copy_stream_),
-            "copy logits");
-      // Inside a decode graph the host must still see this event: an external record node.
+      // Inside a decode graph an external record node, which the copy
+      // stream's wait (enqueue_logit_copies, after the launch) can see.
       cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-      check(cudaStreamIsCapturing(copy_stream_, &cs), "capture status");
-      check(cudaEventRecordWithFlags(part_copied_[i], copy_stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault),
+      check(cudaStreamIsCapturing(stream_, &cs), "capture status");
+      check(cudaEventRecordWithFlags(part_ready_[i], stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault),
             "event");
     }
-    check(cudaEventRecord(copies_done_, copy_stream_), "event");
-    check(cudaStreamWaitEvent(stream_, copies_done_), "wait event");
   });
+}
+
+void CudaBackend::enqueue_logit_copies(int logit_rows) {
+  // Each range goes to the host on the copy stream as soon as it is
+  // computed, while the next range is. Enqueued outside the decode graph:
+  // a graph of one stream's kernels launches in a few microseconds, one
+  // that forks to a second stream and back costs tens.
+  const int V = s_.vocab_size;
+  for (int i = 0; logit_rows && i < logit_parts_; ++i) {
+    const auto [r0, r1] = logit_range(i);
+    check(cudaStreamWaitEvent(copy_stream_, part_ready_[i]), "wait event");
+    check(cudaMemcpy2DAsync(h_logits_ + r0, V * sizeof(float), logits_.get() + r0, V * sizeof(float), (r1 - r0) * sizeof(float), logit_rows,
+                            cudaMemcpyDeviceToHost, copy_stream_),
+          "copy logits");
+    check(cudaEventRecord(part_copied_[i], copy_stream_), "event");
+  }
 }
 
 void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
@@ -650,7 +687,9 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   } else {
     run(st, T, logit_rows);
   }
-  pending_ = {true, T, logit_rows, t_start};
+  const auto t_launched = std::chrono::steady_clock::now();
+  enqueue_logit_copies(logit_rows);
+  pending_ = {true, T, logit_rows, t_start, t_launched};
 }
 
 void CudaBackend::finish_chunk(BackendState&, float* logits) {
@@ -659,10 +698,12 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
   pending_.active = false;
   const int V = s_.vocab_size;
   // Each column range as soon as it is on the host.
+  auto t_last = std::chrono::steady_clock::now();
   for (int i = 0; p.logit_rows && i < logit_parts_; ++i) {
     check(cudaEventSynchronize(part_copied_[i]), "logits");
+    t_last = std::chrono::steady_clock::now();
     if (!logits) continue;
-    const int r0 = static_cast<int>(static_cast<long long>(V) * i / logit_parts_), r1 = static_cast<int>(static_cast<long long>(V) * (i + 1) / logit_parts_);
+    const auto [r0, r1] = logit_range(i);
     for (int t = 0; t < p.logit_rows; ++t)
       std::memcpy(logits + std::size_t(t) * V + r0, h_logits_ + std::size_t(t) * V + r0, (r1 - r0) * sizeof(float));
   }
@@ -671,8 +712,14 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
   if (graph_timing_ && p.T == 1 && opt_.graphs) {
     float ms = 0;
     cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]);
+    using ms_d = std::chrono::duration<double, std::milli>;
+    const auto now = std::chrono::steady_clock::now();
     graph_ms_ += ms, ++graph_steps_;
-    step_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p.t0).count();
+    step_ms_ += ms_d(now - p.t0).count();
+    launch_ms_ += ms_d(p.launched - p.t0).count();
+    tail_ms_ += ms_d(now - t_last).count();
+    if (last_finish_.time_since_epoch().count()) gap_ms_ += ms_d(p.t0 - last_finish_).count();
+    last_finish_ = now;
   }
 }
 

@@ -292,20 +292,23 @@ __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, cons
       if (ii * 8 + p < dk) Sg[static_cast<long long>(j) * dk + ii * 8 + p] = s[ii];
 }
 
-// Decode (one token): block per value head, warp per 4 columns as in
-// recurrence_warp_kernel, then the gated RMSNorm over the head's dv outputs
-// and their quantization for the out projection in the same block (no
-// gated_norm launch). Threads: 32 * ceil(dv / 4) (>= dv).
-template <int R>
+// Decode (one token): a value head's dv columns over the S blocks of a
+// cluster (kCluster, S = gridDim.x / nv; else S = 1, block per head), warp
+// per 4 columns as in recurrence_warp_kernel, then the gated RMSNorm over
+// the head's dv outputs (the blocks' sums of squares meet in cluster_sum)
+// and their quantization for the out projection in the same kernel (no
+// gated_norm launch). Threads: 32 * ceil(dv / S / 4) (>= dv / S).
+template <int R, bool kCluster>
 __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a,
                                                                const float* A_log, const float* dt_bias, const float* norm_w, int nk, int nv, int dk,
                                                                int dv, int cd, float eps, float* normed, QuantX q, bool quant, bool nibble) {
   griddep_wait();
-  extern __shared__ float o_s[];  // [dv]
-  const int h = blockIdx.x, lane = threadIdx.x & 31, c = threadIdx.x / 8, p = lane & 7;
-  const int j = c;
-  const bool col = j < dv;
-  const int jc = min(j, dv - 1);
+  extern __shared__ float o_s[];  // [dv / S]
+  const int S = kCluster ? gridDim.x / nv : 1, cols = dv / S;
+  const int h = blockIdx.x / S, c0 = blockIdx.x % S * cols, lane = threadIdx.x & 31, jl = threadIdx.x / 8, p = lane & 7;
+  const int j = c0 + jl;  // this thread's column of the head
+  const bool col = jl < cols;
+  const int jc = col ? j : c0 + cols - 1;
   const int kh = h / (nv / nk), kd = nk * dk;
   float* Sg = S_all + static_cast<long long>(h) * dk * dv;
   const float beta = sigmoidf(b[h]), decay = expf(-expf(A_log[h]) * softplusf(a[h] + dt_bias[h]));
@@ -345,19 +348,21 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
 #pragma unroll
     for (int ii = 0; ii < R; ++ii)
       if (ii * 8 + p < dk) Sg[static_cast<long long>(j) * dk + ii * 8 + p] = s[ii];
-    if (p == 0) o_s[j] = o;
+    if (p == 0) o_s[jl] = o;
   }
   __syncthreads();
   const int tid = threadIdx.x;
-  const float x = tid < dv ? o_s[tid] : 0.0f;
-  const float r = rsqrtf(block_sum(x * x) / dv + eps);
-  if (tid >= (dv + 31) / 32 * 32) return;
+  const float x = tid < cols ? o_s[tid] : 0.0f;
+  float ss = block_sum(x * x);
+  if constexpr (kCluster) ss = cluster_sum(ss);
+  const float r = rsqrtf(ss / dv + eps);
+  if (tid >= (cols + 31) / 32 * 32) return;
   float y = 0.0f;
-  if (tid < dv) {
-    y = x * r * norm_w[tid] * siluf(z[h * dv + tid]);
-    normed[h * dv + tid] = y;
+  if (tid < cols) {
+    y = x * r * norm_w[c0 + tid] * siluf(z[h * dv + c0 + tid]);
+    normed[h * dv + c0 + tid] = y;
   }
-  if (quant) warp_quantize_block(y, nibble, q, (h * dv) / 32 + tid / 32);  // (dv % 32 == 0 when quant)
+  if (quant) warp_quantize_block(y, nibble, q, (h * dv + c0) / 32 + tid / 32);  // (cols % 32 == 0 when quant)
 }
 
 // Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z); with
@@ -424,12 +429,20 @@ bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s, const QuantX* q,
                     bool nibble) {
   const int rows_per_lane = (dk + 7) / 8;
-  const int step_threads = 32 * ((dv + 3) / 4);
+  // A head over a cluster of kStepSplit blocks where its columns split
+  // into whole blocks of 32 (sm_90): 4x the SMs on the state's bytes.
+  constexpr int kStepSplit = 4;
+  const int split = device_cc_major() >= 9 && dv % (32 * kStepSplit) == 0 ? kStepSplit : 1;
+  const int cols = dv / split, step_threads = 32 * ((cols + 3) / 4);
   if (T == 1 && rows_per_lane <= 16 && step_threads <= 1024) {
-    const bool quant = q && dv % 32 == 0;
+    const bool quant = q && cols % 32 == 0;
     auto run = [&]<int R>() {
-      launch(recurrence_step_kernel<R>, nv, step_threads, dv * sizeof(float), s, S, conv_out, z, b, a, A_log, dt_bias, norm_w, nk, nv, dk, dv, cd, eps,
-             normed, quant ? *q : QuantX{}, quant, nibble);
+      if (split > 1)
+        launch_cluster(recurrence_step_kernel<R, true>, nv * split, step_threads, cols * sizeof(float), s, split, S, conv_out, z, b, a, A_log, dt_bias,
+                       norm_w, nk, nv, dk, dv, cd, eps, normed, quant ? *q : QuantX{}, quant, nibble);
+      else
+        launch(recurrence_step_kernel<R, false>, nv, step_threads, cols * sizeof(float), s, S, conv_out, z, b, a, A_log, dt_bias, norm_w, nk, nv, dk, dv,
+               cd, eps, normed, quant ? *q : QuantX{}, quant, nibble);
     };
     if (rows_per_lane <= 2) run.template operator()<2>();
     else if (rows_per_lane <= 4) run.template operator()<4>();

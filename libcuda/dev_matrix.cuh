@@ -26,6 +26,7 @@ struct DevMatrix {
   long long scale_offset = 0;
   int scale_row_bytes = 0;
   int group = 0;             // int4: columns per scale (cols when one per row)
+  int group_shift = -1;      // log2(group / 32) when a power of two: no division per block
   bool asym = false, f16_scales = false;
 };
 
@@ -41,7 +42,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ void int4_scale(const DevMatrix& W, int r, int c0, float* s, float* mn) {
   const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
   if (W.f16_scales) {
-    const int g = c0 / W.group;
+    const int g = W.group_shift >= 0 ? (c0 >> 5) >> W.group_shift : c0 / W.group;
     const __half* hs = reinterpret_cast<const __half*>(sc);
     if (W.asym) *s = __half2float(hs[2 * g]), *mn = __half2float(hs[2 * g + 1]);
     else *s = __half2float(hs[g]), *mn = -8.0f * *s;
@@ -192,12 +193,47 @@ __device__ __forceinline__ void chunk_dot(const DevMatrix& W, int r, int ch, con
   }
 }
 
+// One token against a bf16 / f16 row of whole 16-byte chunks: each lane's
+// chunks, 8 at a time, and their x are all loaded before the first multiply
+// (the generic chunk loop's branches keep the compiler from hoisting them,
+// which made a router row several round trips to memory).
+template <Kind K>
+__device__ __forceinline__ float warp_row_dot_half1(const DevMatrix& W, int r, const float* x) {
+  const int lane = threadIdx.x & 31, chunks = W.cols / 8;
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  auto val = [](uint32_t h) { return K == Kind::kBF16 ? bf16_bits_to_f32(h) : __half2float(__ushort_as_half(static_cast<unsigned short>(h))); };
+  float a = 0.0f;
+  for (int c0 = lane; c0 < chunks; c0 += 32 * 8) {
+    uint4 v[8];
+    float4 xa[8], xb[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int ch = c0 + 32 * j;
+      const bool in = ch < chunks;
+      v[j] = in ? __ldg(reinterpret_cast<const uint4*>(row + ch * 16)) : make_uint4(0, 0, 0, 0);
+      xa[j] = in ? *reinterpret_cast<const float4*>(x + ch * 8) : make_float4(0, 0, 0, 0);
+      xb[j] = in ? *reinterpret_cast<const float4*>(x + ch * 8 + 4) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      a += val(v[j].x & 0xffff) * xa[j].x + val(v[j].x >> 16) * xa[j].y + val(v[j].y & 0xffff) * xa[j].z + val(v[j].y >> 16) * xa[j].w +
+           val(v[j].z & 0xffff) * xb[j].x + val(v[j].z >> 16) * xb[j].y + val(v[j].w & 0xffff) * xb[j].z + val(v[j].w >> 16) * xb[j].w;
+  }
+  return warp_sum(a);
+}
+
 // acc[t] = sum_c W[r, c] x[t][c] for NT tokens, on one warp (result in every
 // lane). Two chunks per lane per step so two loads are in flight.
 template <Kind K, int NT>
 __device__ __forceinline__ void warp_row_dot(const DevMatrix& W, int r, const float* x, int ldx, float (&acc)[NT]) {
   constexpr int per = K == Kind::kF32 ? 4 : K == Kind::kI8 ? 16 : K == Kind::kI4 ? 32 : 8;
   const int lane = threadIdx.x & 31;
+  if constexpr (NT == 1 && (K == Kind::kBF16 || K == Kind::kF16)) {
+    if (W.cols % 8 == 0 && (W.row_stride & 15) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+      acc[0] = warp_row_dot_half1<K>(W, r, x);
+      return;
+    }
+  }
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   const int chunks = (W.cols + per - 1) / per;
   // One token: 8 chunks per lane in flight (a decode step's row is one
@@ -282,40 +318,90 @@ __device__ __forceinline__ void warp_row_dot_q_n(const DevMatrix& W, int r, cons
   }
 }
 
-// Row r of two int4 / int8 matrices of one kind and width (an expert's gate
-// and up) against
-// one token (row qrow of q): the token's codes are read once for both.
-template <Kind K>
-__device__ __forceinline__ void warp_row_dot_q2(const DevMatrix& A, const DevMatrix& B, int r, const QuantX& q, int qrow, float* a_out, float* b_out) {
-  const int lane = threadIdx.x & 31, nb = A.cols / 32;
-  float sa = 0.0f, sb = 0.0f;
+// Decode's row dots: rows[0..R) of the NM matrices M (one kind and width,
+// int4 / int8, cols % 32 == 0) against one token (row qrow of q), on a
+// group of L lanes (L = 8, 16 or 32; the warp's 32 / L groups take rows of
+// their own). Each 32-column block of x is read once for all NM x R rows,
+// and all their weight loads are issued before the first dp4a, so a group
+// has NM x R x 16-32 bytes per lane in flight instead of one row's. Every
+// lane of the group gets out[m][i]; every lane of the warp must call.
+template <Kind K, int NM, int R, int L>
+__device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const int (&rows)[R], const QuantX& q, long long qrow, float (&out)[NM][R]) {
+  static_assert(L == 8 || L == 16 || L == 32, "lanes per row group");
+  const int sub = threadIdx.x & (L - 1), nb = M[0].cols / 32;
+  const bool asym = M[0].asym;
+#pragma unroll
+  for (int m = 0; m < NM; ++m)
+#pragma unroll
+    for (int i = 0; i < R; ++i) out[m][i] = 0.0f;
 #pragma unroll 2
-  for (int b = lane; b < nb; b += 32) {
-    const long long qb = static_cast<long long>(qrow) * nb + b;
+  for (int b = sub; b < nb; b += L) {
+    const long long qb = qrow * nb + b;
     const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
     const int4 xa = xp[0], xb = xp[1];
     const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
     const float xs = q.scale[qb];
-    const DevMatrix* M[2] = {&A, &B};
-    float* acc[2] = {&sa, &sb};
+    const int xsum = K == Kind::kI4 ? q.sum[qb] : 0;
+    // Symmetric int4: weight = (code - 8) s, so the dot starts at -8 sum(x codes).
+    const int d0 = K == Kind::kI4 && !asym ? -8 * xsum : 0;
+    int w[NM][R][8];
+    float s[NM][R], mn[NM][R];
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      int w[8];
-      float s = 0.0f, mn = 0.0f;
-      load_q_block<K>(*M[m], r, b, w, &s, &mn);
-      int d = 0;
+    for (int m = 0; m < NM; ++m)
 #pragma unroll
-      for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
-      if (K == Kind::kI4) *acc[m] += xs * (s * static_cast<float>(d) + mn * static_cast<float>(q.sum[qb]));
-      else *acc[m] += xs * static_cast<float>(d);
+      for (int i = 0; i < R; ++i) s[m][i] = mn[m][i] = 0.0f, load_q_block<K>(M[m], rows[i], b, w[m][i], &s[m][i], &mn[m][i]);
+#pragma unroll
+    for (int m = 0; m < NM; ++m)
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        int d = d0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) d = __dp4a(w[m][i][k], xw[k], d);
+        if (K == Kind::kI4 && asym) out[m][i] += xs * (s[m][i] * static_cast<float>(d) + mn[m][i] * static_cast<float>(xsum));
+        else out[m][i] += (K == Kind::kI4 ? xs * s[m][i] : xs) * static_cast<float>(d);
+      }
+  }
+#pragma unroll
+  for (int m = 0; m < NM; ++m)
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) out[m][i] += __shfl_xor_sync(0xffffffffu, out[m][i], o);
+      if (K == Kind::kI8) out[m][i] *= *reinterpret_cast<const float*>(M[m].data + M[m].scale_offset + static_cast<long long>(rows[i]) * M[m].scale_row_bytes);
     }
+}
+
+// Lanes per row group for a width of cols (group_rows_dot_q): the fewest
+// that leave no lane without a 32-column block, at least 8.
+__host__ inline int lanes_per_row(int cols) {
+  const int nb = cols / 32;
+  return nb >= 32 ? 32 : nb >= 16 ? 16 : 8;
+}
+
+// Calls f.template operator()<L>() with lanes_per_row(cols) as a constant (host).
+template <typename F>
+inline void dispatch_lanes(int cols, F&& f) {
+  switch (lanes_per_row(cols)) {
+    case 32: f.template operator()<32>(); break;
+    case 16: f.template operator()<16>(); break;
+    default: f.template operator()<8>(); break;
   }
-  sa = warp_sum(sa), sb = warp_sum(sb);
-  if (K == Kind::kI8) {
-    sa *= *reinterpret_cast<const float*>(A.data + A.scale_offset + static_cast<long long>(r) * A.scale_row_bytes);
-    sb *= *reinterpret_cast<const float*>(B.data + B.scale_offset + static_cast<long long>(r) * B.scale_row_bytes);
+}
+
+// Asks L2 for rows[0..R) of W, spread over a group of L lanes (as
+// prefetch_row_l2 below does for one row and a warp).
+template <int R, int L>
+__device__ __forceinline__ void prefetch_rows_l2(const DevMatrix& W, const int (&rows)[R]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int sub = threadIdx.x & (L - 1);
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const uint8_t* row = W.data + static_cast<long long>(rows[i]) * W.row_stride;
+    for (int off = sub * 128; off < W.row_stride; off += L * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+    if (W.scale_row_bytes && sub == 0)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(W.data + W.scale_offset + static_cast<long long>(rows[i]) * W.scale_row_bytes));
   }
-  *a_out = sa, *b_out = sb;
+#endif
 }
 
 // One token (row qrow of q).

@@ -1,6 +1,7 @@
 // Small device helpers shared by the kernels: activations and block
 // reductions (blockDim.x a multiple of 32, at most 1024).
 #pragma once
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "dev_matrix.cuh"
@@ -42,6 +43,24 @@ __device__ __forceinline__ float block_max(float v) {
   m = part[0];
   __syncthreads();
   return m;
+}
+
+// The sum of v over the blocks of this thread block cluster (sm_90), v
+// being each block's value (the same in all its threads, e.g. block_sum's):
+// through distributed shared memory, added in block rank order so every
+// block gets the same, deterministic value. Every thread must call.
+__device__ __forceinline__ float cluster_sum(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float part;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) part = v;
+  cluster.sync();
+  v = 0;
+  for (unsigned b = 0; b < cluster.num_blocks(); ++b) v += *cluster.map_shared_rank(&part, b);
+  cluster.sync();  // every block has read the others' partial sums
+#endif
+  return v;
 }
 
 }  // namespace coli::cuda

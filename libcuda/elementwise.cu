@@ -69,18 +69,7 @@ __global__ void norm_kernel(NormArgs p) {
   }
   if (!p.y && !p.quant) return;
   ss = block_sum(ss);
-  if constexpr (kCluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float part;
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    if (threadIdx.x == 0) part = ss;
-    cluster.sync();
-    ss = 0;
-    for (unsigned b = 0; b < cluster.num_blocks(); ++b) ss += *cluster.map_shared_rank(&part, b);
-    cluster.sync();  // every block has read the others' partial sums
-#endif
-  }
+  if constexpr (kCluster) ss = cluster_sum(ss);
   const float r = rsqrtf(ss / p.n + p.eps);
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
@@ -115,15 +104,7 @@ void launch_norm(const NormArgs& a, int rows, cudaStream_t s) {
         break;
       }
   if (nb > 1) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(nb, rows), cfg.blockDim = dim3(a.n / nb), cfg.stream = s;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = nb, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr, cfg.numAttrs = pdl_enabled() ? 2 : 1;
-    check(cudaLaunchKernelEx(&cfg, norm_kernel<1, true>, a), "norm launch");
+    launch_cluster(norm_kernel<1, true>, dim3(nb, rows), dim3(a.n / nb), 0, s, nb, a);
     return;
   }
   const int per = a.n <= 8 * 1024 ? 8 : 32;

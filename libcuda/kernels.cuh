@@ -52,12 +52,14 @@ void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStr
 // Attention. qg [T, heads * 2 * hd] (per head: query, then output gate);
 // k, v [T, kv_heads * hd]. Normalises and rotates the new keys and writes
 // keys and values at positions *d_pos + t of the cache [cap, kv_heads * hd].
-void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, double theta,
+void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
                    float eps, float* kc, float* vc, cudaStream_t s);
 // out [T, heads * hd] = sigmoid(gate) * softmax(q K^T / sqrt(hd)) V over
-// positions 0 .. *d_pos + t; scores [T * heads, cap] scratch.
+// positions 0 .. *d_pos + t; scores [T * heads, cap] scratch. With q (hd %
+// 32 == 0), out is also left quantized there for an int8-activation o_proj.
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
-               int rot, double theta, float eps, float* scores, int cap, float* out, cudaStream_t s);
+               int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s,
+               const QuantX* q = nullptr, bool nibble = false);
 
 // Gated DeltaNet. conv: out[t, c] = silu(causal conv of qkv over the state
 // [K-1, cd] then this token); advances the state.

@@ -110,6 +110,31 @@ __global__ void matmul_q_kernel(Batch b, QuantX q, int T) {
   if (r < o.W.rows) matmul_q_row<K, NT>(o.W, r, q, T, o.y, o.ldy);
 }
 
+// One token (decode): a group of L lanes per R consecutive rows
+// (group_rows_dot_q), so a matrix's rows are in flight R at a time per
+// group and x's codes are read once per group, not per row.
+template <Kind K, int L, int kGemvRows>
+__global__ void gemv_q_kernel(Batch b, QuantX q) {
+  int blk;
+  const MatmulOut& o = b.m[batch_index(b, &blk)];
+  constexpr int G = 32 / L;  // row groups per warp
+  const int warp_r0 = (blk * (blockDim.x / 32) + threadIdx.x / 32) * G * kGemvRows;
+  const int r0 = warp_r0 + (threadIdx.x & 31) / L * kGemvRows;
+  int rows[kGemvRows];
+#pragma unroll
+  for (int i = 0; i < kGemvRows; ++i) rows[i] = min(r0 + i, o.W.rows - 1);  // past the end: recomputes the last row, not stored
+  if (warp_r0 < o.W.rows) prefetch_rows_l2<kGemvRows, L>(o.W, rows);
+  griddep_wait();
+  if (warp_r0 >= o.W.rows) return;  // whole warps only: the groups shuffle with full masks
+  const DevMatrix W[1] = {o.W};
+  float out[1][kGemvRows];
+  group_rows_dot_q<K, 1, kGemvRows, L>(W, rows, q, 0, out);
+  if ((threadIdx.x & (L - 1)) == 0)
+#pragma unroll
+    for (int i = 0; i < kGemvRows; ++i)
+      if (r0 + i < o.W.rows) o.y[r0 + i] = out[0][i];
+}
+
 // Tensor cores: block (blk, ty) computes rows blk * kMmaRows .. + kMmaRows
 // of its matrix for tokens ty * kMmaTokens .. + kMmaTokens.
 template <Kind K, bool kAsym>
@@ -126,6 +151,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, Qua
   Tile::run(W, r0, q, ntok, sm, acc);
   Tile::for_each_result(r0, o.W.rows, ntok, [&](int j, int c, int tok, int row) { o.y[static_cast<long long>(t0 + tok) * o.ldy + row] = acc[0][j][c]; });
 }
+
+// Rows per lane group of a one-token matmul over this many rows: two for
+// the lm_head's ranges, one otherwise. Measured on the H200 (tg128, int4):
+// (4, 2, 1) rows for (>= 32K, >= 8K, fewer) rows 1,842 t/s, (2, 1, 1) 1,892,
+// (1, 1, 1) 1,866, (4, 4, 2) 1,734: more rows per group cost registers and
+// warps, which the small matrices need more than bytes in flight.
+int gemv_rows_for(int rows) { return rows >= 32768 ? 2 : 1; }
 
 }  // namespace
 
@@ -163,7 +195,11 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   // One token (decode): blocks of kDecodeWarps warps, so that matrices of a
   // few hundred rows (the router) still spread over many SMs.
   const int warps = T == 1 ? kDecodeWarps : kWarps;
-  const int rows_per_block = mma ? kMmaRows : warps;
+  const bool gemv = int8_x && T == 1;
+  int total_rows = 0;
+  for (int i = 0; i < n; ++i) total_rows += outs[i].W.rows;
+  const int gemv_rows = gemv_rows_for(total_rows);
+  const int rows_per_block = mma ? kMmaRows : gemv ? warps * (32 / lanes_per_row(W.cols)) * gemv_rows : warps;
   Batch b{};
   b.n = n;
   b.first[0] = 0;
@@ -178,12 +214,19 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
       check(cudaGetLastError(), "matmul_mma launch");
       return;
     }
-    if (W.kind == Kind::kI4) {
-      if (T == 1) launch(matmul_q_kernel<Kind::kI4, 1>, grid, block, 0, s, b, *q, T);
-      else launch(matmul_q_kernel<Kind::kI4, 8>, grid, block, 0, s, b, *q, T);
+    if (gemv) {
+      dispatch_lanes(W.cols, [&]<int L>() {
+        auto go = [&]<int R>() {
+          if (W.kind == Kind::kI4) launch(gemv_q_kernel<Kind::kI4, L, R>, grid, block, 0, s, b, *q);
+          else launch(gemv_q_kernel<Kind::kI8, L, R>, grid, block, 0, s, b, *q);
+        };
+        if (gemv_rows == 2) go.template operator()<2>();
+        else go.template operator()<1>();
+      });
+    } else if (W.kind == Kind::kI4) {
+      launch(matmul_q_kernel<Kind::kI4, 8>, grid, block, 0, s, b, *q, T);
     } else {
-      if (T == 1) launch(matmul_q_kernel<Kind::kI8, 1>, grid, block, 0, s, b, *q, T);
-      else launch(matmul_q_kernel<Kind::kI8, 8>, grid, block, 0, s, b, *q, T);
+      launch(matmul_q_kernel<Kind::kI8, 8>, grid, block, 0, s, b, *q, T);
     }
     check(cudaGetLastError(), "matmul_q launch");
     return;

@@ -188,23 +188,7 @@ __global__ void down_kernel(ExpertTable tab, const float* act, const int* idx, c
   if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
 }
 
-// The same two kernels with the inputs in int8 (dp4a): hn quantized per
-// token (q row t), act per pair (q row p).
-template <Kind KG>
-__global__ void gate_up_q_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act) {
-  griddep_wait();
-  const int p = blockIdx.y, I = tab.gate.rows;
-  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (r >= I) return;
-  const int e = idx[p], t = p / K;
-  DevMatrix g = tab.gate, u = tab.up;
-  g.data = tab.gate_ptrs[e];
-  u.data = tab.up_ptrs[e];
-  float gv, uv;
-  warp_row_dot_q2<KG>(g, u, r, qx, t, &gv, &uv);
-  if ((threadIdx.x & 31) == 0) act[static_cast<long long>(p) * I + r] = siluf(gv) * uv;
-}
-
+// down_kernel with act in int8 (dp4a, q row p per pair), for K > 32.
 template <Kind KD>
 __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
   griddep_wait();
@@ -221,30 +205,64 @@ __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, i
   if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
 }
 
-// Decode: block per (token, kDownRows output rows), warp per pair k (K <=
-// 32), so the K experts' rows are read in parallel; the weighted sum over k
-// runs in k order as in down_q_kernel.
-constexpr int kDownRows = 8;
+// Decode, gate+up: warp per (pair, kUpRows x 32 / L rows of gate and of
+// up), groups of L lanes per kUpRows rows (group_rows_dot_q: the 2 x
+// kUpRows weight rows of a group are in flight together).
+constexpr int kUpRows = 2;
 
-template <Kind KD>
+template <Kind KG, int L>
+__global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act) {
+  griddep_wait();
+  constexpr int G = 32 / L;
+  const int p = blockIdx.y, I = tab.gate.rows;
+  const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kUpRows;
+  if (warp_r0 >= I) return;  // whole warps only
+  const int r0 = warp_r0 + (threadIdx.x & 31) / L * kUpRows;
+  int rows[kUpRows];
+#pragma unroll
+  for (int i = 0; i < kUpRows; ++i) rows[i] = min(r0 + i, I - 1);
+  const int e = idx[p], t = p / K;
+  DevMatrix W[2] = {tab.gate, tab.up};
+  W[0].data = tab.gate_ptrs[e];
+  W[1].data = tab.up_ptrs[e];
+  float out[2][kUpRows];
+  group_rows_dot_q<KG, 2, kUpRows, L>(W, rows, qx, t, out);
+  if ((threadIdx.x & (L - 1)) == 0)
+#pragma unroll
+    for (int i = 0; i < kUpRows; ++i)
+      if (r0 + i < I) act[static_cast<long long>(p) * I + r0 + i] = siluf(out[0][i]) * out[1][i];
+}
+
+// Decode, down: block per (token, 32 / L x kDownRows output rows), warp per
+// pair k (K <= 32), so the K experts' rows are read in parallel, each
+// group of L lanes kDownRows rows at a time (group_rows_dot_q; the 512
+// columns of a down row fill 16 lanes); the weighted sum over k runs in k
+// order as in down_q_kernel.
+constexpr int kDownRows = 4;
+
+template <Kind KD, int L>
 __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
   griddep_wait();
-  __shared__ float part[32][kDownRows];
-  const int t = blockIdx.y, H = tab.down.rows, k = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int r0 = blockIdx.x * kDownRows, p = t * K + k;
-  DevMatrix d = tab.down;
-  d.data = tab.down_ptrs[idx[p]];
+  constexpr int G = 32 / L, kRows = G * kDownRows;  // rows per block
+  __shared__ float part[32][kRows];
+  const int t = blockIdx.y, H = tab.down.rows, k = threadIdx.x / 32, g = (threadIdx.x & 31) / L;
+  const int r0 = blockIdx.x * kRows + g * kDownRows, p = t * K + k;
+  int rows[kDownRows];
 #pragma unroll
-  for (int rr = 0; rr < kDownRows; ++rr) {
-    const int r = min(r0 + rr, H - 1);
-    const float y = warp_row_dot_q<KD>(d, r, qa, p);
-    if (lane == 0) part[k][rr] = y;
-  }
+  for (int i = 0; i < kDownRows; ++i) rows[i] = min(r0 + i, H - 1);
+  DevMatrix W[1] = {tab.down};
+  W[0].data = tab.down_ptrs[idx[p]];
+  float y[1][kDownRows];
+  group_rows_dot_q<KD, 1, kDownRows, L>(W, rows, qa, p, y);
+  if ((threadIdx.x & (L - 1)) == 0)
+#pragma unroll
+    for (int i = 0; i < kDownRows; ++i) part[k][g * kDownRows + i] = y[0][i];
   __syncthreads();
-  if (threadIdx.x < kDownRows && r0 + threadIdx.x < H) {
+  const int rr = threadIdx.x, r = blockIdx.x * kRows + rr;
+  if (rr < kRows && r < H) {
     float sum = 0;
-    for (int kk = 0; kk < K; ++kk) sum += w[t * K + kk] * part[kk][threadIdx.x];
-    out[static_cast<long long>(t) * H + r0 + threadIdx.x] = sum;
+    for (int kk = 0; kk < K; ++kk) sum += w[t * K + kk] * part[kk][rr];
+    out[static_cast<long long>(t) * H + r] = sum;
   }
 }
 
@@ -445,8 +463,12 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
   if (q && takes_int8_x(tab.gate)) {
     if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
-    if (tab.gate.kind == Kind::kI4) launch(gate_up_q_kernel<Kind::kI4>, grid, block, 0, s, tab, idx, K, *q, act);
-    else launch(gate_up_q_kernel<Kind::kI8>, grid, block, 0, s, tab, idx, K, *q, act);
+    dispatch_lanes(tab.gate.cols, [&]<int L>() {
+      const dim3 rgrid((tab.gate.rows + kWarps * (32 / L) * kUpRows - 1) / (kWarps * (32 / L) * kUpRows), T * K);
+      if (tab.gate.kind == Kind::kI4) launch(gate_up_rows_kernel<Kind::kI4, L>, rgrid, block, 0, s, tab, idx, K, *q, act);
+      else launch(gate_up_rows_kernel<Kind::kI8, L>, rgrid, block, 0, s, tab, idx, K, *q, act);
+    });
+    check(cudaGetLastError(), "moe gate_up launch");
     return;
   }
   dispatch_kind(tab.gate.kind, [&]<Kind K_>() { launch(gate_up_kernel<K_, K_>, grid, block, 0, s, tab, hn, idx, K, act); });
@@ -457,9 +479,13 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
   if (q && takes_int8_x(tab.down)) {
     quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
     if (K <= 32) {
-      const dim3 sgrid((tab.down.rows + kDownRows - 1) / kDownRows, T);
-      if (tab.down.kind == Kind::kI4) launch(down_q_split_kernel<Kind::kI4>, sgrid, 32 * K, 0, s, tab, idx, w, K, *q, out);
-      else launch(down_q_split_kernel<Kind::kI8>, sgrid, 32 * K, 0, s, tab, idx, w, K, *q, out);
+      dispatch_lanes(tab.down.cols, [&]<int L>() {
+        const int rows = (32 / L) * kDownRows;
+        const dim3 sgrid((tab.down.rows + rows - 1) / rows, T);
+        const int threads = 32 * K;  // >= the block's rows (at most 16), which its first threads sum
+        if (tab.down.kind == Kind::kI4) launch(down_q_split_kernel<Kind::kI4, L>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
+        else launch(down_q_split_kernel<Kind::kI8, L>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
+      });
     } else if (tab.down.kind == Kind::kI4) {
       launch(down_q_kernel<Kind::kI4>, grid, block, 0, s, tab, idx, w, K, *q, out);
     } else {
