@@ -55,6 +55,12 @@ inline bool pdl_enabled() {
   return supported && pdl_wanted();
 }
 
+// A launch shape's measurement override, env COLI_TUNE_<name> (else def).
+inline int tune(const char* env, int def) {
+  const char* e = std::getenv(env);
+  return e && *e ? std::atoi(e) : def;
+}
+
 // kernel<<<grid, block, smem, s>>>(args...) with PDL allowed (see above).
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, Args&&... args) {

@@ -373,15 +373,15 @@ __device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const
 
 // Lanes per row group for a width of cols (group_rows_dot_q): the fewest
 // that leave no lane without a 32-column block, at least 8.
-__host__ inline int lanes_per_row(int cols) {
+__host__ inline int lanes_per_row(int cols, int max_lanes = 32) {
   const int nb = cols / 32;
-  return nb >= 32 ? 32 : nb >= 16 ? 16 : 8;
+  return nb >= 32 && max_lanes >= 32 ? 32 : nb >= 16 && max_lanes >= 16 ? 16 : 8;
 }
 
-// Calls f.template operator()<L>() with lanes_per_row(cols) as a constant (host).
+// Calls f.template operator()<L>() with lanes_per_row(cols, max_lanes) as a constant (host).
 template <typename F>
-inline void dispatch_lanes(int cols, F&& f) {
-  switch (lanes_per_row(cols)) {
+inline void dispatch_lanes(int cols, F&& f, int max_lanes = 32) {
+  switch (lanes_per_row(cols, max_lanes)) {
     case 32: f.template operator()<32>(); break;
     case 16: f.template operator()<16>(); break;
     default: f.template operator()<8>(); break;

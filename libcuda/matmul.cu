@@ -194,12 +194,14 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
   // One token (decode): blocks of kDecodeWarps warps, so that matrices of a
   // few hundred rows (the router) still spread over many SMs.
-  const int warps = T == 1 ? kDecodeWarps : kWarps;
+  static const int gemv_warps = tune("COLI_TUNE_GEMV_WARPS", kDecodeWarps), float_warps = tune("COLI_TUNE_FLOAT_WARPS", kDecodeWarps);
+  static const int gemv_lanes = tune("COLI_TUNE_GEMV_LANES", 32);
+  const int warps = T == 1 ? (int8_x ? gemv_warps : float_warps) : kWarps;
   const bool gemv = int8_x && T == 1;
   int total_rows = 0;
   for (int i = 0; i < n; ++i) total_rows += outs[i].W.rows;
   const int gemv_rows = gemv_rows_for(total_rows);
-  const int rows_per_block = mma ? kMmaRows : gemv ? warps * (32 / lanes_per_row(W.cols)) * gemv_rows : warps;
+  const int rows_per_block = mma ? kMmaRows : gemv ? warps * (32 / lanes_per_row(W.cols, gemv_lanes)) * gemv_rows : warps;
   Batch b{};
   b.n = n;
   b.first[0] = 0;
@@ -222,7 +224,7 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
         };
         if (gemv_rows == 2) go.template operator()<2>();
         else go.template operator()<1>();
-      });
+      }, gemv_lanes);
     } else if (W.kind == Kind::kI4) {
       launch(matmul_q_kernel<Kind::kI4, 8>, grid, block, 0, s, b, *q, T);
     } else {

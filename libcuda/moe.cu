@@ -208,9 +208,9 @@ __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, i
 // Decode, gate+up: warp per (pair, kUpRows x 32 / L rows of gate and of
 // up), groups of L lanes per kUpRows rows (group_rows_dot_q: the 2 x
 // kUpRows weight rows of a group are in flight together).
-constexpr int kUpRows = 2;
+constexpr int kUpRowsDefault = 2;
 
-template <Kind KG, int L>
+template <Kind KG, int L, int kUpRows>
 __global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act) {
   griddep_wait();
   constexpr int G = 32 / L;
@@ -238,9 +238,9 @@ __global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, Quan
 // group of L lanes kDownRows rows at a time (group_rows_dot_q; the 512
 // columns of a down row fill 16 lanes); the weighted sum over k runs in k
 // order as in down_q_kernel.
-constexpr int kDownRows = 4;
+constexpr int kDownRowsDefault = 4;
 
-template <Kind KD, int L>
+template <Kind KD, int L, int kDownRows>
 __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
   griddep_wait();
   constexpr int G = 32 / L, kRows = G * kDownRows;  // rows per block
@@ -463,10 +463,15 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
   if (q && takes_int8_x(tab.gate)) {
     if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
+    static const int up_rows = tune("COLI_TUNE_UP_ROWS", kUpRowsDefault);
     dispatch_lanes(tab.gate.cols, [&]<int L>() {
-      const dim3 rgrid((tab.gate.rows + kWarps * (32 / L) * kUpRows - 1) / (kWarps * (32 / L) * kUpRows), T * K);
-      if (tab.gate.kind == Kind::kI4) launch(gate_up_rows_kernel<Kind::kI4, L>, rgrid, block, 0, s, tab, idx, K, *q, act);
-      else launch(gate_up_rows_kernel<Kind::kI8, L>, rgrid, block, 0, s, tab, idx, K, *q, act);
+      auto go = [&]<int kUpRows>() {
+        const dim3 rgrid((tab.gate.rows + kWarps * (32 / L) * kUpRows - 1) / (kWarps * (32 / L) * kUpRows), T * K);
+        if (tab.gate.kind == Kind::kI4) launch(gate_up_rows_kernel<Kind::kI4, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act);
+        else launch(gate_up_rows_kernel<Kind::kI8, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act);
+      };
+      if (up_rows == 1) go.template operator()<1>();
+      else go.template operator()<2>();
     });
     check(cudaGetLastError(), "moe gate_up launch");
     return;
@@ -479,12 +484,18 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
   if (q && takes_int8_x(tab.down)) {
     quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
     if (K <= 32) {
+      static const int down_rows = tune("COLI_TUNE_DOWN_ROWS", kDownRowsDefault);
       dispatch_lanes(tab.down.cols, [&]<int L>() {
-        const int rows = (32 / L) * kDownRows;
-        const dim3 sgrid((tab.down.rows + rows - 1) / rows, T);
-        const int threads = 32 * K;  // >= the block's rows (at most 16), which its first threads sum
-        if (tab.down.kind == Kind::kI4) launch(down_q_split_kernel<Kind::kI4, L>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
-        else launch(down_q_split_kernel<Kind::kI8, L>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
+        auto go = [&]<int kDownRows>() {
+          const int rows = (32 / L) * kDownRows;
+          const dim3 sgrid((tab.down.rows + rows - 1) / rows, T);
+          const int threads = 32 * K;  // >= the block's rows (at most 32), which its first threads sum
+          if (tab.down.kind == Kind::kI4) launch(down_q_split_kernel<Kind::kI4, L, kDownRows>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
+          else launch(down_q_split_kernel<Kind::kI8, L, kDownRows>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
+        };
+        if (down_rows == 2) go.template operator()<2>();
+        else if (down_rows == 8) go.template operator()<8>();
+        else go.template operator()<4>();
       });
     } else if (tab.down.kind == Kind::kI4) {
       launch(down_q_kernel<Kind::kI4>, grid, block, 0, s, tab, idx, w, K, *q, out);
