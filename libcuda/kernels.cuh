@@ -1,6 +1,7 @@
 // Launchers of the CUDA backend's kernels, one concept per .cu file:
-//   matmul.cu       y = x W^T for every weight format (warp per row; 8+
-//                   tokens of int4 / int8 on tensor cores, mma_tile.cuh)
+//   matmul.cu       y = x W^T for every weight format (warp per row; one
+//                   token of int4 / int8 on lane groups of 1-2 rows; 8+
+//                   tokens on tensor cores, mma_tile.cuh)
 //   elementwise.cu  embedding rows, norms, residual adds, SiLU*up
 //   attention.cu    gated attention: k/v into the cache, softmax over it
 //   deltanet.cu     Gated DeltaNet: causal conv, q/k norms, recurrence

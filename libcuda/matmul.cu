@@ -1,4 +1,5 @@
-// y = x W^T on the device for every weight format, one warp per weight row.
+// y = x W^T on the device for every weight format, one warp per weight row
+// (one token: a group of lanes per one or two rows, group_rows_dot_q).
 // int4 and int8 weights with a multiple of 32 columns meet x quantized to
 // int8 per 32-column block (scale absmax/127, as the CPU's VNNI path) in
 // __dp4a: four multiply-adds per instruction and a quarter of the x bytes
