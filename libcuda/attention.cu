@@ -2,6 +2,9 @@
 // q and k, rotary embedding on the first `rot` dims (rotate-half), GQA over
 // the KV cache, sigmoid(gate) on the output. Same float steps as the CPU
 // reference (cpu_attention.cpp).
+#include <algorithm>
+#include <string>
+
 #include "cuda_util.cuh"
 #include "device_math.cuh"
 #include "kernels.cuh"
@@ -97,6 +100,100 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
   }
 }
 
+// Split-KV attention (flash decoding): block (t, head, split) runs an
+// online softmax over its split's keys, warp per key as above with each
+// lane keeping PER = hd / 32 dims of q and of the output in registers, and
+// leaves (max, sum of exp, unnormalised output) in part; no score buffer,
+// so memory does not grow with the context. The block's warps merge in warp
+// order (deterministic).
+template <int PER>
+__global__ void attention_split_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads,
+                                       int kv_heads, int hd, int rot, const float* inv_freq, float eps, int keys_per_split, float* part) {
+  griddep_wait();
+  extern __shared__ float sm[];  // q [hd], then per warp [max, sum, out[hd]]
+  const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, splits = gridDim.z;
+  const int kv_w = kv_heads * hd, qg_w = heads * hd * 2, stride = hd + 2;
+  const int pos = *d_pos + t, n_ctx = pos + 1;
+  const int j0 = sp * keys_per_split, j1 = min(n_ctx, j0 + keys_per_split);
+  float* out = part + ((static_cast<long long>(t) * heads + h) * splits + sp) * stride;
+  if (j0 >= j1) {  // past this token's position: an empty split
+    for (int i = threadIdx.x; i < stride; i += blockDim.x) out[i] = i == 0 ? -INFINITY : 0.0f;
+    return;
+  }
+  float* q = sm;
+  const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * 2 * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qsrc[i];
+  __syncthreads();
+  norm_rope(q, q_norm, hd, rot, pos, inv_freq, eps);
+  const int kvh = h / (heads / kv_heads), lane = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
+  const float scale = rsqrtf(static_cast<float>(hd));
+  float qr[PER], o[PER];
+#pragma unroll
+  for (int k = 0; k < PER; ++k) qr[k] = q[lane + 32 * k], o[k] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int j = j0 + w; j < j1; j += nw) {
+    const float* kj = kc + static_cast<long long>(j) * kv_w + kvh * hd;
+    const float* vj = vc + static_cast<long long>(j) * kv_w + kvh * hd;
+    float d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) d += qr[k] * kj[lane + 32 * k];
+    const float sc = warp_sum(d) * scale;
+    const float mn = fmaxf(m, sc), c = expf(m - mn), e = expf(sc - mn);
+    l = l * c + e;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) o[k] = o[k] * c + e * vj[lane + 32 * k];
+    m = mn;
+  }
+  float* wp = sm + hd + w * stride;
+  if (lane == 0) wp[0] = m, wp[1] = l;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) wp[2 + lane + 32 * k] = o[k];
+  __syncthreads();
+  if (w != 0) return;
+  float M = -INFINITY;
+  for (int i = 0; i < nw; ++i) M = fmaxf(M, sm[hd + i * stride]);
+  float L = 0.0f, O[PER];
+#pragma unroll
+  for (int k = 0; k < PER; ++k) O[k] = 0.0f;
+  for (int i = 0; i < nw; ++i) {
+    const float* pi = sm + hd + i * stride;
+    const float c = pi[0] == -INFINITY ? 0.0f : expf(pi[0] - M);  // a warp with no key of this split
+    L += c * pi[1];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) O[k] += c * pi[2 + lane + 32 * k];
+  }
+  if (lane == 0) out[0] = M, out[1] = L;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) out[2 + lane + 32 * k] = O[k];
+}
+
+// Block (t, head): the splits' partial softmaxes merged in split order,
+// normalised and gated; with quant each warp's 32 outputs quantized for
+// o_proj as attention_kernel does.
+__global__ void attention_combine_kernel(const float* part, const float* qg, int heads, int hd, int splits, float* out, QuantX oq, bool quant,
+                                         bool nibble) {
+  griddep_wait();
+  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, stride = hd + 2;
+  const float* p = part + (static_cast<long long>(t) * heads + h) * splits * stride;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * stride]);
+  float L = 0.0f;
+  for (int s = 0; s < splits; ++s)
+    if (p[s * stride] != -INFINITY) L += expf(p[s * stride] - M) * p[s * stride + 1];
+  const float inv = 1.0f / L;
+  const float* qsrc = qg + static_cast<long long>(t) * heads * hd * 2 + h * 2 * hd;
+  for (int d0 = threadIdx.x - lane; d0 < hd; d0 += blockDim.x) {
+    const int d = d0 + lane;
+    if (d >= hd) continue;
+    float o = 0.0f;
+    for (int s = 0; s < splits; ++s)
+      if (p[s * stride] != -INFINITY) o += expf(p[s * stride] - M) * p[s * stride + 2 + d];
+    const float y = o * inv * sigmoidf(qsrc[hd + d]);
+    out[static_cast<long long>(t) * heads * hd + h * hd + d] = y;
+    if (quant) warp_quantize_block(y, nibble, oq, (static_cast<long long>(t) * heads * hd + h * hd + d0) / 32);
+  }
+}
+
 }  // namespace
 
 void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
@@ -111,6 +208,39 @@ void attention(const float* qg, const float* q_norm, const float* kc, const floa
   launch(attention_kernel, dim3(T, heads), 256, hd * sizeof(float), s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, inv_freq, eps, scores, cap, out,
          q ? *q : QuantX{}, q != nullptr, nibble);
   check(cudaGetLastError(), "attention launch");
+}
+
+bool attention_split_supported(int hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256; }
+
+int attention_splits(int T, int heads, int hd, int cap, int* keys_per_split) {
+  // Decode: up to 64 splits of at least 64 keys, so that a long context
+  // keeps 64 x heads blocks busy. A prompt chunk already has T x heads
+  // blocks: one split each (its partials are then T x heads x (hd + 2)).
+  (void)heads, (void)hd;
+  const int splits = T == 1 ? std::max(1, std::min(64, (cap + 63) / 64)) : 1;
+  *keys_per_split = (cap + splits - 1) / splits;
+  return splits;
+}
+
+void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
+                     int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q, bool nibble) {
+  if (!attention_split_supported(hd)) throw Error("CUDA: split-KV attention with a head size of " + std::to_string(hd) + " (needs 32, 64, 128 or 256)");
+  int kps = 0;
+  const int splits = attention_splits(T, heads, hd, cap, &kps);
+  constexpr int kThreads = 256;
+  const std::size_t smem = (hd + (kThreads / 32) * std::size_t(hd + 2)) * sizeof(float);
+  auto run = [&]<int PER>() {
+    launch(attention_split_kernel<PER>, dim3(T, heads, splits), kThreads, smem, s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, inv_freq, eps,
+           kps, part);
+  };
+  switch (hd) {
+    case 32: run.template operator()<1>(); break;
+    case 64: run.template operator()<2>(); break;
+    case 128: run.template operator()<4>(); break;
+    default: run.template operator()<8>(); break;
+  }
+  launch(attention_combine_kernel, dim3(T, heads), 256, 0, s, part, qg, heads, hd, splits, out, q ? *q : QuantX{}, q != nullptr, nibble);
+  check(cudaGetLastError(), "split attention launch");
 }
 
 }  // namespace coli::cuda

@@ -179,7 +179,7 @@ class CudaBackend : public Backend {
   // The forward pass of T tokens whose position and ids are in io_.
   void run(CudaState& st, int T, int logit_rows);
   // hn_q: the norm before left hn quantized for this step's int8 readers.
-  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
+  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap);
   void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
   void moe_layer(const DevLayer& L, int T, bool hn_q);
   // The int8 readers of the norm before layer l's mixer / MoE block.
@@ -197,7 +197,7 @@ class CudaBackend : public Backend {
   // Activations, sized for buf_T_ tokens.
   int buf_T_ = 0;
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
-      logits_, scores_;
+      logits_, scores_, part_;
   DeviceArray<int> ridx_, order_, offsets_;
   DeviceArray<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
   // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
@@ -207,6 +207,7 @@ class CudaBackend : public Backend {
   DeviceArray<int> qx_sum_;
   QuantX qx_;
   int scores_cap_ = 0;
+  bool split_kv_ = false;  // attention_split with part_ instead of attention with scores_
   long buffer_gen_ = 0;  // bumped whenever an activation buffer moves (decode graphs re-capture)
   // COLI_CUDA_PROFILE=1: kernel time per step kind (events around each group
   // of launches, graphs off), printed to stderr when the backend goes.
@@ -261,6 +262,8 @@ class CudaBackend : public Backend {
 };
 
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
+  const char* skv = std::getenv("COLI_CUDA_SPLIT_KV");
+  split_kv_ = (opt_.split_kv || (skv && std::string(skv) == "1")) && attention_split_supported(s_.head_dim);
   std::string why;
   if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
   check(cudaSetDevice(opt.device), "cudaSetDevice");
@@ -478,7 +481,7 @@ bool CudaBackend::moe_quant(int l, bool* nibble) const {
   return quantize_for({&L.router, &L.sh_gate, &L.sh_up, &L.sh_gate_proj, &L.experts.table.gate, &L.experts.table.up}, nibble);
 }
 
-void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q) {
+void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap) {
   const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
   step("attn proj", [&] {
     const MatmulOut outs[] = {{L.q_proj, proj_.get(), qg_w}, {L.k_proj, k_.get(), nkv * hd}, {L.v_proj, v_.get(), nkv * hd}};
@@ -489,8 +492,12 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
   step("attention", [&] {
     attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, st.k.get(), st.v.get(),
                   stream_);
-    attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps,
-              scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
+    if (split_kv_)
+      attention_split(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, cap,
+                      part_.get(), heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
+    else
+      attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps,
+                scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
   });
   step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
@@ -577,7 +584,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble); });
   for (int l = 0; l < s_.num_layers; ++l) {
     const DevLayer& L = layers_[l];
-    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q);
+    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q, st.cap);
     else deltanet_layer(L, st.layers[l], T, hn_q);
     hn_q = moe_quant(l, &nibble);
     step("norms+adds", [&] {
@@ -641,7 +648,11 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
   ensure_buffers(T);
   ensure_cap(st, pos0 + T);
-  if (s_.num_attention_layers() > 0 && (scores_cap_ < st.cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * st.cap)) {
+  if (s_.num_attention_layers() > 0 && split_kv_) {
+    int kps = 0;
+    const std::size_t need = std::size_t(T) * s_.num_heads * (s_.head_dim + 2) * attention_splits(T, s_.num_heads, s_.head_dim, st.cap, &kps);
+    if (part_.size() < need) part_.resize(need), ++buffer_gen_;
+  } else if (s_.num_attention_layers() > 0 && (scores_cap_ < st.cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * st.cap)) {
     scores_.resize(std::size_t(buf_T_) * s_.num_heads * st.cap);
     ++buffer_gen_;
     scores_cap_ = st.cap;

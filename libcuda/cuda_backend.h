@@ -24,6 +24,11 @@ struct CudaOptions {
   int device = 0;
   int max_chunk = 512;   // most tokens per forward_chunk call (engine's prefill chunk)
   bool graphs = true;    // replay decode steps from a captured CUDA graph
+  // Attention as split-KV online softmax (no T x heads x cache score
+  // buffer, decode spread over splits of the cache) for head sizes of 32,
+  // 64, 128 or 256; also COLI_CUDA_SPLIT_KV=1. Off by default until it has
+  // run on a GPU (written in a session without device time left).
+  bool split_kv = false;
 };
 
 // Throws coli::Error naming the reason when no device is usable (or the

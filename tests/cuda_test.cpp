@@ -131,9 +131,9 @@ TEST(CudaBackend, ContainersMatchTheCpuReference) {
 // middle of decoding, which re-captures the decode graph; prefill in
 // chunks of 64 (the 8-token passes and their tails). GPU against the CPU
 // reference on a bf16 container after every step.
-TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
-  std::string why;
-  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+namespace {
+
+void expect_long_context_matches_cpu(const cuda::CudaOptions& opt) {
   test::TempDir d;
   ConvertOptions o;
   o.experts = o.down = o.trunk = o.shared = o.lm_head = QuantFormat::BF16;
@@ -141,7 +141,7 @@ TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
   convert_checkpoint(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", o);
   auto m = Model::load(d / "m.coli");
   cpu::CpuBackend ref(*m);
-  auto gpu = cuda::make_cuda_backend(*m);
+  auto gpu = cuda::make_cuda_backend(*m, opt);
   Engine er(m->spec(), ref, 64), eg(m->spec(), *gpu, 64);
   std::vector<int> prompt(230);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 7919 + 13) % m->spec().vocab_size);
@@ -154,6 +154,28 @@ TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
     lg = eg.forward(sg, one);
     ASSERT_LT(max_abs_diff(lr, lg), 1e-3f) << "decode step " << step << " (position " << 230 + step << ")";
   }
+}
+
+}  // namespace
+
+TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  expect_long_context_matches_cpu({});
+}
+
+// Split-KV attention (online softmax over splits of the cache, no score
+// buffer): the goldens, and the long-context run above.
+TEST(CudaBackend, SplitKvAttentionMatchesTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  cuda::CudaOptions opt;
+  opt.split_kv = true;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  auto gpu = cuda::make_cuda_backend(*m, opt);
+  Engine e(m->spec(), *gpu, 7);
+  test::expect_golden_prompts(e);
+  expect_long_context_matches_cpu(opt);
 }
 
 // A decode graph captured while the buffers were small must not be
