@@ -1,6 +1,7 @@
 // Built instead of the .cu files when the toolkit is built without CUDA.
 #include "cuda_backend.h"
 #include "cuda_device.h"
+#include "graph_probe.h"
 #include "util/error.h"
 
 namespace coli::cuda {
@@ -21,5 +22,9 @@ void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {
 std::unique_ptr<Backend> make_cuda_backend(const Model&, const CudaOptions&) {
   throw Error("CUDA backend: no usable device: built without CUDA");
 }
+
+const char* probe_name(ProbeNodes) { return "none"; }
+
+GraphLaunchCost measure_graph_launch(ProbeNodes, int, int) { throw Error("CUDA: no usable device for the graph probe: built without CUDA"); }
 
 }  // namespace coli::cuda
