@@ -208,6 +208,7 @@ class CudaBackend : public Backend {
   QuantX qx_;
   int scores_cap_ = 0;
   bool split_kv_ = false;  // attention_split with part_ instead of attention with scores_
+  bool chunked_gdn_ = false;  // prompt chunks' DeltaNet recurrence in the WY form
   long buffer_gen_ = 0;  // bumped whenever an activation buffer moves (decode graphs re-capture)
   // COLI_CUDA_PROFILE=1: kernel time per step kind (events around each group
   // of launches, graphs off), printed to stderr when the backend goes.
@@ -264,6 +265,8 @@ class CudaBackend : public Backend {
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
   const char* skv = std::getenv("COLI_CUDA_SPLIT_KV");
   split_kv_ = (opt_.split_kv || (skv && std::string(skv) == "1")) && attention_split_supported(s_.head_dim);
+  const char* gch = std::getenv("COLI_CUDA_GDN_CHUNK");
+  chunked_gdn_ = opt_.chunked_gdn || (gch && std::string(gch) == "1");
   std::string why;
   if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
   check(cudaSetDevice(opt.device), "cudaSetDevice");
@@ -521,7 +524,7 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T,
   step("gdn recurrence", [&] {
     out_q = gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
                            s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_,
-                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4);
+                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4, chunked_gdn_);
   });
   step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }

@@ -29,6 +29,10 @@ struct CudaOptions {
   // 64, 128 or 256; also COLI_CUDA_SPLIT_KV=1. Off by default until it has
   // run on a GPU (written in a session without device time left).
   bool split_kv = false;
+  // Gated DeltaNet prompt chunks in the chunked WY form (chunks of 64
+  // tokens as dense products) instead of token by token; also
+  // COLI_CUDA_GDN_CHUNK=1. Off by default for the same reason.
+  bool chunked_gdn = false;
 };
 
 // Throws coli::Error naming the reason when no device is usable (or the

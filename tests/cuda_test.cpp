@@ -133,7 +133,7 @@ TEST(CudaBackend, ContainersMatchTheCpuReference) {
 // reference on a bf16 container after every step.
 namespace {
 
-void expect_long_context_matches_cpu(const cuda::CudaOptions& opt) {
+void expect_long_context_matches_cpu(const cuda::CudaOptions& opt, int chunk = 64) {
   test::TempDir d;
   ConvertOptions o;
   o.experts = o.down = o.trunk = o.shared = o.lm_head = QuantFormat::BF16;
@@ -142,7 +142,7 @@ void expect_long_context_matches_cpu(const cuda::CudaOptions& opt) {
   auto m = Model::load(d / "m.coli");
   cpu::CpuBackend ref(*m);
   auto gpu = cuda::make_cuda_backend(*m, opt);
-  Engine er(m->spec(), ref, 64), eg(m->spec(), *gpu, 64);
+  Engine er(m->spec(), ref, chunk), eg(m->spec(), *gpu, chunk);
   std::vector<int> prompt(230);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 7919 + 13) % m->spec().vocab_size);
   Session sr = er.new_session(), sg = eg.new_session();
@@ -178,6 +178,23 @@ TEST(CudaBackend, SplitKvAttentionMatchesTheCpu) {
   expect_long_context_matches_cpu(opt);
 }
 
+// Gated DeltaNet prompt chunks in the chunked WY form: the goldens (prompts
+// of 1-60 tokens, one partial chunk of 64), the long-context run in engine
+// chunks of 64 (one WY chunk per call) and of 256 (a 230-token call: three
+// full chunks and a partial one, the state carried between them).
+TEST(CudaBackend, ChunkedDeltaNetMatchesTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  cuda::CudaOptions opt;
+  opt.chunked_gdn = true;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  auto gpu = cuda::make_cuda_backend(*m, opt);
+  Engine e(m->spec(), *gpu, 64);
+  test::expect_golden_prompts(e);
+  expect_long_context_matches_cpu(opt, 64);
+  expect_long_context_matches_cpu(opt, 256);
+}
+
 // A decode graph captured while the buffers were small must not be
 // replayed after a longer prompt moved them (an interactive chat's second
 // turn): decode, then a longer chunk, then decode again.
@@ -198,64 +215,99 @@ TEST(CudaBackend, DecodeAfterALongerChunkMatchesTheCpu) {
   }
 }
 
+namespace {
+
 // The tiny fixture's shapes skip several decode paths that the real shapes
 // take: the shared expert run as pair K of the routed experts (it needs the
 // shared and routed experts' shapes equal), norms split over a thread-block
 // cluster (hidden >= 256), the recurrence step with its gated norm quantized
 // for out_proj (value heads of 32+ columns), 128-wide key heads, 2-block
-// down rows. A synthetic checkpoint at shrunk shapes with those layouts:
-// the GPU on int8 and int4 containers against the CPU reference on the same
+// down rows. A synthetic checkpoint at shrunk shapes with those layouts,
+// a 70-token prompt (chunks of 64, then 6) and 8 decode steps fed the bf16
+// CPU reference's greedy tokens; ref: that reference's logits.
+struct RealLayouts {
+  SynthOptions so;
+  test::TempDir d;
+  std::vector<int> prompt, feed;
+  decltype(Model::load("")) ref_model;
+  std::vector<std::vector<float>> ref;
+
+  RealLayouts() {
+    so.layers = 4, so.seed = 5, so.threads = 2;
+    so.vocab = 512, so.hidden = 256, so.experts = 16, so.top_k = 4, so.moe_inter = 64, so.shared_inter = 64;
+    so.heads = 4, so.kv_heads = 2, so.head_dim = 64, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 128, so.lin_v_dim = 128;
+    write_synthetic_checkpoint(d / "synth", so);
+    ref_model = convert(QuantFormat::BF16);
+    prompt.resize(70);
+    for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 37 + 11) % so.vocab);
+    cpu::CpuBackend ref_be(*ref_model);
+    {
+      Engine e(ref_model->spec(), ref_be, 64);
+      Session s = e.new_session();
+      auto l = e.forward(s, prompt);
+      for (int i = 0; i < 8; ++i) {
+        feed.push_back(static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin()));
+        l = e.forward(s, std::vector<int>{feed.back()});
+      }
+    }
+    ref = run(ref_be, *ref_model);
+  }
+  decltype(Model::load("")) convert(QuantFormat f) {
+    const std::string name = std::string(format_name(f)) + ".coli";
+    ConvertOptions o;
+    o.experts = o.down = o.trunk = o.shared = o.lm_head = f;
+    o.threads = 2;
+    convert_checkpoint(d / "synth", d / name, o);
+    return Model::load(d / name);
+  }
+  // Logits after the prompt and after each decode step.
+  std::vector<std::vector<float>> run(Backend& be, const Model& m) const {
+    Engine e(m.spec(), be, 64);
+    Session s = e.new_session();
+    std::vector<std::vector<float>> out{e.forward(s, prompt)};
+    for (int tok : feed) out.push_back(e.forward(s, std::vector<int>{tok}));
+    return out;
+  }
+};
+
+float max_step_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  float e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, max_abs_diff(a[i], b[i]));
+  return e;
+}
+
+}  // namespace
+
+// The GPU on int8 and int4 containers against the CPU reference on the same
 // containers, within twice what each container's quantization moves the
 // CPU's logits from the bf16 container's (the same bound as above, with the
 // CPU on bf16 as the reference instead of transformers).
 TEST(CudaBackend, RealLayoutsMatchTheCpu) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  SynthOptions so;
-  so.layers = 4, so.seed = 5, so.threads = 2;
-  so.vocab = 512, so.hidden = 256, so.experts = 16, so.top_k = 4, so.moe_inter = 64, so.shared_inter = 64;
-  so.heads = 4, so.kv_heads = 2, so.head_dim = 64, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 128, so.lin_v_dim = 128;
-  test::TempDir d;
-  write_synthetic_checkpoint(d / "synth", so);
-  auto convert = [&](QuantFormat f, const std::string& name) {
-    ConvertOptions o;
-    o.experts = o.down = o.trunk = o.shared = o.lm_head = f;
-    o.threads = 2;
-    convert_checkpoint(d / "synth", d / name, o);
-    return Model::load(d / name);
-  };
-  auto ref_model = convert(QuantFormat::BF16, "bf16.coli");
-  std::vector<int> prompt(70);
-  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 37 + 11) % so.vocab);
-  // Logits after the prompt (chunks of 64, then 6) and after each of 8 decode
-  // steps, feeding the bf16 CPU reference's greedy token to every engine.
-  auto run = [&](Backend& be, const Model& m, const std::vector<int>& feed) {
-    Engine e(m.spec(), be, 64);
-    Session s = e.new_session();
-    std::vector<std::vector<float>> out{e.forward(s, prompt)};
-    for (int tok : feed) out.push_back(e.forward(s, std::vector<int>{tok}));
-    return out;
-  };
-  cpu::CpuBackend ref_be(*ref_model);
-  std::vector<int> feed;
-  {
-    Engine e(ref_model->spec(), ref_be, 64);
-    Session s = e.new_session();
-    auto l = e.forward(s, prompt);
-    for (int i = 0; i < 8; ++i) {
-      feed.push_back(static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin()));
-      l = e.forward(s, std::vector<int>{feed.back()});
-    }
-  }
-  const auto ref = run(ref_be, *ref_model, feed);
+  RealLayouts r;
   for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
-    auto m = convert(f, std::string(format_name(f)) + ".coli");
+    auto m = r.convert(f);
     cpu::CpuBackend cpu_be(*m);
     auto gpu_be = cuda::make_cuda_backend(*m);
-    const auto c = run(cpu_be, *m, feed), g = run(*gpu_be, *m, feed);
-    float e_quant = 0, e_gpu = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) e_quant = std::max(e_quant, max_abs_diff(c[i], ref[i])), e_gpu = std::max(e_gpu, max_abs_diff(g[i], c[i]));
+    const auto c = r.run(cpu_be, *m), g = r.run(*gpu_be, *m);
+    const float e_quant = max_step_diff(c, r.ref), e_gpu = max_step_diff(g, c);
     std::printf("[ info     ] %s, real layouts: max |dlogit| GPU vs CPU %.2e, CPU container vs bf16 %.2e\n", format_name(f), e_gpu, e_quant);
     EXPECT_LT(e_gpu, std::max(1e-3f, 2 * e_quant)) << format_name(f);
   }
+}
+
+// The off-by-default paths at the real layouts (split-KV attention with
+// 64-wide heads, the WY chunks of 128-wide DeltaNet heads over 4 column
+// parts): bf16 on the GPU against the bf16 CPU reference.
+TEST(CudaBackend, RealLayoutsOptInPathsMatchTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  RealLayouts r;
+  cuda::CudaOptions opt;
+  opt.split_kv = opt.chunked_gdn = true;
+  auto gpu_be = cuda::make_cuda_backend(*r.ref_model, opt);
+  const float e = max_step_diff(r.run(*gpu_be, *r.ref_model), r.ref);
+  std::printf("[ info     ] bf16, split-KV + WY DeltaNet, real layouts: max |dlogit| GPU vs CPU %.2e\n", e);
+  EXPECT_LT(e, 1e-3f);
 }
