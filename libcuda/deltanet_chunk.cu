@@ -25,6 +25,22 @@ struct ChunkSmem {
   }
 };
 
+// acc[r] = sum_{j < n} T[i_r][j] x(j) for warp w's rows i_r = w + kWarpsC r,
+// T = I + N (N strictly lower, [kChunk][kChunk]); j ascending.
+template <typename X>
+__device__ __forceinline__ void rows_times_t(const float* N, int n, int w, X&& x, float (&acc)[kRowsPerWarp]) {
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) acc[r] = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float xv = x(j);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int i = w + kWarpsC * r;
+      acc[r] += (i == j ? 1.0f : N[i * kChunk + j]) * xv;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) recurrence_chunk_kernel(float* S_all, const float* conv_out, const float* b, const float* a,
                                                                     const float* A_log, const float* dt_bias, int T, int nk, int nv, int dk, int dv,
                                                                     int cd, int cols, float* out) {
@@ -113,41 +129,17 @@ __global__ void __launch_bounds__(kThreads) recurrence_chunk_kernel(float* S_all
       __syncthreads();
     }
     // 3. W = T (beta exp(G) k), U = T (beta v), T = I + N.
-    for (int m0 = 0; m0 < dk; m0 += 32) {
-      const int m = m0 + lane;
+    for (int m = lane; m < dk; m += 32) {
       float acc[kRowsPerWarp];
+      rows_times_t(N, n, w, [&](int jj) { return beta[jj] * eG[jj] * Kc[jj * ldk + m]; }, acc);
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) acc[r] = 0.0f;
-      if (m < dk)
-        for (int j = 0; j < n; ++j) {
-          const float kv = beta[j] * eG[j] * Kc[j * ldk + m];
-#pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) {
-            const int i = w + kWarpsC * r;
-            acc[r] += (i == j ? 1.0f : N[i * kChunk + j]) * kv;
-          }
-        }
-      if (m < dk)
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) W[(w + kWarpsC * r) * ldk + m] = acc[r];
+      for (int r = 0; r < kRowsPerWarp; ++r) W[(w + kWarpsC * r) * ldk + m] = acc[r];
     }
-    for (int cc0 = 0; cc0 < cols; cc0 += 32) {
-      const int c = cc0 + lane;
+    for (int c = lane; c < cols; c += 32) {
       float acc[kRowsPerWarp];
+      rows_times_t(N, n, w, [&](int jj) { return beta[jj] * Vc[jj * cols + c]; }, acc);
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) acc[r] = 0.0f;
-      if (c < cols)
-        for (int j = 0; j < n; ++j) {
-          const float vv = beta[j] * Vc[j * cols + c];
-#pragma unroll
-          for (int r = 0; r < kRowsPerWarp; ++r) {
-            const int i = w + kWarpsC * r;
-            acc[r] += (i == j ? 1.0f : N[i * kChunk + j]) * vv;
-          }
-        }
-      if (c < cols)
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) U[(w + kWarpsC * r) * cols + c] = acc[r];
+      for (int r = 0; r < kRowsPerWarp; ++r) U[(w + kWarpsC * r) * cols + c] = acc[r];
     }
     __syncthreads();
     // 4. V' = U - W S (in place in U), and exp(G_i) S^T q_i for the output.

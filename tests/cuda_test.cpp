@@ -164,6 +164,20 @@ TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
   expect_long_context_matches_cpu({});
 }
 
+namespace {
+
+// An off-by-default path (opt): the goldens in engine chunks of
+// golden_chunk, then the long-context run in each of long_chunks.
+void expect_opt_in_path_matches(const cuda::CudaOptions& opt, int golden_chunk, std::initializer_list<int> long_chunks) {
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  auto gpu = cuda::make_cuda_backend(*m, opt);
+  Engine e(m->spec(), *gpu, golden_chunk);
+  test::expect_golden_prompts(e);
+  for (int chunk : long_chunks) expect_long_context_matches_cpu(opt, chunk);
+}
+
+}  // namespace
+
 // Split-KV attention (online softmax over splits of the cache, no score
 // buffer): the goldens, and the long-context run above.
 TEST(CudaBackend, SplitKvAttentionMatchesTheCpu) {
@@ -171,11 +185,7 @@ TEST(CudaBackend, SplitKvAttentionMatchesTheCpu) {
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   cuda::CudaOptions opt;
   opt.split_kv = true;
-  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
-  auto gpu = cuda::make_cuda_backend(*m, opt);
-  Engine e(m->spec(), *gpu, 7);
-  test::expect_golden_prompts(e);
-  expect_long_context_matches_cpu(opt);
+  expect_opt_in_path_matches(opt, 7, {64});
 }
 
 // Gated DeltaNet prompt chunks in the chunked WY form: the goldens (prompts
@@ -187,12 +197,7 @@ TEST(CudaBackend, ChunkedDeltaNetMatchesTheCpu) {
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   cuda::CudaOptions opt;
   opt.chunked_gdn = true;
-  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
-  auto gpu = cuda::make_cuda_backend(*m, opt);
-  Engine e(m->spec(), *gpu, 64);
-  test::expect_golden_prompts(e);
-  expect_long_context_matches_cpu(opt, 64);
-  expect_long_context_matches_cpu(opt, 256);
+  expect_opt_in_path_matches(opt, 64, {64, 256});
 }
 
 // A decode graph captured while the buffers were small must not be
