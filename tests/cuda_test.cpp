@@ -116,11 +116,7 @@ TEST(CudaBackend, ContainersMatchTheCpuReference) {
   // container error of 0.19); greedy tokens stay identical for int8.
   for (QuantFormat f : {QuantFormat::BF16, QuantFormat::I8, QuantFormat::I4_G32, QuantFormat::I4_G64_ASYM, QuantFormat::I4}) {
     test::TempDir d;
-    ConvertOptions o;
-    o.experts = o.down = o.trunk = o.shared = o.lm_head = f;
-    o.threads = 2;
-    convert_checkpoint(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", o);
-    auto m = Model::load(d / "m.coli");
+    auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", f);
     const bool exact = f == QuantFormat::BF16;
     const float tol = exact ? 1e-3f : std::max(1e-3f, 2 * cpu_quantization_error(*m));
     for (int chunk : {7, 64}) expect_gpu_matches_cpu(*m, tol, f == QuantFormat::BF16 || f == QuantFormat::I8, format_name(f), chunk);
@@ -135,11 +131,7 @@ namespace {
 
 void expect_long_context_matches_cpu(const cuda::CudaOptions& opt, int chunk = 64) {
   test::TempDir d;
-  ConvertOptions o;
-  o.experts = o.down = o.trunk = o.shared = o.lm_head = QuantFormat::BF16;
-  o.threads = 2;
-  convert_checkpoint(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", o);
-  auto m = Model::load(d / "m.coli");
+  auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::BF16);
   cpu::CpuBackend ref(*m);
   auto gpu = cuda::make_cuda_backend(*m, opt);
   Engine er(m->spec(), ref, chunk), eg(m->spec(), *gpu, chunk);
@@ -257,14 +249,7 @@ struct RealLayouts {
     }
     ref = run(ref_be, *ref_model);
   }
-  decltype(Model::load("")) convert(QuantFormat f) {
-    const std::string name = std::string(format_name(f)) + ".coli";
-    ConvertOptions o;
-    o.experts = o.down = o.trunk = o.shared = o.lm_head = f;
-    o.threads = 2;
-    convert_checkpoint(d / "synth", d / name, o);
-    return Model::load(d / name);
-  }
+  decltype(Model::load("")) convert(QuantFormat f) { return test::convert_all(d / "synth", d / (std::string(format_name(f)) + ".coli"), f); }
   // Logits after the prompt and after each decode step.
   std::vector<std::vector<float>> run(Backend& be, const Model& m) const {
     Engine e(m.spec(), be, 64);

@@ -1,5 +1,6 @@
 // Test helpers around an Engine: the tiny fixture's transformers goldens,
-// greedy generation, and the last-logit error against a golden prompt.
+// greedy generation, the last-logit error against a golden prompt, and a
+// checkpoint converted to one format for every matrix class.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -9,11 +10,24 @@
 #include <string>
 #include <vector>
 
+#include "convert/convert.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 namespace coli::test {
+
+// Checkpoint directory src converted to out with the experts, shared expert,
+// trunk and lm_head in format f (router and embedding at their defaults),
+// on 2 threads, and loaded.
+inline std::unique_ptr<Model> convert_all(const std::string& src, const std::string& out, QuantFormat f) {
+  ConvertOptions o;
+  o.experts = o.down = o.trunk = o.shared = o.lm_head = f;
+  o.threads = 2;
+  convert_checkpoint(src, out, o);
+  return Model::load(out);
+}
 
 // tests/data/goldens/tiny-qwen35moe.json: per prompt its ids, last logits
 // and greedy tokens (scripts/make_tiny_fixture.py).

@@ -37,11 +37,7 @@ TEST(FastBackend, ChunkedDeltaNetPrefillMatchesGoldens) {
 
 TEST(FastBackend, Int8ContainerGivesTheGoldenTokens) {
   test::TempDir d;
-  ConvertOptions o;
-  o.experts = o.down = o.trunk = o.shared = o.lm_head = QuantFormat::I8;
-  o.threads = 2;
-  convert_checkpoint(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", o);
-  auto m = Model::load(d / "m.coli");
+  auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I8);
   cpu::CpuBackend ref(*m), fast(*m, {4, true});
   Engine er(m->spec(), ref), ef(m->spec(), fast);
   for (const auto& p : test::tiny_goldens()["prompts"]) {
