@@ -196,6 +196,7 @@ class CudaBackend : public Backend {
   std::vector<DevLayer> layers_;
   // Activations, sized for buf_T_ tokens.
   int buf_T_ = 0;
+  DeviceArray<float> gdn_work_;  // chunked DeltaNet prefill's workspace (chunked_gdn_)
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
       logits_, scores_, part_;
   DeviceArray<int> ridx_, order_, offsets_;
@@ -224,7 +225,7 @@ class CudaBackend : public Backend {
   double graph_ms_ = 0, step_ms_ = 0;
   // Host side of a graph step: launching it, the logits' work left after
   // the last range is on the host, and the time between steps (the caller's).
-  double launch_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
+  double launch_ms_ = 0, graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
   std::chrono::steady_clock::time_point last_finish_{};
   long graph_steps_ = 0;
   std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;
@@ -264,9 +265,9 @@ class CudaBackend : public Backend {
 
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
   const char* skv = std::getenv("COLI_CUDA_SPLIT_KV");
-  split_kv_ = (opt_.split_kv || (skv && std::string(skv) == "1")) && attention_split_supported(s_.head_dim);
+  split_kv_ = (skv && *skv ? std::string(skv) != "0" : opt_.split_kv) && attention_split_supported(s_.head_dim);
   const char* gch = std::getenv("COLI_CUDA_GDN_CHUNK");
-  chunked_gdn_ = opt_.chunked_gdn || (gch && std::string(gch) == "1");
+  chunked_gdn_ = gch && *gch ? std::string(gch) != "0" : opt_.chunked_gdn;
   std::string why;
   if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
   check(cudaSetDevice(opt.device), "cudaSetDevice");
@@ -396,8 +397,8 @@ CudaBackend::~CudaBackend() {
     std::fprintf(stderr, "coli cuda graph timing: %ld decode steps, %.1f us per graph replay on the device, %.1f us per step on the host\n",
                  graph_steps_, 1000 * graph_ms_ / graph_steps_, 1000 * step_ms_ / graph_steps_);
   if (graph_timing_ && graph_steps_)
-    std::fprintf(stderr, "coli cuda graph timing: host per step: %.1f us to launch, %.1f us after the last logits range arrived, %.1f us between steps\n",
-                 1000 * launch_ms_ / graph_steps_, 1000 * tail_ms_ / graph_steps_, 1000 * gap_ms_ / graph_steps_);
+    std::fprintf(stderr, "coli cuda graph timing: host per step: %.1f us to launch (%.1f us before copying the ids, %.1f us in their cudaMemcpyAsync, %.1f us in cudaGraphLaunch), %.1f us after the last logits range arrived, %.1f us between steps\n",
+                 1000 * launch_ms_ / graph_steps_, 1000 * pre_copy_ms_ / graph_steps_, 1000 * copy_call_ms_ / graph_steps_, 1000 * graph_call_ms_ / graph_steps_, 1000 * tail_ms_ / graph_steps_, 1000 * gap_ms_ / graph_steps_);
   for (cudaEvent_t e : graph_ev_)
     if (e) cudaEventDestroy(e);
   if (profile_ && !prof_.empty()) {
@@ -446,6 +447,8 @@ void CudaBackend::ensure_buffers(int T) {
   act_.resize(t * (K + 1) * s_.moe_intermediate_size);
   order_.resize(t * K), offsets_.resize(s_.num_experts + 1);
   ey_.resize(t >= std::size_t(kGroupedMinTokens) ? t * K * H : 1);
+  if (chunked_gdn_ && s_.num_attention_layers() < s_.num_layers)
+    gdn_work_.resize(gdn_chunk_workspace_floats(T, s_.linear_num_value_heads, s_.linear_key_head_dim, s_.linear_value_head_dim));
   const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
                                        std::size_t(s_.moe_intermediate_size), std::size_t(s_.shared_expert_intermediate_size)});
   const std::size_t qn = std::max(t * widest, t * (K + 1) * s_.moe_intermediate_size) + 32;
@@ -524,7 +527,7 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T,
   step("gdn recurrence", [&] {
     out_q = gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
                            s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_,
-                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4, chunked_gdn_);
+                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4, chunked_gdn_ && T > 1 ? gdn_work_.get() : nullptr);
   });
   step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
@@ -671,7 +674,13 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   if (logits_.size() < nlog) logits_.resize(nlog), ++buffer_gen_;
   h_io_[0] = pos0;
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
+  const auto t_copy = std::chrono::steady_clock::now();
   check(cudaMemcpyAsync(io_.get(), h_io_, (T + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
+  if (graph_timing_ && T == 1) {
+    using ms_d = std::chrono::duration<double, std::milli>;
+    pre_copy_ms_ += ms_d(t_copy - t_start).count();
+    copy_call_ms_ += ms_d(std::chrono::steady_clock::now() - t_copy).count();
+  }
   prof_tokens_ += T;
   pdl_wanted() = T == 1;  // decode: overlap each kernel's launch with the previous one's tail
   if (T == 1 && opt_.graphs) {
@@ -696,7 +705,10 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
     }
     if (graph_timing_ && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);
     if (graph_timing_) cudaEventRecord(graph_ev_[0], stream_);
+    const auto t_call = std::chrono::steady_clock::now();
     check(cudaGraphLaunch(st.graph, stream_), "graph launch");
+    if (graph_timing_)
+      graph_call_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
     if (graph_timing_) cudaEventRecord(graph_ev_[1], stream_);
   } else {
     run(st, T, logit_rows);

@@ -26,13 +26,13 @@ struct CudaOptions {
   bool graphs = true;    // replay decode steps from a captured CUDA graph
   // Attention as split-KV online softmax (no T x heads x cache score
   // buffer, decode spread over splits of the cache) for head sizes of 32,
-  // 64, 128 or 256; also COLI_CUDA_SPLIT_KV=1. Off by default until it has
-  // run on a GPU (written in a session without device time left).
-  bool split_kv = false;
+  // 64, 128 or 256; false: the score-buffer kernel (any head size).
+  // COLI_CUDA_SPLIT_KV=0|1 overrides it.
+  bool split_kv = true;
   // Gated DeltaNet prompt chunks in the chunked WY form (chunks of 64
-  // tokens as dense products) instead of token by token; also
-  // COLI_CUDA_GDN_CHUNK=1. Off by default for the same reason.
-  bool chunked_gdn = false;
+  // tokens as dense products) where the head shape allows it; false: token
+  // by token. COLI_CUDA_GDN_CHUNK=0|1 overrides it.
+  bool chunked_gdn = true;
 };
 
 // Throws coli::Error naming the reason when no device is usable (or the

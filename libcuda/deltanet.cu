@@ -427,7 +427,7 @@ void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s)
 
 bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s, const QuantX* q,
-                    bool nibble, bool chunked) {
+                    bool nibble, float* chunk_work) {
   const int rows_per_lane = (dk + 7) / 8;
   // A head over a cluster of kStepSplit blocks where its columns split
   // into whole blocks of 32 (sm_90): 4x the SMs on the state's bytes.
@@ -450,7 +450,8 @@ bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float
     else run.template operator()<16>();
     return quant;
   }
-  if (T > 1 && chunked && dv <= 32 * kNormPer && gdn_recurrence_chunked(S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, normed, s)) {
+  if (T > 1 && chunk_work && dv <= 32 * kNormPer &&
+      gdn_recurrence_chunked(S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, chunk_work, normed, s)) {
     const bool quant = q && dv % 32 == 0;
     launch(gated_norm_kernel, (T * nv + 7) / 8, 256, 0, s, normed, z, norm_w, T, nv, dv, eps, quant ? *q : QuantX{}, quant, nibble);
     check(cudaGetLastError(), "gdn gated norm launch");

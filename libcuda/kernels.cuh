@@ -82,16 +82,19 @@ void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s)
 // Token by token per value head with S [nv][dv][dk] (each head's state
 // stored by column) resident; writes the gated-normed output [T, nv * dv].
 // With q, also quantizes that output for the out projection (nibble order
-// for int4) when it can: returns whether. chunked: a prompt chunk takes
+// for int4) when it can: returns whether. chunk_work (a workspace of
+// gdn_chunk_workspace_floats(T, ...)): a prompt chunk takes
 // gdn_recurrence_chunked where it fits.
 bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s,
-                    const QuantX* q = nullptr, bool nibble = false, bool chunked = false);
+                    const QuantX* q = nullptr, bool nibble = false, float* chunk_work = nullptr);
 // The recurrence of a prompt chunk (T > 1) in the chunked WY form
-// (deltanet_chunk.cu) into out [T, nv * dv], before the gated norm; false
-// (nothing launched) when its shared memory does not fit the device.
+// (deltanet_chunk.cu) into out [T, nv * dv], before the gated norm, using
+// work (gdn_chunk_workspace_floats floats); false (nothing launched) when
+// the head shape or its shared memory does not fit.
 bool gdn_recurrence_chunked(float* S, const float* conv_out, const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nk,
-                            int nv, int dk, int dv, int cd, float* out, cudaStream_t s);
+                            int nv, int dk, int dv, int cd, float* work, float* out, cudaStream_t s);
+std::size_t gdn_chunk_workspace_floats(int T, int nv, int dk, int dv);
 
 // Routed experts of one layer: every expert's gate, up and down matrix
 // share a format and shape; gate[e] etc. are the device addresses (entry E,

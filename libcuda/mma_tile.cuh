@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "dev_matrix.cuh"
 
 namespace coli::cuda {
@@ -35,34 +36,6 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], const uint32_t (&a)[
 // Nibbles 0..15 in each byte as signed bytes code - 8 (no carries between
 // bytes: code + 0x78 <= 0x87).
 __device__ __forceinline__ uint32_t nibbles_minus_8(uint32_t v) { return (v + 0x78787878u) ^ 0x80808080u; }
-
-// Asynchronous global -> shared copies (sm_80+; plain copies otherwise, never
-// taken: the host picks these kernels only where mma_supported()).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))), "l"(src));
-#else
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-#endif
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))), "l"(src));
-#else
-  *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
 
 // A block of kMmaWarps warps multiplies up to NM matrices sharing one input
 // (gate and up) with BN tokens: warp w owns rows r0 + 16 w .. + 16 of each.

@@ -158,9 +158,9 @@ TEST(CudaBackend, KvCacheGrowthAndLongChunksMatchTheCpu) {
 
 namespace {
 
-// An off-by-default path (opt): the goldens in engine chunks of
+// A path chosen by opt: the goldens in engine chunks of
 // golden_chunk, then the long-context run in each of long_chunks.
-void expect_opt_in_path_matches(const cuda::CudaOptions& opt, int golden_chunk, std::initializer_list<int> long_chunks) {
+void expect_path_matches(const cuda::CudaOptions& opt, int golden_chunk, std::initializer_list<int> long_chunks) {
   auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
   auto gpu = cuda::make_cuda_backend(*m, opt);
   Engine e(m->spec(), *gpu, golden_chunk);
@@ -170,26 +170,38 @@ void expect_opt_in_path_matches(const cuda::CudaOptions& opt, int golden_chunk, 
 
 }  // namespace
 
-// Split-KV attention (online softmax over splits of the cache, no score
-// buffer): the goldens, and the long-context run above.
-TEST(CudaBackend, SplitKvAttentionMatchesTheCpu) {
+// Split-KV attention is the default where the head size allows it; the
+// score-buffer kernel (other head sizes): the goldens, and the
+// long-context run above.
+TEST(CudaBackend, ScoreBufferAttentionMatchesTheCpu) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   cuda::CudaOptions opt;
-  opt.split_kv = true;
-  expect_opt_in_path_matches(opt, 7, {64});
+  opt.split_kv = false;
+  expect_path_matches(opt, 7, {64});
 }
 
-// Gated DeltaNet prompt chunks in the chunked WY form: the goldens (prompts
-// of 1-60 tokens, one partial chunk of 64), the long-context run in engine
-// chunks of 64 (one WY chunk per call) and of 256 (a 230-token call: three
-// full chunks and a partial one, the state carried between them).
+// Gated DeltaNet prompt chunks in the chunked WY form (the default): the
+// goldens (prompts of 1-60 tokens, one partial chunk of 64), the
+// long-context run in engine chunks of 64 (one WY chunk per call) and of
+// 256 (a 230-token call: three full chunks and a partial one, the state
+// carried between them).
 TEST(CudaBackend, ChunkedDeltaNetMatchesTheCpu) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   cuda::CudaOptions opt;
   opt.chunked_gdn = true;
-  expect_opt_in_path_matches(opt, 64, {64, 256});
+  expect_path_matches(opt, 64, {64, 256});
+}
+
+// The token-by-token DeltaNet prefill (head shapes the chunked kernels do
+// not take): the goldens and the long-context run.
+TEST(CudaBackend, TokenLoopDeltaNetMatchesTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  cuda::CudaOptions opt;
+  opt.chunked_gdn = false;
+  expect_path_matches(opt, 7, {64});
 }
 
 // A decode graph captured while the buffers were small must not be
@@ -287,17 +299,18 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
   }
 }
 
-// The off-by-default paths at the real layouts (split-KV attention with
-// 64-wide heads, the WY chunks of 128-wide DeltaNet heads over 4 column
-// parts): bf16 on the GPU against the bf16 CPU reference.
-TEST(CudaBackend, RealLayoutsOptInPathsMatchTheCpu) {
+// The non-default paths at the real layouts (the score-buffer attention
+// kernel, the token-by-token DeltaNet prefill; the defaults, split-KV and
+// the WY chunks over 4 column parts of 128-wide heads, are
+// RealLayoutsMatchTheCpu's): bf16 on the GPU against the bf16 CPU reference.
+TEST(CudaBackend, RealLayoutsOtherPathsMatchTheCpu) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   RealLayouts r;
   cuda::CudaOptions opt;
-  opt.split_kv = opt.chunked_gdn = true;
+  opt.split_kv = opt.chunked_gdn = false;
   auto gpu_be = cuda::make_cuda_backend(*r.ref_model, opt);
   const float e = max_step_diff(r.run(*gpu_be, *r.ref_model), r.ref);
-  std::printf("[ info     ] bf16, split-KV + WY DeltaNet, real layouts: max |dlogit| GPU vs CPU %.2e\n", e);
+  std::printf("[ info     ] bf16, score-buffer attention + token-loop DeltaNet, real layouts: max |dlogit| GPU vs CPU %.2e\n", e);
   EXPECT_LT(e, 1e-3f);
 }
