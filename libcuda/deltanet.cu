@@ -208,6 +208,38 @@ __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const flo
     if (ii < cnt) Sg[static_cast<long long>(j) * dk + i0 + ii] = s[ii];
 }
 
+// One token of the delta rule for one column of a head's state, spread
+// over 8 lanes: this lane holds rows p, p + 8, ... (R of them) in s and
+// the matching entries of k and q (0 past dk); the lanes' partial sums
+// meet in 3 shuffles.  S <- decay S;  S <- S + k (beta (v - S^T k))^T;
+// returns the column's o = S^T q (every lane of the 8).
+template <int R>
+__device__ __forceinline__ float delta_rule_step(float (&s)[R], const float (&k)[R], const float (&q)[R], float decay, float beta, float v) {
+  float m0 = 0, m1 = 0;
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) {
+    if (ii & 1) m1 += s[ii] * k[ii];
+    else m0 += s[ii] * k[ii];
+  }
+  float mem = m0 + m1;
+  mem += __shfl_xor_sync(0xffffffffu, mem, 1);
+  mem += __shfl_xor_sync(0xffffffffu, mem, 2);
+  mem += __shfl_xor_sync(0xffffffffu, mem, 4);
+  const float delta = (v - decay * mem) * beta;
+  float o0 = 0, o1 = 0;
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) {
+    s[ii] = decay * s[ii] + k[ii] * delta;
+    if (ii & 1) o1 += s[ii] * q[ii];
+    else o0 += s[ii] * q[ii];
+  }
+  float o = o0 + o1;
+  o += __shfl_xor_sync(0xffffffffu, o, 1);
+  o += __shfl_xor_sync(0xffffffffu, o, 2);
+  o += __shfl_xor_sync(0xffffffffu, o, 4);
+  return o;
+}
+
 // Block per (value head, 16 columns of its state), warp per 4 columns:
 // lane = 8 c + p holds rows p, p + 8, ... (R of them, R = dk / 8 rounded
 // up) of column 16 blk + 4 w + c, so the sums over the rows are 3 shuffles
@@ -257,32 +289,13 @@ __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, cons
     for (int tt = 0; tt < n; ++tt) {
       const float* k = ks + tt * dk;
       const float* q = qs + tt * dk;
-      const float decay = decays[tt], beta = betas[tt], v = vs[tt * kRecCols + c];
-      float m0 = 0, m1 = 0;
-#pragma unroll
-      for (int ii = 0; ii < R; ++ii) {
-        const float kv = ii * 8 + p < dk ? k[ii * 8 + p] : 0.0f;
-        if (ii & 1) m1 += s[ii] * kv;
-        else m0 += s[ii] * kv;
-      }
-      float mem = m0 + m1;
-      mem += __shfl_xor_sync(0xffffffffu, mem, 1);
-      mem += __shfl_xor_sync(0xffffffffu, mem, 2);
-      mem += __shfl_xor_sync(0xffffffffu, mem, 4);
-      const float delta = (v - decay * mem) * beta;
-      float o0 = 0, o1 = 0;
+      float kv[R], qv[R];
 #pragma unroll
       for (int ii = 0; ii < R; ++ii) {
         const bool in = ii * 8 + p < dk;
-        const float kv = in ? k[ii * 8 + p] : 0.0f, qv = in ? q[ii * 8 + p] : 0.0f;
-        s[ii] = decay * s[ii] + kv * delta;
-        if (ii & 1) o1 += s[ii] * qv;
-        else o0 += s[ii] * qv;
+        kv[ii] = in ? k[ii * 8 + p] : 0.0f, qv[ii] = in ? q[ii * 8 + p] : 0.0f;
       }
-      float o = o0 + o1;
-      o += __shfl_xor_sync(0xffffffffu, o, 1);
-      o += __shfl_xor_sync(0xffffffffu, o, 2);
-      o += __shfl_xor_sync(0xffffffffu, o, 4);
+      const float o = delta_rule_step(s, kv, qv, decays[tt], betas[tt], vs[tt * kRecCols + c]);
       if (p == 0 && col) out[static_cast<long long>(t0 + tt) * vd + h * dv + j] = o;
     }
   }
@@ -322,28 +335,7 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
     k[ii] = i < dk ? conv_out[kd + kh * dk + i] : 0.0f;
     qv[ii] = i < dk ? conv_out[kh * dk + i] : 0.0f;
   }
-  float m0 = 0, m1 = 0;
-#pragma unroll
-  for (int ii = 0; ii < R; ++ii) {
-    if (ii & 1) m1 += s[ii] * k[ii];
-    else m0 += s[ii] * k[ii];
-  }
-  float mem = m0 + m1;
-  mem += __shfl_xor_sync(0xffffffffu, mem, 1);
-  mem += __shfl_xor_sync(0xffffffffu, mem, 2);
-  mem += __shfl_xor_sync(0xffffffffu, mem, 4);
-  const float delta = (v - decay * mem) * beta;
-  float o0 = 0, o1 = 0;
-#pragma unroll
-  for (int ii = 0; ii < R; ++ii) {
-    s[ii] = decay * s[ii] + k[ii] * delta;
-    if (ii & 1) o1 += s[ii] * qv[ii];
-    else o0 += s[ii] * qv[ii];
-  }
-  float o = o0 + o1;
-  o += __shfl_xor_sync(0xffffffffu, o, 1);
-  o += __shfl_xor_sync(0xffffffffu, o, 2);
-  o += __shfl_xor_sync(0xffffffffu, o, 4);
+  const float o = delta_rule_step(s, k, qv, decay, beta, v);
   if (col) {
 #pragma unroll
     for (int ii = 0; ii < R; ++ii)

@@ -169,29 +169,10 @@ __global__ void gate_up_kernel(ExpertTable tab, const float* hn, const int* idx,
   if ((threadIdx.x & 31) == 0) act[static_cast<long long>(p) * I + r] = siluf(gv[0]) * uv[0];
 }
 
-// Warp per (token, output row): the K experts' rows in order, weighted.
-template <Kind KD>
-__global__ void down_kernel(ExpertTable tab, const float* act, const int* idx, const float* w, int K, float* out) {
-  griddep_wait();
-  const int t = blockIdx.y, H = tab.down.rows, I = tab.down.cols;
-  const int r = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (r >= H) return;
-  float sum = 0;
-  for (int k = 0; k < K; ++k) {
-    const int p = t * K + k;
-    DevMatrix d = tab.down;
-    d.data = tab.down_ptrs[idx[p]];
-    float y[1];
-    warp_row_dot<KD, 1>(d, r, act + static_cast<long long>(p) * I, I, y);
-    sum += w[p] * y[0];
-  }
-  if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
-}
-
-// down_kernel with act in int8 (dp4a, q row p per pair), for K > 32.
-template <Kind KD>
-__global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
-  griddep_wait();
+// Warp per (token, output row): the K experts' rows in order, weighted;
+// dot(d, r, p) is row r of expert matrix d times pair p's activations.
+template <typename Dot>
+__device__ __forceinline__ void down_rows(const ExpertTable& tab, const int* idx, const float* w, int K, float* out, Dot&& dot) {
   const int t = blockIdx.y, H = tab.down.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   if (r >= H) return;
@@ -200,9 +181,27 @@ __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, i
     const int p = t * K + k;
     DevMatrix d = tab.down;
     d.data = tab.down_ptrs[idx[p]];
-    sum += w[p] * warp_row_dot_q<KD>(d, r, qa, p);
+    sum += w[p] * dot(d, r, p);
   }
   if ((threadIdx.x & 31) == 0) out[static_cast<long long>(t) * H + r] = sum;
+}
+
+template <Kind KD>
+__global__ void down_kernel(ExpertTable tab, const float* act, const int* idx, const float* w, int K, float* out) {
+  griddep_wait();
+  const int I = tab.down.cols;
+  down_rows(tab, idx, w, K, out, [&](const DevMatrix& d, int r, int p) {
+    float y[1];
+    warp_row_dot<KD, 1>(d, r, act + static_cast<long long>(p) * I, I, y);
+    return y[0];
+  });
+}
+
+// down_kernel with act in int8 (dp4a, q row p per pair), for K > 32.
+template <Kind KD>
+__global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
+  griddep_wait();
+  down_rows(tab, idx, w, K, out, [&](const DevMatrix& d, int r, int p) { return warp_row_dot_q<KD>(d, r, qa, p); });
 }
 
 // Decode, gate+up: warp per (pair, kUpRows x 32 / L rows of gate and of
