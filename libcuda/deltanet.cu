@@ -315,7 +315,6 @@ template <int R, bool kCluster>
 __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a,
                                                                const float* A_log, const float* dt_bias, const float* norm_w, int nk, int nv, int dk,
                                                                int dv, int cd, float eps, float* normed, QuantX q, bool quant, bool nibble) {
-  griddep_wait();
   extern __shared__ float o_s[];  // [dv / S]
   const int S = kCluster ? gridDim.x / nv : 1, cols = dv / S;
   const int h = blockIdx.x / S, c0 = blockIdx.x % S * cols, lane = threadIdx.x & 31, jl = threadIdx.x / 8, p = lane & 7;
@@ -324,14 +323,20 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
   const int jc = col ? j : c0 + cols - 1;
   const int kh = h / (nv / nk), kd = nk * dk;
   float* Sg = S_all + static_cast<long long>(h) * dk * dv;
-  const float beta = sigmoidf(b[h]), decay = expf(-expf(A_log[h]) * softplusf(a[h] + dt_bias[h]));
-  const float v = conv_out[2 * kd + h * dv + jc];
+  // The state is this kernel's own output of the previous token, long
+  // complete: read while the kernels this one waits for still run.
   float s[R], k[R], qv[R];
 #pragma unroll
   for (int ii = 0; ii < R; ++ii) {
     const int i = ii * 8 + p;
-    const bool in = col && i < dk;
-    s[ii] = in ? Sg[static_cast<long long>(jc) * dk + i] : 0.0f;
+    s[ii] = col && i < dk ? Sg[static_cast<long long>(jc) * dk + i] : 0.0f;
+  }
+  griddep_wait();
+  const float beta = sigmoidf(b[h]), decay = expf(-expf(A_log[h]) * softplusf(a[h] + dt_bias[h]));
+  const float v = conv_out[2 * kd + h * dv + jc];
+#pragma unroll
+  for (int ii = 0; ii < R; ++ii) {
+    const int i = ii * 8 + p;
     k[ii] = i < dk ? conv_out[kd + kh * dk + i] : 0.0f;
     qv[ii] = i < dk ? conv_out[kh * dk + i] : 0.0f;
   }

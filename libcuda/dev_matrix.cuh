@@ -404,6 +404,21 @@ __device__ __forceinline__ void prefetch_rows_l2(const DevMatrix& W, const int (
 #endif
 }
 
+// Asks L2 for part `part` of `parts` of W's bytes (codes, then scales), a
+// 128-byte line per thread per step: a matrix that a later kernel reads,
+// fetched while this one runs.
+__device__ __forceinline__ void prefetch_matrix_part_l2(const DevMatrix& W, int part, int parts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  auto range = [&](const uint8_t* base, long long bytes) {
+    const long long lines = (bytes + 127) / 128, per = (lines + parts - 1) / parts;
+    const long long l0 = part * per, l1 = min(lines, l0 + per);
+    for (long long l = l0 + threadIdx.x; l < l1; l += blockDim.x) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + l * 128));
+  };
+  range(W.data, static_cast<long long>(W.rows) * W.row_stride);
+  if (W.scale_row_bytes) range(W.data + W.scale_offset, static_cast<long long>(W.rows) * W.scale_row_bytes);
+#endif
+}
+
 // One token (row qrow of q).
 template <Kind K>
 __device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const QuantX& q, int qrow) {

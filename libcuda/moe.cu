@@ -214,13 +214,17 @@ __global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, Quan
   griddep_wait();
   constexpr int G = 32 / L;
   const int p = blockIdx.y, I = tab.gate.rows;
+  const int e = idx[p], t = p / K;
+  // The pair's down matrix into L2 for moe_down (next but one), a slice per block.
+  DevMatrix d = tab.down;
+  d.data = tab.down_ptrs[e];
+  prefetch_matrix_part_l2(d, blockIdx.x, gridDim.x);
   const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kUpRows;
   if (warp_r0 >= I) return;  // whole warps only
   const int r0 = warp_r0 + (threadIdx.x & 31) / L * kUpRows;
   int rows[kUpRows];
 #pragma unroll
   for (int i = 0; i < kUpRows; ++i) rows[i] = min(r0 + i, I - 1);
-  const int e = idx[p], t = p / K;
   DevMatrix W[2] = {tab.gate, tab.up};
   W[0].data = tab.gate_ptrs[e];
   W[1].data = tab.up_ptrs[e];
