@@ -196,7 +196,8 @@ class CudaBackend : public Backend {
   std::vector<DevLayer> layers_;
   // Activations, sized for buf_T_ tokens.
   int buf_T_ = 0;
-  DeviceArray<float> gdn_work_;  // chunked DeltaNet prefill's workspace (chunked_gdn_)
+  DeviceArray<float> gdn_work_;
+  DeviceArray<float> router_work_;  // matmul_float_tiled's partial sums (prompt chunks)  // chunked DeltaNet prefill's workspace (chunked_gdn_)
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
       logits_, scores_, part_;
   DeviceArray<int> ridx_, order_, offsets_;
@@ -447,6 +448,7 @@ void CudaBackend::ensure_buffers(int T) {
   act_.resize(t * (K + 1) * s_.moe_intermediate_size);
   order_.resize(t * K), offsets_.resize(s_.num_experts + 1);
   ey_.resize(t >= std::size_t(kGroupedMinTokens) ? t * K * H : 1);
+  if (T >= kFloatTiledMinTokens) router_work_.resize(float_tiled_work_floats(T, s_.num_experts, s_.hidden_size));
   if (chunked_gdn_ && s_.num_attention_layers() < s_.num_layers)
     gdn_work_.resize(gdn_chunk_workspace_floats(T, s_.linear_num_value_heads, s_.linear_key_head_dim, s_.linear_value_head_dim));
   const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
@@ -539,7 +541,8 @@ void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
   const bool gate_in_route = L.sh_gate_proj.rows == 1 && !takes_int8_x(L.sh_gate_proj);
   const bool fold = T < kGroupedMinTokens && L.experts.shared_at_E;
   step("router", [&] {
-    matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_, hn_q);
+    if (!matmul_float_tiled(L.router, hn_.get(), T, rlogits_.get(), E, router_work_.get(), stream_))
+      matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_, hn_q);
     route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold);
   });
   const DevMatrix& eg = L.experts.table.gate;

@@ -37,6 +37,14 @@ struct MatmulOut {
 };
 void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q = nullptr, bool x_in_q = false);
 
+// Prompt chunks (T >= kFloatTiledMinTokens) through a float-format matrix
+// (the router): y = W x as tiles of rows x tokens over slices of the
+// columns, partial sums in work (float_tiled_work_floats) added in slice
+// order. False (nothing launched) for other formats or fewer tokens.
+constexpr int kFloatTiledMinTokens = 32;
+bool matmul_float_tiled(const DevMatrix& W, const float* x, int T, float* y, int ldy, float* work, cudaStream_t s);
+std::size_t float_tiled_work_floats(int T, int rows, int cols);
+
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
 // With q (n % 32 == 0), y is also quantized into q as quantize_x would

@@ -74,6 +74,85 @@ __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
   matmul_row<K, NT>(o.W, r, x + static_cast<long long>(t0) * o.W.cols, min(NT, T - t0), o.y + static_cast<long long>(t0) * o.ldy, o.ldy);
 }
 
+// ---- float matrices, prompt chunks ----------------------------------------
+
+// Block (64 rows, 64 tokens, one slice of kFloatSlice columns): the slice in
+// steps of 32 columns through shared memory, the next step's loads in
+// registers while this one computes, each thread a 4 x 4 patch of outputs
+// summed over its columns in order; x is read once per 64 rows instead of
+// once per row, and the slices give a prompt chunk of the router (256 rows)
+// a few hundred blocks.
+constexpr int kTileRows = 64, kTileTokens = 64, kTileK = 32, kFloatSlice = 256;
+constexpr int kTileLoads = kTileRows * kTileK / 256;  // elements of each tile per thread per step
+
+int float_slices(int cols) { return (cols + kFloatSlice - 1) / kFloatSlice; }
+
+template <Kind K>
+__device__ __forceinline__ float float_weight(const DevMatrix& W, int r, int c) {
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  if constexpr (K == Kind::kF32) return reinterpret_cast<const float*>(row)[c];
+  else if constexpr (K == Kind::kBF16) return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(row)[c]);
+  else return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(row)[c]));
+}
+
+template <Kind K>
+__global__ void __launch_bounds__(256, 2) float_tile_kernel(DevMatrix W, const float* __restrict__ x, int T, float* __restrict__ part) {
+  griddep_wait();
+  __shared__ __align__(16) float ws[kTileK][kTileRows + 4];
+  __shared__ __align__(16) float xs[kTileK][kTileTokens + 4];
+  const int rows = W.rows, cols = W.cols, r0 = blockIdx.x * kTileRows, t0 = blockIdx.y * kTileTokens;
+  const int c_begin = blockIdx.z * kFloatSlice, c_end = min(cols, c_begin + kFloatSlice);
+  const int tid = threadIdx.x, tr = tid / 16, tt = tid % 16;  // outputs: rows r0 + 4 tr .., tokens t0 + 4 tt ..
+  float wr[kTileLoads], xr[kTileLoads];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < kTileLoads; ++i) {
+      const int e = tid + 256 * i, a = e / kTileK, c = k0 + e % kTileK;
+      wr[i] = r0 + a < rows && c < c_end ? float_weight<K>(W, r0 + a, c) : 0.0f;
+      xr[i] = t0 + a < T && c < c_end ? x[static_cast<long long>(t0 + a) * cols + c] : 0.0f;
+    }
+  };
+  float acc[4][4] = {};
+  load(c_begin);
+  for (int k0 = c_begin; k0 < c_end; k0 += kTileK) {
+#pragma unroll
+    for (int i = 0; i < kTileLoads; ++i) {
+      const int e = tid + 256 * i;
+      ws[e % kTileK][e / kTileK] = wr[i], xs[e % kTileK][e / kTileK] = xr[i];
+    }
+    __syncthreads();
+    if (k0 + kTileK < c_end) load(k0 + kTileK);
+#pragma unroll 8
+    for (int kk = 0; kk < kTileK; ++kk) {
+      const float4 a = *reinterpret_cast<const float4*>(&ws[kk][4 * tr]), v = *reinterpret_cast<const float4*>(&xs[kk][4 * tt]);
+      const float av[4] = {a.x, a.y, a.z, a.w}, xv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * xv[j];
+    }
+    __syncthreads();
+  }
+  float* p = part + static_cast<long long>(blockIdx.z) * T * rows;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = r0 + 4 * tr + i, t = t0 + 4 * tt + j;
+      if (r < rows && t < T) p[static_cast<long long>(t) * rows + r] = acc[i][j];
+    }
+}
+
+// y[t, r] = the slices' partial sums in slice order.
+__global__ void slice_sum_kernel(const float* __restrict__ part, int slices, int T, int rows, float* __restrict__ y, int ldy) {
+  griddep_wait();
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x, n = static_cast<long long>(T) * rows;
+  if (i >= n) return;
+  float sum = 0.0f;
+  for (int sl = 0; sl < slices; ++sl) sum += part[sl * n + i];
+  y[(i / rows) * ldy + i % rows] = sum;
+}
+
 // ---- int8-activation path ------------------------------------------------
 
 // Warp per (token, 32-column block), lane per column (warp_quantize_block).
@@ -244,6 +323,20 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
 void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaStream_t s, const QuantX* q, bool x_in_q) {
   const MatmulOut o{W, y, ldy};
   matmul_many(&o, 1, x, T, s, q, x_in_q);
+}
+
+std::size_t float_tiled_work_floats(int T, int rows, int cols) { return std::size_t(float_slices(cols)) * T * rows; }
+
+bool matmul_float_tiled(const DevMatrix& W, const float* x, int T, float* y, int ldy, float* work, cudaStream_t s) {
+  if (T < kFloatTiledMinTokens || !(W.kind == Kind::kF32 || W.kind == Kind::kBF16 || W.kind == Kind::kF16)) return false;
+  const dim3 grid((W.rows + kTileRows - 1) / kTileRows, (T + kTileTokens - 1) / kTileTokens, float_slices(W.cols));
+  dispatch_kind(W.kind, [&]<Kind K>() {
+    if constexpr (K == Kind::kF32 || K == Kind::kBF16 || K == Kind::kF16) launch(float_tile_kernel<K>, grid, 256, 0, s, W, x, T, work);
+  });
+  const long long n = static_cast<long long>(T) * W.rows;
+  launch(slice_sum_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, s, static_cast<const float*>(work), float_slices(W.cols), T, W.rows, y, ldy);
+  check(cudaGetLastError(), "float tiled matmul launch");
+  return true;
 }
 
 }  // namespace coli::cuda
