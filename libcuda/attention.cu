@@ -212,11 +212,10 @@ void attention(const float* qg, const float* q_norm, const float* kc, const floa
 
 bool attention_split_supported(int hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256; }
 
-int attention_splits(int T, int heads, int hd, int cap, int* keys_per_split) {
+int attention_splits(int T, int cap, int* keys_per_split) {
   // Decode: up to 64 splits of at least 64 keys, so that a long context
   // keeps 64 x heads blocks busy. A prompt chunk already has T x heads
   // blocks: one split each (its partials are then T x heads x (hd + 2)).
-  (void)heads, (void)hd;
   const int splits = T == 1 ? std::max(1, std::min(64, (cap + 63) / 64)) : 1;
   *keys_per_split = (cap + splits - 1) / splits;
   return splits;
@@ -226,7 +225,7 @@ void attention_split(const float* qg, const float* q_norm, const float* kc, cons
                      int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q, bool nibble) {
   if (!attention_split_supported(hd)) throw Error("CUDA: split-KV attention with a head size of " + std::to_string(hd) + " (needs 32, 64, 128 or 256)");
   int kps = 0;
-  const int splits = attention_splits(T, heads, hd, cap, &kps);
+  const int splits = attention_splits(T, cap, &kps);
   constexpr int kThreads = 256;
   const std::size_t smem = (hd + (kThreads / 32) * std::size_t(hd + 2)) * sizeof(float);
   auto run = [&]<int PER>() {

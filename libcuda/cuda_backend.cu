@@ -196,8 +196,8 @@ class CudaBackend : public Backend {
   std::vector<DevLayer> layers_;
   // Activations, sized for buf_T_ tokens.
   int buf_T_ = 0;
-  DeviceArray<float> gdn_work_;
-  DeviceArray<float> router_work_;  // matmul_float_tiled's partial sums (prompt chunks)  // chunked DeltaNet prefill's workspace (chunked_gdn_)
+  DeviceArray<float> gdn_work_;     // chunked DeltaNet prefill's workspace (chunked_gdn_)
+  DeviceArray<float> router_work_;  // matmul_float_tiled's partial sums (prompt chunks)
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
       logits_, scores_, part_;
   DeviceArray<int> ridx_, order_, offsets_;
@@ -659,7 +659,7 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   ensure_cap(st, pos0 + T);
   if (s_.num_attention_layers() > 0 && split_kv_) {
     int kps = 0;
-    const std::size_t need = std::size_t(T) * s_.num_heads * (s_.head_dim + 2) * attention_splits(T, s_.num_heads, s_.head_dim, st.cap, &kps);
+    const std::size_t need = std::size_t(T) * s_.num_heads * (s_.head_dim + 2) * attention_splits(T, st.cap, &kps);
     if (part_.size() < need) part_.resize(need), ++buffer_gen_;
   } else if (s_.num_attention_layers() > 0 && (scores_cap_ < st.cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * st.cap)) {
     scores_.resize(std::size_t(buf_T_) * s_.num_heads * st.cap);

@@ -208,6 +208,14 @@ __global__ void __launch_bounds__(512) recurrence_kernel(float* S_all, const flo
     if (ii < cnt) Sg[static_cast<long long>(j) * dk + i0 + ii] = s[ii];
 }
 
+// v summed over the 8 lanes 8 c .. 8 c + 7 of a warp (every one of them gets it).
+__device__ __forceinline__ float sum_over_8_lanes(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  return v;
+}
+
 // One token of the delta rule for one column of a head's state, spread
 // over 8 lanes: this lane holds rows p, p + 8, ... (R of them) in s and
 // the matching entries of k and q (0 past dk); the lanes' partial sums
@@ -221,10 +229,7 @@ __device__ __forceinline__ float delta_rule_step(float (&s)[R], const float (&k)
     if (ii & 1) m1 += s[ii] * k[ii];
     else m0 += s[ii] * k[ii];
   }
-  float mem = m0 + m1;
-  mem += __shfl_xor_sync(0xffffffffu, mem, 1);
-  mem += __shfl_xor_sync(0xffffffffu, mem, 2);
-  mem += __shfl_xor_sync(0xffffffffu, mem, 4);
+  const float mem = sum_over_8_lanes(m0 + m1);
   const float delta = (v - decay * mem) * beta;
   float o0 = 0, o1 = 0;
 #pragma unroll
@@ -233,11 +238,7 @@ __device__ __forceinline__ float delta_rule_step(float (&s)[R], const float (&k)
     if (ii & 1) o1 += s[ii] * q[ii];
     else o0 += s[ii] * q[ii];
   }
-  float o = o0 + o1;
-  o += __shfl_xor_sync(0xffffffffu, o, 1);
-  o += __shfl_xor_sync(0xffffffffu, o, 2);
-  o += __shfl_xor_sync(0xffffffffu, o, 4);
-  return o;
+  return sum_over_8_lanes(o0 + o1);
 }
 
 // Block per (value head, 16 columns of its state), warp per 4 columns:

@@ -388,8 +388,8 @@ inline void dispatch_lanes(int cols, F&& f, int max_lanes = 32) {
   }
 }
 
-// Asks L2 for rows[0..R) of W, spread over a group of L lanes (as
-// prefetch_row_l2 below does for one row and a warp).
+// Asks L2 for rows[0..R) of W (codes and scales), spread over a group of L
+// lanes, one 128-byte line per lane per step.
 template <int R, int L>
 __device__ __forceinline__ void prefetch_rows_l2(const DevMatrix& W, const int (&rows)[R]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -427,17 +427,12 @@ __device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const
   return out[0];
 }
 
-// Asks L2 for row r of W (codes and scales), one 128-byte line per lane
-// per step: issued before griddep_wait(), the weight reads of a decode
-// matmul overlap the kernel it waits for.
+// Asks L2 for row r of W over the whole warp (prefetch_rows_l2): issued
+// before griddep_wait(), the weight reads of a decode matmul overlap the
+// kernel it waits for.
 __device__ __forceinline__ void prefetch_row_l2(const DevMatrix& W, int r) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const int lane = threadIdx.x & 31;
-  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
-  for (int off = lane * 128; off < W.row_stride; off += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
-  if (W.scale_row_bytes && lane == 0)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes));
-#endif
+  const int rows[1] = {r};
+  prefetch_rows_l2<1, 32>(W, rows);
 }
 
 __host__ inline bool takes_int8_x(const DevMatrix& W) { return (W.kind == Kind::kI4 || W.kind == Kind::kI8) && W.cols % 32 == 0; }

@@ -70,11 +70,11 @@ void attention(const float* qg, const float* q_norm, const float* kc, const floa
                int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s,
                const QuantX* q = nullptr, bool nibble = false);
 // The same without a score buffer (split-KV, online softmax): keys in
-// attention_splits(T, heads, hd, cap) splits of *keys_per_split positions
+// attention_splits(T, cap) splits of *keys_per_split positions
 // (cap: the KV cache's positions), partial results in part [T, heads,
 // splits, hd + 2], then merged in split order. hd: 32, 64, 128 or 256.
 bool attention_split_supported(int hd);
-int attention_splits(int T, int heads, int hd, int cap, int* keys_per_split);
+int attention_splits(int T, int cap, int* keys_per_split);
 void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                      int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q = nullptr,
                      bool nibble = false);
