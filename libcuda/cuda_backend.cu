@@ -211,6 +211,7 @@ class CudaBackend : public Backend {
   int scores_cap_ = 0;
   bool split_kv_ = false;  // attention_split with part_ instead of attention with scores_
   bool chunked_gdn_ = false;  // prompt chunks' DeltaNet recurrence in the WY form
+  int stream_min_rows_ = 0, stream_rows_ = 0;  // gemv_stream_min_rows(), gemv_stream_rows() while this backend launches
   long buffer_gen_ = 0;  // bumped whenever an activation buffer moves (decode graphs re-capture)
   // COLI_CUDA_PROFILE=1: kernel time per step kind (events around each group
   // of launches, graphs off), printed to stderr when the backend goes.
@@ -248,12 +249,12 @@ class CudaBackend : public Backend {
   DeviceArray<int> io_;
   const int* d_pos() const { return io_.get(); }
   const int* d_ids() const { return io_.get() + 1; }
-  // The logits come back in kLogitParts column ranges, each copied (on
-  // copy_stream_) while the lm_head computes the next and waited for on its
-  // own event by finish_chunk.
-  static constexpr int kLogitParts = 4;
+  // The logits come back in logit_parts_ (at most kMaxLogitParts) column
+  // ranges, each copied (on copy_stream_) while the lm_head computes the
+  // next and waited for on its own event by finish_chunk.
+  static constexpr int kMaxLogitParts = 8, kLogitParts = 4;
   cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t part_ready_[kLogitParts] = {}, part_copied_[kLogitParts] = {};
+  cudaEvent_t part_ready_[kMaxLogitParts] = {}, part_copied_[kMaxLogitParts] = {};
   int logit_parts_ = 1;
   struct Pending {
     bool active = false;
@@ -269,6 +270,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   split_kv_ = (skv && *skv ? std::string(skv) != "0" : opt_.split_kv) && attention_split_supported(s_.head_dim);
   const char* gch = std::getenv("COLI_CUDA_GDN_CHUNK");
   chunked_gdn_ = gch && *gch ? std::string(gch) != "0" : opt_.chunked_gdn;
+  stream_min_rows_ = tune("COLI_TUNE_STREAM_MIN_ROWS", opt_.gemv_stream_min_rows);
+  stream_rows_ = tune("COLI_TUNE_STREAM_ROWS", opt_.gemv_stream_rows);
+  if (stream_rows_ < 0 || stream_rows_ > 2) throw UsageError("CUDA backend: gemv_stream_rows must be 0, 1 or 2");
   std::string why;
   if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
   check(cudaSetDevice(opt.device), "cudaSetDevice");
@@ -374,11 +378,12 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
   io_.resize(std::max(1, opt_.max_chunk) + 1);
   check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  for (int i = 0; i < kLogitParts; ++i) {
+  for (int i = 0; i < kMaxLogitParts; ++i) {
     check(cudaEventCreateWithFlags(&part_ready_[i], cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&part_copied_[i], cudaEventDisableTiming), "cudaEventCreate");
   }
-  logit_parts_ = s_.vocab_size >= 4096 * kLogitParts ? kLogitParts : 1;
+  const int parts = std::clamp(tune("COLI_TUNE_LOGIT_PARTS", kLogitParts), 1, kMaxLogitParts);
+  logit_parts_ = s_.vocab_size >= 4096 * parts ? parts : 1;
 }
 
 void CudaBackend::collect_profile() {
@@ -410,7 +415,7 @@ CudaBackend::~CudaBackend() {
       std::fprintf(stderr, "%-14s %10.3f %8ld %6.1f%%\n", name.c_str(), row.ms, row.calls, 100.0 * row.ms / total);
   }
   if (h_io_) cudaFreeHost(h_io_);
-  for (int i = 0; i < kLogitParts; ++i) {
+  for (int i = 0; i < kMaxLogitParts; ++i) {
     if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);
     if (part_copied_[i]) cudaEventDestroy(part_copied_[i]);
   }
@@ -686,6 +691,7 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   }
   prof_tokens_ += T;
   pdl_wanted() = T == 1;  // decode: overlap each kernel's launch with the previous one's tail
+  gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
   if (T == 1 && opt_.graphs) {
     // A decode step as one graph; captured again when a buffer moved.
     if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || st.graph_gen != buffer_gen_) {

@@ -33,6 +33,16 @@ struct CudaOptions {
   // tokens as dense products) where the head shape allows it; false: token
   // by token. COLI_CUDA_GDN_CHUNK=0|1 overrides it.
   bool chunked_gdn = true;
+  // One-token int4 / int8 matmuls over at least this many rows (every
+  // trunk projection and the lm_head's column ranges at the real shapes)
+  // as a grid of resident blocks whose warps stride over the rows, loading
+  // the next rows while multiplying these and the first rows before the
+  // previous kernel ends; smaller ones as one wave of blocks. The same
+  // arithmetic either way. COLI_TUNE_STREAM_MIN_ROWS overrides it.
+  int gemv_stream_min_rows = 2048;
+  // Rows per lane group there: 1, 2, or 0 (2 from 32K rows, else 1).
+  // COLI_TUNE_STREAM_ROWS overrides it.
+  int gemv_stream_rows = 1;
 };
 
 // Throws coli::Error naming the reason when no device is usable (or the

@@ -285,6 +285,65 @@ __device__ __forceinline__ void load_q_block(const DevMatrix& W, int r, int b, i
   }
 }
 
+// One 32-column block of a row as loaded, not yet unpacked, so that a
+// kernel can load the next rows' blocks (load_raw_block) while it
+// multiplies this row's (raw_block_dot): int4 its 16 bytes of codes and its
+// scale's bits (an f16, an f16 scale + offset pair, or the row's f32); int8
+// its 32 bytes of codes.
+template <Kind K>
+struct RawBlock;
+template <>
+struct RawBlock<Kind::kI4> {
+  uint4 v;
+  uint32_t s;
+};
+template <>
+struct RawBlock<Kind::kI8> {
+  uint4 v0, v1;
+};
+
+template <Kind K>
+__device__ __forceinline__ void load_raw_block(const DevMatrix& W, int r, int b, RawBlock<K>& out) {
+  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
+  if constexpr (K == Kind::kI4) {
+    out.v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
+    const uint8_t* sc = W.data + W.scale_offset + static_cast<long long>(r) * W.scale_row_bytes;
+    if (W.f16_scales) {
+      const int g = W.group_shift >= 0 ? b >> W.group_shift : b * 32 / W.group;
+      out.s = W.asym ? __ldg(reinterpret_cast<const uint32_t*>(sc) + g) : __ldg(reinterpret_cast<const unsigned short*>(sc) + g);
+    } else {
+      out.s = __ldg(reinterpret_cast<const uint32_t*>(sc));
+    }
+  } else {
+    out.v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32));
+    out.v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
+  }
+}
+
+// acc + the block's dot with x's block (codes xw, scale xs, code sum xsum),
+// with group_rows_dot_q's arithmetic (int8: before the row scale).
+template <Kind K>
+__device__ __forceinline__ float raw_block_dot(const DevMatrix& W, const RawBlock<K>& rb, const int (&xw)[8], float xs, int xsum, float acc) {
+  int w[8];
+  float s = 0.0f, mn = 0.0f;
+  if constexpr (K == Kind::kI4) {
+    const uint32_t u[4] = {rb.v.x, rb.v.y, rb.v.z, rb.v.w};
+    for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
+    if (!W.f16_scales) s = __uint_as_float(rb.s), mn = -8.0f * s;
+    else if (W.asym) s = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s & 0xffffu))), mn = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s >> 16)));
+    else s = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s))), mn = -8.0f * s;
+  } else {
+    w[0] = int(rb.v0.x), w[1] = int(rb.v0.y), w[2] = int(rb.v0.z), w[3] = int(rb.v0.w), w[4] = int(rb.v1.x), w[5] = int(rb.v1.y), w[6] = int(rb.v1.z),
+    w[7] = int(rb.v1.w);
+  }
+  const bool asym = W.asym;
+  int d = K == Kind::kI4 && !asym ? -8 * xsum : 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) d = __dp4a(w[k], xw[k], d);
+  if (K == Kind::kI4 && asym) return acc + xs * (s * static_cast<float>(d) + mn * static_cast<float>(xsum));
+  return acc + (K == Kind::kI4 ? xs * s : xs) * static_cast<float>(d);
+}
+
 // W[r, :] . x for up to NT tokens, x in int8 (rows qrows[0..n) of q), int4
 // or int8 weights with cols % 32 == 0, against one load of the weight row,
 // on one warp: out[t] in every lane.

@@ -36,6 +36,19 @@ struct MatmulOut {
   int ldy;
 };
 void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q = nullptr, bool x_in_q = false);
+// One-token int8-activation matmuls over at least this many rows (all
+// matrices of a matmul_many together) run as a grid of resident blocks
+// striding over the rows (matmul.cu, gemv_q_stream_kernel), with this many
+// rows per lane group (1, 2; 0: gemv_rows_for's choice). The backend sets
+// both (CudaOptions::gemv_stream_min_rows, gemv_stream_rows).
+inline int& gemv_stream_min_rows() {
+  static int rows = 2048;
+  return rows;
+}
+inline int& gemv_stream_rows() {
+  static int rows = 1;
+  return rows;
+}
 
 // Prompt chunks (T >= kFloatTiledMinTokens) through a float-format matrix
 // (the router): y = W x as tiles of rows x tokens over slices of the

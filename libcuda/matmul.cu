@@ -5,6 +5,7 @@
 // __dp4a: four multiply-adds per instruction and a quarter of the x bytes
 // of the float path, which bounds decode (x is read once per weight chunk).
 // Other matrices take the float path (dev_matrix.cuh).
+#include <algorithm>
 #include <vector>
 
 #include "cuda_util.cuh"
@@ -215,6 +216,88 @@ __global__ void gemv_q_kernel(Batch b, QuantX q) {
       if (r0 + i < o.W.rows) o.y[r0 + i] = out[0][i];
 }
 
+// One token through large matrices (the lm_head's column ranges): a grid
+// of as many blocks as fit on the SMs at once, whose warps stride over the
+// matrices' rows, G x R rows (warp row group wg) at a time: the next
+// group's weights are loaded into registers while this group's are
+// multiplied, so every SM keeps a steady stream of loads in flight instead
+// of running waves of blocks that each load, wait and exit. The first
+// group's weights are loaded before griddep_wait (they do not depend on the
+// previous kernel; x does). Each lane takes blocks sub, sub + L, ... (PB of
+// them) of a row, as group_rows_dot_q does, with its arithmetic in its
+// order. b.first: warp row groups, not blocks.
+template <Kind K, int L, int R, int PB>
+__global__ void __launch_bounds__(128) gemv_q_stream_kernel(Batch b, QuantX q) {
+  constexpr int G = 32 / L;
+  const int sub = threadIdx.x & (L - 1), lg = (threadIdx.x & 31) / L, total = b.first[b.n];
+  const int stride = gridDim.x * (blockDim.x / 32);
+  // Matrix mi and rows of warp row group wg (rows past the end: the last
+  // row again, computed, not stored).
+  auto locate = [&](int wg, int& mi, int& r0, int (&rows)[R]) {
+    mi = 0;
+    while (mi + 1 < b.n && wg >= b.first[mi + 1]) ++mi;
+    r0 = ((wg - b.first[mi]) * G + lg) * R;
+#pragma unroll
+    for (int i = 0; i < R; ++i) rows[i] = min(r0 + i, b.m[mi].W.rows - 1);
+  };
+  auto load = [&](int mi, const int (&rows)[R], RawBlock<K> (&buf)[R][PB], float (&rs)[R]) {
+    const DevMatrix& W = b.m[mi].W;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+#pragma unroll
+      for (int j = 0; j < PB; ++j) load_raw_block<K>(W, rows[i], sub + j * L, buf[i][j]);
+      rs[i] = K == Kind::kI8 ? __ldg(reinterpret_cast<const float*>(W.data + W.scale_offset + static_cast<long long>(rows[i]) * W.scale_row_bytes)) : 1.0f;
+    }
+  };
+  int wg = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, mi = 0, r0 = 0, rows[R];
+  RawBlock<K> cur[R][PB];
+  float rs[R];
+  if (wg < total) locate(wg, mi, r0, rows), load(mi, rows, cur, rs);
+  griddep_wait();
+  if (wg >= total) return;  // whole warps only: the groups shuffle with full masks
+  int xw[PB][8], xsum[PB];
+  float xs[PB];
+#pragma unroll
+  for (int j = 0; j < PB; ++j) {
+    const int qb = sub + j * L;
+    const int4* xp = reinterpret_cast<const int4*>(q.codes + static_cast<long long>(qb) * 32);
+    const int4 xa = xp[0], xb = xp[1];
+    xw[j][0] = xa.x, xw[j][1] = xa.y, xw[j][2] = xa.z, xw[j][3] = xa.w, xw[j][4] = xb.x, xw[j][5] = xb.y, xw[j][6] = xb.z, xw[j][7] = xb.w;
+    xs[j] = q.scale[qb];
+    xsum[j] = K == Kind::kI4 ? q.sum[qb] : 0;
+  }
+  for (;;) {
+    const int wn = wg + stride;
+    int mn = 0, r0n = 0, rows_n[R];
+    RawBlock<K> nxt[R][PB];
+    float rs_n[R];
+    if (wn < total) locate(wn, mn, r0n, rows_n), load(mn, rows_n, nxt, rs_n);
+    const MatmulOut& o = b.m[mi];
+    float out[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      out[i] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < PB; ++j) out[i] = raw_block_dot<K>(o.W, cur[i][j], xw[j], xs[j], xsum[j], out[i]);
+#pragma unroll
+      for (int off = L / 2; off > 0; off >>= 1) out[i] += __shfl_xor_sync(0xffffffffu, out[i], off);
+      if (K == Kind::kI8) out[i] *= rs[i];
+    }
+    if (sub == 0)
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (r0 + i < o.W.rows) o.y[r0 + i] = out[i];
+    if (wn >= total) break;
+    wg = wn, mi = mn, r0 = r0n;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      rows[i] = rows_n[i], rs[i] = rs_n[i];
+#pragma unroll
+      for (int j = 0; j < PB; ++j) cur[i][j] = nxt[i][j];
+    }
+  }
+}
+
 // Tensor cores: block (blk, ty) computes rows blk * kMmaRows .. + kMmaRows
 // of its matrix for tokens ty * kMmaTokens .. + kMmaTokens.
 template <Kind K, bool kAsym>
@@ -238,6 +321,31 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, Qua
 // (1, 1, 1) 1,866, (4, 4, 2) 1,734: more rows per group cost registers and
 // warps, which the small matrices need more than bytes in flight.
 int gemv_rows_for(int rows) { return rows >= 32768 ? 2 : 1; }
+
+// Warps per block of gemv_q_stream_kernel.
+constexpr int kStreamWarps = 4;
+
+// Launches Kernel on min(wanted, as many blocks of `threads` as the device
+// holds at once) blocks.
+template <auto Kernel, typename... Args>
+void launch_resident(int wanted, int threads, cudaStream_t s, Args&&... args) {
+  static const int resident = [&] {
+    int per_sm = 0, dev = 0, sms = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, 0), "occupancy");
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    return std::max(1, per_sm) * sms;
+  }();
+  launch(Kernel, std::min(resident, wanted), threads, 0, s, std::forward<Args>(args)...);
+}
+
+// Whether a one-token matmul over total_rows rows of W's kind and width
+// takes gemv_q_stream_kernel: from gemv_stream_min_rows() rows, when each
+// lane's share of a row is 1, 2 or 4 blocks of 32 columns.
+bool gemv_stream(const DevMatrix& W, int total_rows) {
+  const int nb = W.cols / 32, L = lanes_per_row(W.cols, tune("COLI_TUNE_GEMV_LANES", 32)), pb = nb / L;
+  return total_rows >= gemv_stream_min_rows() && nb % L == 0 && (pb == 1 || pb == 2 || pb == 4);
+}
 
 }  // namespace
 
@@ -296,7 +404,28 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
       check(cudaGetLastError(), "matmul_mma launch");
       return;
     }
-    if (gemv) {
+    if (gemv && gemv_stream(W, total_rows)) {
+      dispatch_lanes(W.cols, [&]<int L>() {
+        // b.first in warp row groups of 32 / L x R rows; the grid: as many
+        // blocks as are resident at once.
+        auto go = [&]<int R, int PB>() {
+          Batch sb = b;
+          for (int i = 0; i < n; ++i) sb.first[i + 1] = sb.first[i] + (outs[i].W.rows + (32 / L) * R - 1) / ((32 / L) * R);
+          const int wanted = (sb.first[n] + kStreamWarps - 1) / kStreamWarps;
+          if (W.kind == Kind::kI4) launch_resident<gemv_q_stream_kernel<Kind::kI4, L, R, PB>>(wanted, kStreamWarps * 32, s, sb, *q);
+          else launch_resident<gemv_q_stream_kernel<Kind::kI8, L, R, PB>>(wanted, kStreamWarps * 32, s, sb, *q);
+        };
+        auto pb = [&]<int R>() {
+          switch (W.cols / 32 / L) {
+            case 1: go.template operator()<R, 1>(); break;
+            case 2: go.template operator()<R, 2>(); break;
+            default: go.template operator()<R, 4>(); break;
+          }
+        };
+        if ((gemv_stream_rows() ? gemv_stream_rows() : gemv_rows) == 2) pb.template operator()<2>();
+        else pb.template operator()<1>();
+      }, gemv_lanes);
+    } else if (gemv) {
       dispatch_lanes(W.cols, [&]<int L>() {
         auto go = [&]<int R>() {
           if (W.kind == Kind::kI4) launch(gemv_q_kernel<Kind::kI4, L, R>, grid, block, 0, s, b, *q);

@@ -314,3 +314,25 @@ TEST(CudaBackend, RealLayoutsOtherPathsMatchTheCpu) {
   std::printf("[ info     ] bf16, score-buffer attention + token-loop DeltaNet, real layouts: max |dlogit| GPU vs CPU %.2e\n", e);
   EXPECT_LT(e, 1e-3f);
 }
+
+// Every one-token int8-activation matmul through the resident-grid kernel
+// (gemv_q_stream_kernel, by default only the lm_head's ranges at the real
+// vocabulary) with 1 and 2 rows per lane group, against the default kernels
+// on the same container: the same arithmetic in the same order, so the
+// logits agree to float rounding (and both match the CPU reference, above).
+TEST(CudaBackend, StreamedMatmulsMatchTheDefaultKernels) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  RealLayouts r;
+  for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
+    auto m = r.convert(f);
+    const auto base = r.run(*cuda::make_cuda_backend(*m), *m);
+    for (int rows : {1, 2}) {
+      cuda::CudaOptions opt;
+      opt.gemv_stream_min_rows = 1, opt.gemv_stream_rows = rows;
+      const float e = max_step_diff(r.run(*cuda::make_cuda_backend(*m, opt), *m), base);
+      std::printf("[ info     ] %s, every decode matmul streamed, %d row(s) per group: max |dlogit| vs the default kernels %.2e\n", format_name(f), rows, e);
+      EXPECT_LT(e, 1e-5f) << format_name(f) << ", " << rows << " row(s) per group";
+    }
+  }
+}
