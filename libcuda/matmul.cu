@@ -1,5 +1,6 @@
 // y = x W^T on the device for every weight format, one warp per weight row
-// (one token: a group of lanes per one or two rows, group_rows_dot_q).
+// (one token: a group of lanes per one or two rows, group_rows_dot_q; over
+// 2,048+ rows, resident blocks streaming over the rows, gemv_q_stream_kernel).
 // int4 and int8 weights with a multiple of 32 columns meet x quantized to
 // int8 per 32-column block (scale absmax/127, as the CPU's VNNI path) in
 // __dp4a: four multiply-adds per instruction and a quarter of the x bytes
