@@ -268,23 +268,6 @@ __device__ __forceinline__ void warp_quantize_block(float v, bool nibble, const 
   if (lane == 0) q.scale[qb] = s, q.sum[qb] = sum;
 }
 
-// Block b (32 columns) of row r of an int4 / int8 matrix as 8 words for
-// dp4a against x's codes (int4: word 2k the low nibbles of the block's word
-// k, 2k + 1 its high nibbles), and for int4 the block's scale and offset.
-template <Kind K>
-__device__ __forceinline__ void load_q_block(const DevMatrix& W, int r, int b, int (&w)[8], float* s, float* mn) {
-  const uint8_t* row = W.data + static_cast<long long>(r) * W.row_stride;
-  if constexpr (K == Kind::kI4) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + b * 16));
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-    for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
-    int4_scale(W, r, b * 32, s, mn);
-  } else {
-    const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(row + b * 32)), v1 = __ldg(reinterpret_cast<const uint4*>(row + b * 32 + 16));
-    w[0] = int(v0.x), w[1] = int(v0.y), w[2] = int(v0.z), w[3] = int(v0.w), w[4] = int(v1.x), w[5] = int(v1.y), w[6] = int(v1.z), w[7] = int(v1.w);
-  }
-}
-
 // One 32-column block of a row as loaded, not yet unpacked, so that a
 // kernel can load the next rows' blocks (load_raw_block) while it
 // multiplies this row's (raw_block_dot): int4 its 16 bytes of codes and its
@@ -320,22 +303,39 @@ __device__ __forceinline__ void load_raw_block(const DevMatrix& W, int r, int b,
   }
 }
 
-// acc + the block's dot with x's block (codes xw, scale xs, code sum xsum),
-// with group_rows_dot_q's arithmetic (int8: before the row scale).
+// A raw block as 8 words for dp4a against x's codes (int4: word 2k the low
+// nibbles of the block's word k, 2k + 1 its high nibbles) and, for int4,
+// its scale s and offset mn (weight = code s + mn).
 template <Kind K>
-__device__ __forceinline__ float raw_block_dot(const DevMatrix& W, const RawBlock<K>& rb, const int (&xw)[8], float xs, int xsum, float acc) {
-  int w[8];
-  float s = 0.0f, mn = 0.0f;
+__device__ __forceinline__ void unpack_raw_block(const DevMatrix& W, const RawBlock<K>& rb, int (&w)[8], float* s, float* mn) {
   if constexpr (K == Kind::kI4) {
     const uint32_t u[4] = {rb.v.x, rb.v.y, rb.v.z, rb.v.w};
     for (int k = 0; k < 4; ++k) w[2 * k] = static_cast<int>(u[k] & 0x0F0F0F0Fu), w[2 * k + 1] = static_cast<int>((u[k] >> 4) & 0x0F0F0F0Fu);
-    if (!W.f16_scales) s = __uint_as_float(rb.s), mn = -8.0f * s;
-    else if (W.asym) s = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s & 0xffffu))), mn = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s >> 16)));
-    else s = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s))), mn = -8.0f * s;
+    if (!W.f16_scales) *s = __uint_as_float(rb.s), *mn = -8.0f * *s;
+    else if (W.asym) *s = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s & 0xffffu))), *mn = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s >> 16)));
+    else *s = __half2float(__ushort_as_half(static_cast<unsigned short>(rb.s))), *mn = -8.0f * *s;
   } else {
     w[0] = int(rb.v0.x), w[1] = int(rb.v0.y), w[2] = int(rb.v0.z), w[3] = int(rb.v0.w), w[4] = int(rb.v1.x), w[5] = int(rb.v1.y), w[6] = int(rb.v1.z),
     w[7] = int(rb.v1.w);
   }
+}
+
+// Block b (32 columns) of row r, loaded and unpacked (unpack_raw_block).
+template <Kind K>
+__device__ __forceinline__ void load_q_block(const DevMatrix& W, int r, int b, int (&w)[8], float* s, float* mn) {
+  RawBlock<K> rb;
+  load_raw_block<K>(W, r, b, rb);
+  unpack_raw_block<K>(W, rb, w, s, mn);
+}
+
+// acc + the block's dot with one token's block of x (codes xw, scale xs,
+// code sum xsum); int8: before the row scale. Symmetric int4 (weight =
+// (code - 8) s) starts the dot at -8 sum(x codes).
+template <Kind K>
+__device__ __forceinline__ float raw_block_dot(const DevMatrix& W, const RawBlock<K>& rb, const int (&xw)[8], float xs, int xsum, float acc) {
+  int w[8];
+  float s = 0.0f, mn = 0.0f;
+  unpack_raw_block<K>(W, rb, w, &s, &mn);
   const bool asym = W.asym;
   int d = K == Kind::kI4 && !asym ? -8 * xsum : 0;
 #pragma unroll
@@ -388,7 +388,6 @@ template <Kind K, int NM, int R, int L>
 __device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const int (&rows)[R], const QuantX& q, long long qrow, float (&out)[NM][R]) {
   static_assert(L == 8 || L == 16 || L == 32, "lanes per row group");
   const int sub = threadIdx.x & (L - 1), nb = M[0].cols / 32;
-  const bool asym = M[0].asym;
 #pragma unroll
   for (int m = 0; m < NM; ++m)
 #pragma unroll
@@ -401,24 +400,15 @@ __device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const
     const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
     const float xs = q.scale[qb];
     const int xsum = K == Kind::kI4 ? q.sum[qb] : 0;
-    // Symmetric int4: weight = (code - 8) s, so the dot starts at -8 sum(x codes).
-    const int d0 = K == Kind::kI4 && !asym ? -8 * xsum : 0;
-    int w[NM][R][8];
-    float s[NM][R], mn[NM][R];
+    RawBlock<K> rb[NM][R];
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
-      for (int i = 0; i < R; ++i) s[m][i] = mn[m][i] = 0.0f, load_q_block<K>(M[m], rows[i], b, w[m][i], &s[m][i], &mn[m][i]);
+      for (int i = 0; i < R; ++i) load_raw_block<K>(M[m], rows[i], b, rb[m][i]);
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
-        int d = d0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) d = __dp4a(w[m][i][k], xw[k], d);
-        if (K == Kind::kI4 && asym) out[m][i] += xs * (s[m][i] * static_cast<float>(d) + mn[m][i] * static_cast<float>(xsum));
-        else out[m][i] += (K == Kind::kI4 ? xs * s[m][i] : xs) * static_cast<float>(d);
-      }
+      for (int i = 0; i < R; ++i) out[m][i] = raw_block_dot<K>(M[m], rb[m][i], xw, xs, xsum, out[m][i]);
   }
 #pragma unroll
   for (int m = 0; m < NM; ++m)
