@@ -2,50 +2,22 @@
 // Engine::forward_chunk and the CPU backend, with every activation on the
 // device. Kernels live in the other .cu files; this file uploads weights,
 // owns the buffers and sequences the launches.
-#include "cuda_backend.h"
-
-#include <cuda_runtime.h>
+#include "backend_impl.cuh"
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
-#include <string>
-#include <vector>
 
 #include "cuda_device.h"
-#include "cuda_util.cuh"
-#include "kernels.cuh"
 
 namespace coli::cuda {
 
+namespace detail {
+
 namespace {
-
-constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their experts' pairs
-
-// Device copies of the weights, sub-allocated from one allocation.
-class WeightArena {
- public:
-  void reserve(std::size_t bytes) { base_.resize(bytes); }
-  // Copies n bytes from host; returns the device address (256-byte aligned).
-  const uint8_t* put(const void* src, std::size_t n) {
-    used_ = (used_ + 255) / 256 * 256;
-    if (used_ + n > base_.size()) throw Error("CUDA: weight arena overflow (internal)");
-    uint8_t* dst = base_.get() + used_;
-    check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "upload weights");
-    used_ += n;
-    return dst;
-  }
-  static std::size_t padded(std::size_t n) { return (n + 255) / 256 * 256; }
-
- private:
-  DeviceArray<uint8_t> base_;
-  std::size_t used_ = 0;
-};
 
 Kind kind_of(QuantFormat f, const char* what) {
   switch (f) {
@@ -58,6 +30,14 @@ Kind kind_of(QuantFormat f, const char* what) {
     default: return Kind::kI4;
   }
 }
+
+// Same format and shape: one kernel can read both through one DevMatrix.
+bool same_layout(const DevMatrix& a, const DevMatrix& b) {
+  return a.kind == b.kind && a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride && a.scale_offset == b.scale_offset &&
+         a.scale_row_bytes == b.scale_row_bytes && a.group == b.group && a.asym == b.asym && a.f16_scales == b.f16_scales;
+}
+
+}  // namespace
 
 DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what) {
   const MatrixLayout l = layout_of(m.format, m.rows, m.cols);
@@ -78,9 +58,6 @@ DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what) {
   return d;
 }
 
-// Whether a norm should quantize its output for the int8-activation matmuls
-// that read it: some of them take int8 x and all of those want one code
-// order (*nibble: int4's). Float-path readers use the float output.
 bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble) {
   const DevMatrix* first = nullptr;
   for (const DevMatrix* m : readers) {
@@ -92,178 +69,6 @@ bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble)
   return first != nullptr;
 }
 
-// Same format and shape: one kernel can read both through one DevMatrix.
-bool same_layout(const DevMatrix& a, const DevMatrix& b) {
-  return a.kind == b.kind && a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride && a.scale_offset == b.scale_offset &&
-         a.scale_row_bytes == b.scale_row_bytes && a.group == b.group && a.asym == b.asym && a.f16_scales == b.f16_scales;
-}
-
-struct DevExperts {
-  ExpertTable table;
-  bool shared_at_E = false;  // entry E of the pointer tables is the shared expert (decode folds it in)
-  DeviceArray<const uint8_t*> gate_ptrs, up_ptrs, down_ptrs;
-};
-
-struct DevLayer {
-  LayerKind kind;
-  const float *input_norm, *post_norm;
-  // attention
-  DevMatrix q_proj, k_proj, v_proj, o_proj;
-  const float *q_norm, *k_norm;
-  // Gated DeltaNet
-  DevMatrix in_qkv, in_z, in_b, in_a, out_proj;
-  const float *conv1d, *dt_bias, *A_log, *gdn_norm;
-  // MoE
-  DevMatrix router, sh_gate, sh_up, sh_down, sh_gate_proj;
-  DevExperts experts;
-};
-
-// Per-session state on the device.
-struct CudaState : BackendState {
-  struct Layer {
-    DeviceArray<float> k, v;       // attention: [cap, kv_heads * hd]
-    DeviceArray<float> conv, S;    // DeltaNet: [K-1, cd], [nv, dk, dv]
-  };
-  std::vector<Layer> layers;
-  int cap = 0;                     // KV cache positions allocated
-  // The decode step's graph holds the addresses of this state's and the
-  // backend's buffers: valid while the cache size, the backend's buffer
-  // generation and the logit rows are the ones it was captured with.
-  cudaGraphExec_t graph = nullptr;
-  int graph_cap = -1, graph_rows = -1;
-  long graph_gen = -1;
-  ~CudaState() override {
-    if (graph) cudaGraphExecDestroy(graph);
-  }
-};
-
-class CudaBackend : public Backend {
- public:
-  CudaBackend(const Model& model, const CudaOptions& opt);
-  ~CudaBackend() override;
-  std::string name() const override { return "cuda"; }
-  std::unique_ptr<BackendState> new_state() const override;
-  bool runs_whole_chunks() const override { return true; }
-  void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) override {
-    start_chunk(state, ids, T, pos0, logit_rows);
-    finish_chunk(state, logits);
-  }
-  void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) override;
-  void finish_chunk(BackendState& state, float* logits) override;
-
-  // The per-layer steps exist only on the CPU: the engine asks for them when
-  // it must observe the routing.
-  void embed(const int*, int, float*) override { unsupported(); }
-  void trunk_step(int, BackendState&, int, int, float*) override { unsupported(); }
-  void ffn_norm(int, int, const float*, float*) override { unsupported(); }
-  void route(int, int, const float*, int*, float*) override { unsupported(); }
-  void shared_expert(int, int, const float*, float*) override { unsupported(); }
-  void routed_experts(int, const ExpertPair*, int, const float*, float*) override { unsupported(); }
-  void logits(int, const float*, float*) override { unsupported(); }
-
- private:
-  [[noreturn]] static void unsupported() { throw Error("the CUDA backend runs whole chunks only (routing observation needs --device cpu)"); }
-  const float* put_floats(const std::vector<float>& v) { return reinterpret_cast<const float*>(arena_.put(v.data(), v.size() * 4)); }
-  DevMatrix put_matrix(const Matrix& m, const std::string& what) { return describe(m, arena_.put(m.data, m.bytes()), what.c_str()); }
-  void ensure_buffers(int T);
-  void enqueue_logit_copies(int logit_rows);
-  // Vocabulary columns [first, second) of logit range i: ranges shrink in
-  // the ratio n : n-1 : ... : 1, so the copy and host work that remain after
-  // the last range is computed are a small share of the vocabulary.
-  std::pair<int, int> logit_range(int i) const {
-    const long long n = logit_parts_, total = n * (n + 1) / 2, V = s_.vocab_size;
-    auto edge = [&](long long k) { return static_cast<int>(V * (k * n - k * (k - 1) / 2) / total); };  // sum of the first k weights
-    return {edge(i), edge(i + 1)};
-  }
-  void ensure_cap(CudaState& st, int needed);
-  // The forward pass of T tokens whose position and ids are in io_.
-  void run(CudaState& st, int T, int logit_rows);
-  // hn_q: the norm before left hn quantized for this step's int8 readers.
-  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap);
-  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
-  void moe_layer(const DevLayer& L, int T, bool hn_q);
-  // The int8 readers of the norm before layer l's mixer / MoE block.
-  bool mixer_quant(int l, bool* nibble) const;
-  bool moe_quant(int l, bool* nibble) const;
-
-  const ModelSpec& s_;
-  CudaOptions opt_;
-  cudaStream_t stream_ = nullptr;
-  WeightArena arena_;
-  DevMatrix embed_, lm_head_;
-  const float* final_norm_ = nullptr;
-  DeviceArray<float> inv_freq_;  // rotary inverse frequencies, f32(1 / theta^(2i / rot)) made on the host as the reference does
-  std::vector<DevLayer> layers_;
-  // Activations, sized for buf_T_ tokens.
-  int buf_T_ = 0;
-  DeviceArray<float> gdn_work_;     // chunked DeltaNet prefill's workspace (chunked_gdn_)
-  DeviceArray<float> router_work_;  // matmul_float_tiled's partial sums (prompt chunks)
-  DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
-      logits_, scores_, part_;
-  DeviceArray<int> ridx_, order_, offsets_;
-  DeviceArray<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
-  // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
-  // the T * K experts' activations).
-  DeviceArray<int8_t> qx_codes_;
-  DeviceArray<float> qx_scale_;
-  DeviceArray<int> qx_sum_;
-  QuantX qx_;
-  int scores_cap_ = 0;
-  bool split_kv_ = false;  // attention_split with part_ instead of attention with scores_
-  bool chunked_gdn_ = false;  // prompt chunks' DeltaNet recurrence in the WY form
-  int stream_min_rows_ = 0, stream_rows_ = 0;  // gemv_stream_min_rows(), gemv_stream_rows() while this backend launches
-  long buffer_gen_ = 0;  // bumped whenever an activation buffer moves (decode graphs re-capture)
-  // COLI_CUDA_PROFILE=1: kernel time per step kind (events around each group
-  // of launches, graphs off), printed to stderr when the backend goes.
-  struct ProfRow {
-    double ms = 0;
-    long calls = 0;
-  };
-  bool profile_ = false;
-  // COLI_CUDA_PROFILE=graph: graphs on; device time of each decode graph
-  // replay and host time of each decode step, printed when the backend goes.
-  bool graph_timing_ = false;
-  cudaEvent_t graph_ev_[2] = {nullptr, nullptr};
-  double graph_ms_ = 0, step_ms_ = 0;
-  // Host side of a graph step: launching it, the logits' work left after
-  // the last range is on the host, and the time between steps (the caller's).
-  double launch_ms_ = 0, graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
-  std::chrono::steady_clock::time_point last_finish_{};
-  long graph_steps_ = 0;
-  std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;
-  std::vector<std::pair<std::string, ProfRow>> prof_;
-  long prof_tokens_ = 0;
-  template <typename F>
-  void step(const char* name, F&& f) {
-    if (!profile_) return f();
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    cudaEventRecord(a, stream_);
-    f();
-    cudaEventRecord(b, stream_);
-    prof_pending_.push_back({name, {a, b}});
-  }
-  void collect_profile();
-  // The chunk's position then its ids, pinned on the host and on the device (one copy).
-  int* h_io_ = nullptr;
-  DeviceArray<int> io_;
-  const int* d_pos() const { return io_.get(); }
-  const int* d_ids() const { return io_.get() + 1; }
-  // The logits come back in logit_parts_ (at most kMaxLogitParts) column
-  // ranges, each copied (on copy_stream_) while the lm_head computes the
-  // next and waited for on its own event by finish_chunk.
-  static constexpr int kMaxLogitParts = 8, kLogitParts = 4;
-  cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t part_ready_[kMaxLogitParts] = {}, part_copied_[kMaxLogitParts] = {};
-  int logit_parts_ = 1;
-  struct Pending {
-    bool active = false;
-    int T = 0, logit_rows = 0;
-    std::chrono::steady_clock::time_point t0, launched;
-  } pending_;
-  float* h_logits_ = nullptr;
-  std::size_t h_logits_n_ = 0;
-};
 
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
   const char* skv = std::getenv("COLI_CUDA_SPLIT_KV");
@@ -655,10 +460,7 @@ void CudaBackend::enqueue_logit_copies(int logit_rows) {
   }
 }
 
-void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
-  auto& st = static_cast<CudaState&>(state);
-  if (pending_.active) finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
-  const auto t_start = std::chrono::steady_clock::now();
+void CudaBackend::prepare(CudaState& st, int T, int pos0) {
   if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
   ensure_buffers(T);
   ensure_cap(st, pos0 + T);
@@ -671,6 +473,13 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
     ++buffer_gen_;
     scores_cap_ = st.cap;
   }
+}
+
+void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
+  auto& st = static_cast<CudaState&>(state);
+  if (pending_.active) finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
+  const auto t_start = std::chrono::steady_clock::now();
+  prepare(st, T, pos0);
   const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;
   if (nlog > h_logits_n_) {
     if (h_logits_) cudaFreeHost(h_logits_);
@@ -758,8 +567,8 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
   }
 }
 
-}  // namespace
+}  // namespace detail
 
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt) { return std::make_unique<CudaBackend>(model, opt); }
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt) { return std::make_unique<detail::CudaBackend>(model, opt); }
 
 }  // namespace coli::cuda

@@ -5,11 +5,10 @@
 // router softmax + top-k, routed experts as two fused launches over all
 // (token, expert) pairs, shared expert, lm_head. Only the token ids go in
 // and the asked-for logits come out; a decode step is captured once as a
-// CUDA graph and replayed. Plain C++ header: callers need no CUDA headers.
-// Not yet: the per-layer Backend steps on host arrays (ARCHITECTURE.md has
-// the CUDA backend implement them too, for hybrid GPU + CPU expert
-// placement); until then they throw, and an engine that must observe the
-// routing runs on the CPU backend.
+// CUDA graph and replayed. The per-layer Backend steps on host arrays run
+// the same kernels one step at a time (uploading the step's input,
+// downloading its output): the path of an engine that observes the
+// routing. Plain C++ header: callers need no CUDA headers.
 #pragma once
 #include <memory>
 #include <string>
