@@ -141,6 +141,10 @@ class CudaBackend : public Backend {
   void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap);
   void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
   void moe_layer(const DevLayer& L, int T, bool hn_q);
+  // rlogits_ = router(hn_); hn_q: hn_ is also in qx_ in the router's order.
+  void router_logits(const DevLayer& L, int T, bool hn_q);
+  // sh_ = shared down(silu(sg_) * su_).
+  void shared_down(const DevLayer& L, int T);
   // The int8 readers of the norm before layer l's mixer / MoE block.
   bool mixer_quant(int l, bool* nibble) const;
   bool moe_quant(int l, bool* nibble) const;

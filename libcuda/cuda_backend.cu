@@ -344,15 +344,30 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T,
   step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
 
+void CudaBackend::router_logits(const DevLayer& L, int T, bool hn_q) {
+  if (!matmul_float_tiled(L.router, hn_.get(), T, rlogits_.get(), s_.num_experts, router_work_.get(), stream_))
+    matmul(L.router, hn_.get(), T, rlogits_.get(), s_.num_experts, stream_, &qx_, hn_q);
+}
+
+void CudaBackend::shared_down(const DevLayer& L, int T) {
+  const int H = s_.hidden_size, Is = s_.shared_expert_intermediate_size;
+  if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
+    quantize_x(sg_.get(), T, Is, L.sh_down.kind == Kind::kI4, qx_, stream_, su_.get());
+    matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_, /*x_in_q=*/true);
+  } else {
+    silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
+    matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
+  }
+}
+
 void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
-  const int H = s_.hidden_size, E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
+  const int E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
   // A 1-row float shared-expert gate is computed by the routing kernel; in a
   // decode step the shared expert then runs as pair K of the routed ones.
   const bool gate_in_route = L.sh_gate_proj.rows == 1 && !takes_int8_x(L.sh_gate_proj);
   const bool fold = T < kGroupedMinTokens && L.experts.shared_at_E;
   step("router", [&] {
-    if (!matmul_float_tiled(L.router, hn_.get(), T, rlogits_.get(), E, router_work_.get(), stream_))
-      matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_, hn_q);
+    router_logits(L, T, hn_q);
     route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold);
   });
   const DevMatrix& eg = L.experts.table.gate;
@@ -381,15 +396,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
                             routed_.get(), stream_, qx_, hn_in_q);
     if (!grouped) moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
   });
-  step("shared expert", [&] {
-    if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
-      quantize_x(sg_.get(), T, Is, L.sh_down.kind == Kind::kI4, qx_, stream_, su_.get());
-      matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_, /*x_in_q=*/true);
-    } else {
-      silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
-      matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
-    }
-  });
+  step("shared expert", [&] { shared_down(L, T); });
   if (!grouped) step("experts", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
 }
 

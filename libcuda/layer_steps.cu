@@ -75,8 +75,7 @@ void CudaBackend::route(int layer, int T, const float* hn, int* idx, float* w) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok;
   const DevLayer& L = layers_[layer];
   upload(hn_.get(), hn, std::size_t(T) * s_.hidden_size);
-  if (!matmul_float_tiled(L.router, hn_.get(), T, rlogits_.get(), E, router_work_.get(), stream_))
-    matmul(L.router, hn_.get(), T, rlogits_.get(), E, stream_, &qx_);
+  router_logits(L, T, /*hn_q=*/false);
   route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_);
   download(idx, ridx_.get(), std::size_t(T) * K);
   download(w, rw_.get(), std::size_t(T) * K);
@@ -89,13 +88,7 @@ void CudaBackend::shared_expert(int layer, int T, const float* hn, float* out) {
   upload(hn_.get(), hn, std::size_t(T) * H);
   const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
   matmul_many(outs, 3, hn_.get(), T, stream_, &qx_);
-  if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
-    quantize_x(sg_.get(), T, Is, L.sh_down.kind == Kind::kI4, qx_, stream_, su_.get());
-    matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_, /*x_in_q=*/true);
-  } else {
-    silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
-    matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
-  }
+  shared_down(L, T);
   std::vector<float> gate(T);
   download(out, sh_.get(), std::size_t(T) * H);
   download(gate.data(), sgate_.get(), T);
