@@ -73,14 +73,17 @@ __global__ void conv_kernel(const float* qkv, const float* taps, float* state, i
 // in order (deterministic).
 __global__ void __launch_bounds__(128) conv_norm_step_kernel(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk,
                                                              float* out) {
-  griddep_wait();
   __shared__ float warp_ss[4];
   const int c = blockIdx.x * 128 + threadIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
+  // The taps (weights) and the window (this kernel's own output of the
+  // previous token, long complete): read while the kernels this one waits
+  // for still run.
+  ConvRegs tap, win;
+  float last = 0.0f;
+  if (c < cd) last = conv_load_taps(taps, c, K, tap), conv_load_window(state, cd, c, K, win);
+  griddep_wait();
   float v = 0.0f;
   if (c < cd) {
-    ConvRegs tap, win;
-    const float last = conv_load_taps(taps, c, K, tap);
-    conv_load_window(state, cd, c, K, win);
     v = conv_step(tap, win, last, qkv[c], K);
     conv_store_window(state, cd, c, K, win);
   }
@@ -332,8 +335,9 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
     const int i = ii * 8 + p;
     s[ii] = col && i < dk ? Sg[static_cast<long long>(jc) * dk + i] : 0.0f;
   }
+  const float a_log = A_log[h], dt_b = dt_bias[h], nw = threadIdx.x < cols ? norm_w[c0 + threadIdx.x] : 0.0f;  // weights, likewise
   griddep_wait();
-  const float beta = sigmoidf(b[h]), decay = expf(-expf(A_log[h]) * softplusf(a[h] + dt_bias[h]));
+  const float beta = sigmoidf(b[h]), decay = expf(-expf(a_log) * softplusf(a[h] + dt_b));
   const float v = conv_out[2 * kd + h * dv + jc];
 #pragma unroll
   for (int ii = 0; ii < R; ++ii) {
@@ -357,7 +361,7 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
   if (tid >= (cols + 31) / 32 * 32) return;
   float y = 0.0f;
   if (tid < cols) {
-    y = x * r * norm_w[c0 + tid] * siluf(z[h * dv + c0 + tid]);
+    y = x * r * nw * siluf(z[h * dv + c0 + tid]);
     normed[h * dv + c0 + tid] = y;
   }
   if (quant) warp_quantize_block(y, nibble, q, (h * dv + c0) / 32 + tid / 32);  // (cols % 32 == 0 when quant)

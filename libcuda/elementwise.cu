@@ -46,9 +46,17 @@ struct NormArgs {
 // block order (deterministic). A decode step's row then spreads over 8 SMs.
 template <int kPer, bool kCluster>
 __global__ void norm_kernel(NormArgs p) {
-  griddep_wait();
   const int row = kCluster ? blockIdx.y : blockIdx.x;
   const int len = kCluster ? p.n / gridDim.x : p.n, i0 = kCluster ? blockIdx.x * len : 0;
+  // The norm's weights do not depend on the kernels this one waits for:
+  // read while they still run.
+  float wv[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = i0 + threadIdx.x + k * blockDim.x;
+    wv[k] = p.w && i < i0 + len ? p.w[i] : 0.0f;
+  }
+  griddep_wait();
   const long long o = static_cast<long long>(row) * p.n;
   const float g = p.b_gate ? sigmoidf(p.b_gate[row]) : 1.0f;
   float v[kPer];
@@ -75,7 +83,7 @@ __global__ void norm_kernel(NormArgs p) {
   for (int k = 0; k < kPer; ++k) {
     const int i = i0 + threadIdx.x + k * blockDim.x;
     if (i < i0 + len) {
-      v[k] = v[k] * r * (p.plus_one ? 1.0f + p.w[i] : p.w[i]);
+      v[k] = v[k] * r * (p.plus_one ? 1.0f + wv[k] : wv[k]);
       if (p.y) p.y[o + i] = v[k];
     }
   }
