@@ -217,7 +217,8 @@ __global__ void gemv_q_kernel(Batch b, QuantX q) {
       if (r0 + i < o.W.rows) o.y[r0 + i] = out[0][i];
 }
 
-// One token through large matrices (the lm_head's column ranges): a grid
+// One token through large matrices (gemv_stream: 2,048+ rows, every trunk
+// projection and the lm_head's column ranges at the real shapes): a grid
 // of as many blocks as fit on the SMs at once, whose warps stride over the
 // matrices' rows, G x R rows (warp row group wg) at a time: the next
 // group's weights are loaded into registers while this group's are
@@ -227,8 +228,10 @@ __global__ void gemv_q_kernel(Batch b, QuantX q) {
 // previous kernel; x does). Each lane takes blocks sub, sub + L, ... (PB of
 // them) of a row, as group_rows_dot_q does, with its arithmetic in its
 // order. b.first: warp row groups, not blocks.
+constexpr int kStreamWarps = 4;  // per block
+
 template <Kind K, int L, int R, int PB>
-__global__ void __launch_bounds__(128) gemv_q_stream_kernel(Batch b, QuantX q) {
+__global__ void __launch_bounds__(kStreamWarps * 32) gemv_q_stream_kernel(Batch b, QuantX q) {
   constexpr int G = 32 / L;
   const int sub = threadIdx.x & (L - 1), lg = (threadIdx.x & 31) / L, total = b.first[b.n];
   const int stride = gridDim.x * (blockDim.x / 32);
@@ -323,28 +326,26 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, Qua
 // warps, which the small matrices need more than bytes in flight.
 int gemv_rows_for(int rows) { return rows >= 32768 ? 2 : 1; }
 
-// Warps per block of gemv_q_stream_kernel.
-constexpr int kStreamWarps = 4;
-
-// Launches Kernel on min(wanted, as many blocks of `threads` as the device
-// holds at once) blocks.
-template <auto Kernel, typename... Args>
-void launch_resident(int wanted, int threads, cudaStream_t s, Args&&... args) {
-  static const int resident = [&] {
+// Launches Kernel on min(wanted, as many blocks of kThreads as the device
+// holds at once) blocks (counted once per kernel).
+template <auto Kernel, int kThreads, typename... Args>
+void launch_resident(int wanted, cudaStream_t s, Args&&... args) {
+  static const int resident = [] {
     int per_sm = 0, dev = 0, sms = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, 0), "occupancy");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0), "occupancy");
     check(cudaGetDevice(&dev), "cudaGetDevice");
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
     return std::max(1, per_sm) * sms;
   }();
-  launch(Kernel, std::min(resident, wanted), threads, 0, s, std::forward<Args>(args)...);
+  launch(Kernel, std::min(resident, wanted), kThreads, 0, s, std::forward<Args>(args)...);
 }
 
 // Whether a one-token matmul over total_rows rows of W's kind and width
 // takes gemv_q_stream_kernel: from gemv_stream_min_rows() rows, when each
-// lane's share of a row is 1, 2 or 4 blocks of 32 columns.
-bool gemv_stream(const DevMatrix& W, int total_rows) {
-  const int nb = W.cols / 32, L = lanes_per_row(W.cols, tune("COLI_TUNE_GEMV_LANES", 32)), pb = nb / L;
+// lane's share of a row (lanes_per_row(W.cols, max_lanes) lanes) is 1, 2 or
+// 4 blocks of 32 columns.
+bool gemv_stream(const DevMatrix& W, int total_rows, int max_lanes) {
+  const int nb = W.cols / 32, L = lanes_per_row(W.cols, max_lanes), pb = nb / L;
   return total_rows >= gemv_stream_min_rows() && nb % L == 0 && (pb == 1 || pb == 2 || pb == 4);
 }
 
@@ -405,7 +406,7 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
       check(cudaGetLastError(), "matmul_mma launch");
       return;
     }
-    if (gemv && gemv_stream(W, total_rows)) {
+    if (gemv && gemv_stream(W, total_rows, gemv_lanes)) {
       dispatch_lanes(W.cols, [&]<int L>() {
         // b.first in warp row groups of 32 / L x R rows; the grid: as many
         // blocks as are resident at once.
@@ -413,8 +414,8 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
           Batch sb = b;
           for (int i = 0; i < n; ++i) sb.first[i + 1] = sb.first[i] + (outs[i].W.rows + (32 / L) * R - 1) / ((32 / L) * R);
           const int wanted = (sb.first[n] + kStreamWarps - 1) / kStreamWarps;
-          if (W.kind == Kind::kI4) launch_resident<gemv_q_stream_kernel<Kind::kI4, L, R, PB>>(wanted, kStreamWarps * 32, s, sb, *q);
-          else launch_resident<gemv_q_stream_kernel<Kind::kI8, L, R, PB>>(wanted, kStreamWarps * 32, s, sb, *q);
+          if (W.kind == Kind::kI4) launch_resident<gemv_q_stream_kernel<Kind::kI4, L, R, PB>, kStreamWarps * 32>(wanted, s, sb, *q);
+          else launch_resident<gemv_q_stream_kernel<Kind::kI8, L, R, PB>, kStreamWarps * 32>(wanted, s, sb, *q);
         };
         auto pb = [&]<int R>() {
           switch (W.cols / 32 / L) {
