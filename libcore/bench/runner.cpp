@@ -144,6 +144,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               cur.type = "qwen3_5_moe " + std::to_string(cur.model->spec().num_layers) + "L " + format_name(e0.format);
               if (!opt.prompt_file.empty()) {
                 auto tok = Tokenizer::load(model_path);
+                check_tokenizer_matches(*tok, model_path, cur.model->spec().vocab_size, model_path);
                 cur.text_ids = tok->encode(read_text_file(opt.prompt_file));
                 if (cur.text_ids.empty()) throw Error(opt.prompt_file + ": no tokens");
               }
@@ -183,6 +184,10 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
             }
             if (log) std::fprintf(log, "coli-bench: %s %s t=%d ub=%d\n", model_path.c_str(), t.name().c_str(), threads, n_ubatch);
             try {
+              const int max_pos = cur.model->spec().max_position_embeddings;
+              if (max_pos > 0 && int64_t(t.n_depth) + t.n_prompt + t.n_gen > max_pos)
+                throw Error("depth " + std::to_string(t.n_depth) + " + prompt " + std::to_string(t.n_prompt) + " + generation " + std::to_string(t.n_gen) +
+                            " tokens exceed the model's context of " + std::to_string(max_pos) + " (max_position_embeddings)");
               const int V = cur.model->spec().vocab_size;
               std::mt19937_64 rng(opt.seed);
               auto ids = [&](int n) {

@@ -10,7 +10,8 @@
 // Inputs are deterministic random token ids (seeded) or the ids of a text
 // file. A warm-up run precedes the timed repetitions. A configuration that
 // fails (bad model, out of memory, ...) gives records with an "error" field
-// and the run goes on.
+// and the run goes on; so does a test whose depth + prompt + generation
+// exceeds the model's max_position_embeddings.
 #pragma once
 #include <functional>
 #include <memory>

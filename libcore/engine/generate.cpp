@@ -3,17 +3,35 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <numeric>
 
 #include "util/error.h"
 
 namespace coli {
 
-std::vector<float> log_softmax(const std::vector<float>& logits) {
-  const float m = *std::max_element(logits.begin(), logits.end());
+namespace {
+// The log of the softmax's normaliser; NaN or +Inf when a logit is.
+double log_sum_exp(const std::vector<float>& logits) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (float v : logits) m = std::max(m, v);  // a NaN logit is caught by the sum below
   double sum = 0;
   for (float v : logits) sum += std::exp(double(v) - m);
-  const double lse = m + std::log(sum);
+  return m + std::log(sum);
+}
+}  // namespace
+
+std::vector<float> log_softmax(const std::vector<float>& logits, const std::string& step) {
+  if (logits.empty()) throw Error(step + ": no logits");
+  const double lse = log_sum_exp(logits);
+  if (!std::isfinite(lse)) {
+    std::size_t bad = 0;
+    while (bad < logits.size() && (std::isfinite(logits[bad]) || logits[bad] == -std::numeric_limits<float>::infinity())) ++bad;
+    throw Error(step + ": the logits are not finite (" +
+                (bad < logits.size() ? "id " + std::to_string(bad) + " is " + std::to_string(logits[bad]) : std::string("all -inf")) +
+                "): the model's weights or config.json are broken");
+  }
   std::vector<float> out(logits.size());
   for (std::size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<float>(logits[i] - lse);
   return out;
@@ -22,6 +40,10 @@ std::vector<float> log_softmax(const std::vector<float>& logits) {
 GenerateStats generate(Engine& engine, Session& session, std::span<const int> prompt, const GenerateOptions& opt,
                        const std::function<void(const TokenEvent&)>& on_token) {
   if (prompt.empty()) throw Error("the prompt is empty");
+  if (opt.n_ctx > 0 && session.n_past + static_cast<long>(prompt.size()) + 1 > opt.n_ctx)
+    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens" +
+                (session.n_past ? " after " + std::to_string(session.n_past) + " in the conversation" : std::string()) +
+                ": with one generated token that exceeds the context size of " + std::to_string(opt.n_ctx) + " tokens (-c/--ctx-size)");
   using clock = std::chrono::steady_clock;
   GenerateStats st;
   st.n_prompt = static_cast<int>(prompt.size());
@@ -37,8 +59,8 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
 
   for (int i = 0; i < opt.n_predict; ++i) {
     TokenEvent ev;
+    const std::vector<float> lp = log_softmax(logits, i == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(i));
     ev.id = sampler.sample(logits, history);
-    const std::vector<float> lp = log_softmax(logits);
     ev.logprob = lp[ev.id];
     if (opt.top_logprobs > 0) {
       std::vector<int> ids(lp.size());
@@ -52,6 +74,11 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
     ++st.n_generated;
     history.push_back(ev.id);
     if (ev.is_stop || i + 1 == opt.n_predict) break;
+    // session.n_past tokens are in the state and ev.id waits to be fed.
+    if (opt.n_ctx > 0 && session.n_past + 1 >= opt.n_ctx) {
+      st.context_full = true;
+      break;
+    }
     const int tok = ev.id;
     auto t1 = clock::now();
     logits = engine.forward(session, std::span<const int>(&tok, 1));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct GenerateOptions {
   int top_logprobs = 0;  // report this many most likely ids per step
   bool ignore_eos = false;
   std::vector<int> stop_ids;  // in addition to the model's eos ids
+  int n_ctx = 0;              // context size in tokens (session + prompt + generated); 0: no limit
 };
 
 struct TokenEvent {
@@ -37,13 +39,15 @@ struct GenerateStats {
   double prefill_seconds = 0;  // prompt forward pass
   double decode_seconds = 0;   // all later steps
   int n_decode_steps = 0;
+  bool context_full = false;  // generation stopped at n_ctx
   std::vector<int> fed;  // ids fed to the session by this call (prompt + generated but the last)
 };
 
 GenerateStats generate(Engine& engine, Session& session, std::span<const int> prompt, const GenerateOptions& opt,
                        const std::function<void(const TokenEvent&)>& on_token);
 
-// log-softmax of logits (double accumulation).
-std::vector<float> log_softmax(const std::vector<float>& logits);
+// log-softmax of logits (double accumulation). Throws coli::Error naming
+// `step` when a logit is NaN or +Inf (which make the normaliser non-finite).
+std::vector<float> log_softmax(const std::vector<float>& logits, const std::string& step);
 
 }  // namespace coli

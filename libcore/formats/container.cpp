@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "util/error.h"
@@ -162,7 +163,20 @@ ContainerHeader read_container_header(const uint8_t* bytes, std::size_t size, co
   return h;
 }
 
-Container::Container(const std::string& path, std::optional<uint64_t> expect) : path_(path), file_(std::make_unique<MappedFile>(path)) {
+namespace {
+// Opens `path`, saying what it is when it is not a container file.
+std::unique_ptr<MappedFile> open_container_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(path + ": is a directory; expected a coli container file (" +
+                (std::filesystem::exists(std::filesystem::path(path) / "config.json", ec) ? "this is a checkpoint directory: convert it with coli-convert"
+                                                                                          : "made by coli-convert") +
+                ")");
+  return std::make_unique<MappedFile>(path);
+}
+}  // namespace
+
+Container::Container(const std::string& path, std::optional<uint64_t> expect) : path_(path), file_(open_container_file(path)) {
   if (file_->size() == 0) throw Error(path + ": truncated container (0 bytes, no header)");
   const ContainerHeader h = read_container_header(base(), file_->size(), path);
   manifest_ = parse_manifest(std::string_view(reinterpret_cast<const char*>(base()) + h.manifest_offset, h.manifest_bytes), h.manifest_offset, path);

@@ -1,6 +1,9 @@
 #include "model/model_spec.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -35,11 +38,18 @@ struct Reader {
     return v.get<int>();
   }
   int int_or(const char* key, int def) const { return j.contains(key) && !j[key].is_null() ? pos_int(key) : def; }
+  // Finite: JSON has no NaN and the parser refuses literals that overflow.
   double num_or(const char* key, double def) const {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return def;
     if (!it->is_number()) throw err(key, "must be a number");
     return it->get<double>();
+  }
+  // A positive finite float: a scale, a base or an epsilon.
+  double pos_num_or(const char* key, double def) const {
+    const double v = num_or(key, def);
+    if (!(v > 0)) throw err(key, "must be a positive number, not " + j.find(key)->dump());
+    return v;
   }
   bool bool_or(const char* key, bool def) const {
     auto it = j.find(key);
@@ -80,7 +90,9 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
   s.vocab_size = r.pos_int("vocab_size");
   s.hidden_size = r.pos_int("hidden_size");
   s.num_layers = r.pos_int("num_hidden_layers");
-  s.rms_norm_eps = static_cast<float>(r.num_or("rms_norm_eps", 1e-6));
+  s.rms_norm_eps = static_cast<float>(r.pos_num_or("rms_norm_eps", 1e-6));
+  if (!(s.rms_norm_eps > 0)) throw r.err("rms_norm_eps", "underflows float32");
+  s.max_position_embeddings = r.int_or("max_position_embeddings", 0);
   // tie_word_embeddings may sit at the top level of a multimodal config.
   s.tie_word_embeddings = r.bool_or("tie_word_embeddings", Reader{root, path}.bool_or("tie_word_embeddings", false));
   if (r.bool_or("attention_bias", false)) throw r.err("attention_bias", "= true is not supported");
@@ -92,10 +104,10 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
 
   // Rotary embedding: rope_parameters (transformers >= 5) or the older flat keys.
   double factor = r.num_or("partial_rotary_factor", 1.0);
-  s.rope_theta = r.num_or("rope_theta", 10000.0);
+  s.rope_theta = r.pos_num_or("rope_theta", 10000.0);
   if (tc->contains("rope_parameters") && (*tc)["rope_parameters"].is_object()) {
     Reader rp{(*tc)["rope_parameters"], where + ": rope_parameters"};
-    s.rope_theta = rp.num_or("rope_theta", s.rope_theta);
+    s.rope_theta = rp.pos_num_or("rope_theta", s.rope_theta);
     factor = rp.num_or("partial_rotary_factor", factor);
     auto rt = rp.j.find("rope_type");
     if (rt != rp.j.end() && *rt != "default") throw rp.err("rope_type", rt->dump() + " is not supported (only \"default\")");
@@ -149,9 +161,23 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
 }
 
 ModelSpec load_model_spec(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(dir, ec);
+  const char* want = "expected a Hugging Face checkpoint directory (config.json + *.safetensors)";
+  if (!fs::exists(st)) throw Error(dir + ": no such file or directory; " + want);
+  if (fs::is_regular_file(st)) {
+    std::ifstream f(dir, std::ios::binary);
+    char magic[8] = {};
+    f.read(magic, 8);
+    const bool container = f.gcount() == 8 && std::string(magic, 8) == "COLICNT1";
+    throw Error(dir + (container ? ": is a coli container, not a checkpoint directory; " : ": is a file, not a checkpoint directory; ") + want);
+  }
+  if (!fs::is_directory(st)) throw Error(dir + ": is not a directory; " + want);
   const std::string path = dir + "/config.json";
+  if (!fs::exists(path)) throw Error(dir + ": has no config.json; " + want);
   std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open");
+  if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_model_spec(ss.str(), path);

@@ -25,6 +25,7 @@ struct ModelSpec {
   int num_layers = 0;
   std::vector<LayerKind> layer_kinds;
   float rms_norm_eps = 1e-6f;
+  int max_position_embeddings = 0;  // the trained context; 0: config.json does not say
   bool tie_word_embeddings = false;
   std::vector<int> eos_token_ids;
 

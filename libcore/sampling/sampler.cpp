@@ -3,9 +3,26 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <unordered_set>
 
+#include "util/error.h"
+
 namespace coli {
+
+void check_sampling_params(const SamplingParams& p) {
+  auto need = [](bool ok, const char* flag, const char* range, float v) {
+    if (!ok) throw UsageError(std::string(flag) + " must be " + range + ", not " + std::to_string(v));
+  };
+  // Written so that NaN fails every test.
+  need(p.temperature >= 0 && std::isfinite(p.temperature), "--temp", "a finite number >= 0 (0: greedy)", p.temperature);
+  need(p.top_p > 0 && p.top_p <= 1, "--top-p", "in (0, 1]", p.top_p);
+  need(p.min_p >= 0 && p.min_p <= 1, "--min-p", "in [0, 1]", p.min_p);
+  need(p.repeat_penalty > 0 && std::isfinite(p.repeat_penalty), "--repeat-penalty", "a finite number > 0 (1: off)", p.repeat_penalty);
+  need(std::isfinite(p.presence_penalty), "--presence-penalty", "a finite number (0: off)", p.presence_penalty);
+  if (p.top_k < 0) throw UsageError("--top-k must be >= 0 (0: off), not " + std::to_string(p.top_k));
+  if (p.penalty_last_n < -1) throw UsageError("--repeat-last-n must be >= -1 (-1: all), not " + std::to_string(p.penalty_last_n));
+}
 
 std::vector<float> Sampler::penalised(std::span<const float> logits, std::span<const int> history) const {
   std::vector<float> l(logits.begin(), logits.end());

@@ -22,9 +22,16 @@ struct SamplingParams {
   uint64_t seed = 0;
 };
 
+// Throws coli::UsageError naming the coli-run flag of the first parameter
+// out of its range: temperature, penalties and probabilities must be
+// finite numbers (temperature >= 0, top_p in (0, 1], min_p in [0, 1],
+// repeat_penalty > 0), top_k >= 0 and penalty_last_n >= -1.
+void check_sampling_params(const SamplingParams& p);
+
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  // Throws as check_sampling_params for parameters out of range.
+  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { check_sampling_params(p); }
   // history: prompt and generated ids so far (for the penalties).
   int sample(std::span<const float> logits, std::span<const int> history);
   // The probability of each candidate left after the filters, for tests:

@@ -327,4 +327,10 @@ std::optional<int> Tokenizer::find(std::string_view content) const {
   return std::nullopt;
 }
 
+void check_tokenizer_matches(const Tokenizer& tok, const std::string& tokenizer_path, int model_vocab_size, const std::string& model_path) {
+  if (tok.vocab_size() > model_vocab_size)
+    throw Error("the tokenizer " + tokenizer_path + " does not match the model " + model_path + ": it has " + std::to_string(tok.vocab_size()) +
+                " ids, the model's vocabulary " + std::to_string(model_vocab_size) + " (config.json vocab_size)");
+}
+
 }  // namespace coli

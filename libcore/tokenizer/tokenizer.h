@@ -67,4 +67,9 @@ class Tokenizer {
   std::string chat_template_, eos_token_;
 };
 
+// Throws coli::Error when `tok` has ids past the model's vocabulary (the
+// tokenizer of another model), naming both paths and both sizes. Models may
+// pad their vocabulary past the tokenizer's, so fewer ids is fine.
+void check_tokenizer_matches(const Tokenizer& tok, const std::string& tokenizer_path, int model_vocab_size, const std::string& model_path);
+
 }  // namespace coli

@@ -21,6 +21,10 @@ MappedFile::MappedFile(const std::string& path) {
     ::close(fd);
     throw Error(path + ": cannot stat: " + std::strerror(e));
   }
+  if (!S_ISREG(st.st_mode)) {  // mmap of a directory fails with a puzzling "No such device"
+    ::close(fd);
+    throw Error(path + (S_ISDIR(st.st_mode) ? ": is a directory, not a file" : ": is not a regular file"));
+  }
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ > 0) {
     map_ = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);

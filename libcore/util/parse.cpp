@@ -1,7 +1,9 @@
 #include "util/parse.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <thread>
 
 #include "util/error.h"
 
@@ -25,6 +27,14 @@ std::vector<int> parse_id_list(const std::string& s, const std::string& flag) {
     i = j + 1;
   }
   return out;
+}
+
+int check_thread_count(int n, const std::string& flag) {
+  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  if (n < 0) throw UsageError(flag + " must be >= 0 (0: all " + std::to_string(hw) + " hardware threads), not " + std::to_string(n));
+  if (n > 4 * hw)
+    throw UsageError(flag + " " + std::to_string(n) + " is more than 4x the " + std::to_string(hw) + " hardware threads (0: use all of them)");
+  return n;
 }
 
 }  // namespace coli

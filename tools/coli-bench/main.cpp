@@ -104,10 +104,14 @@ int run(int argc, char** argv) {
     }
   o.n_depth = coli::parse_int_list(vm["n-depth"].as<std::string>(), "-d");
   o.threads = coli::parse_int_list(vm["threads"].as<std::string>(), "-t");
+  for (int t : o.threads) coli::check_thread_count(t, "-t");
   o.n_batch = coli::parse_int_list(vm["batch-size"].as<std::string>(), "-b");
   o.n_ubatch = coli::parse_int_list(vm["ubatch-size"].as<std::string>(), "-ub");
   for (int u : o.n_ubatch)
     if (u < 1) throw coli::UsageError("-ub values must be >= 1");
+  const bool any_pp = std::any_of(o.n_prompt.begin(), o.n_prompt.end(), [](int p) { return p > 0; });
+  const bool any_tg = std::any_of(o.n_gen.begin(), o.n_gen.end(), [](int n) { return n > 0; });
+  if (!any_pp && !any_tg && o.prompt_gen.empty()) throw coli::UsageError("nothing to run: every -p and -n is 0 and there is no -pg");
   o.repetitions = vm["repetitions"].as<int>();
   if (o.repetitions < 1) throw coli::UsageError("-r must be >= 1");
   o.seed = vm["seed"].as<uint64_t>();

@@ -2,6 +2,7 @@
 // checkpoints; container checks. Thin: parses flags, calls libcore.
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "convert/convert.h"
@@ -12,6 +13,7 @@
 #include "convert/synth.h"
 #include "formats/container.h"
 #include "util/error.h"
+#include "util/parse.h"
 #include "util/tool_main.h"
 #include "util/progress.h"
 
@@ -81,7 +83,7 @@ int cmd_convert(int argc, char** argv) {
   o.router = fmt(vm, "router", o.router);
   o.lm_head = fmt(vm, "lm-head", o.lm_head);
   o.embed = fmt(vm, "embed", o.embed);
-  o.threads = vm["threads"].as<int>();
+  o.threads = coli::check_thread_count(vm["threads"].as<int>(), "-t/--threads");
   o.overwrite = vm["force"].as<bool>();
   o.verify = !vm["no-verify"].as<bool>();
   o.progress = coli::stderr_is_tty();
@@ -115,7 +117,7 @@ int cmd_synth(int argc, char** argv) {
   o.routing_skew = vm["routing-skew"].as<double>();
   if (o.routing_skew < 0) throw coli::UsageError("--routing-skew must be >= 0");
   if (vm.count("tokenizer")) o.tokenizer_dir = vm["tokenizer"].as<std::string>();
-  o.threads = vm["threads"].as<int>();
+  o.threads = coli::check_thread_count(vm["threads"].as<int>(), "-t/--threads");
   o.overwrite = vm["force"].as<bool>();
   o.progress = coli::stderr_is_tty();
   auto r = coli::write_synthetic_checkpoint(vm["output"].as<std::string>(), o);
@@ -219,6 +221,11 @@ int run(int argc, char** argv) {
     std::cout << kUsage << "\nRun 'coli-convert SUBCOMMAND --help' for the options of each; 'convert' is the default.\n";
     return 0;
   }
+  // Anything else is convert's SRC_DIR (or an option): a word that names
+  // neither a subcommand nor a file is most likely a mistyped subcommand.
+  std::error_code ec;
+  if (cmd[0] != '-' && !std::filesystem::exists(cmd, ec))
+    throw coli::UsageError("'" + cmd + "' is neither a subcommand (convert, synth, verify, info, compare, formats) nor a checkpoint directory");
   return cmd_convert(argc, argv);
 }
 

@@ -20,6 +20,7 @@
 #include "util/tool_main.h"
 #include "util/io.h"
 #include "util/parse.h"
+#include "sampling/sampler.h"
 
 namespace po = boost::program_options;
 
@@ -55,21 +56,25 @@ coli::GenerateOptions generate_options(const Flags& f) {
   s.penalty_last_n = f.get<int>("repeat-last-n");
   s.presence_penalty = f.get<float>("presence-penalty");
   s.seed = f.has("seed") ? f.get<uint64_t>("seed") : std::random_device{}();
-  if (s.temperature < 0) throw coli::UsageError("--temp must be >= 0");
-  if (s.top_p <= 0 || s.top_p > 1) throw coli::UsageError("--top-p must be in (0, 1]");
-  if (s.min_p < 0 || s.min_p > 1) throw coli::UsageError("--min-p must be in [0, 1]");
-  if (s.repeat_penalty <= 0) throw coli::UsageError("--repeat-penalty must be > 0");
+  coli::check_sampling_params(s);
   g.top_logprobs = f.get<int>("top-logprobs");
   if (g.top_logprobs < 0) throw coli::UsageError("--top-logprobs must be >= 0");
   g.ignore_eos = f.get<bool>("ignore-eos");
+  g.n_ctx = f.get<int>("ctx-size");
+  if (g.n_ctx < 0) throw coli::UsageError("--ctx-size must be >= 0 (0: the model's max_position_embeddings)");
   return g;
 }
 
-void print_stats(const char* backend, const coli::GenerateStats& st, uint64_t seed) {
-  std::fprintf(stderr, "coli-run: backend %s, prompt %d tokens, prefill %.1f tok/s, decode %.1f tok/s (%d tokens), seed %llu\n", backend,
-               st.n_prompt, st.n_prompt / std::max(st.prefill_seconds, 1e-9),
-               st.n_decode_steps ? st.n_decode_steps / std::max(st.decode_seconds, 1e-9) : 0.0, st.n_generated,
-               static_cast<unsigned long long>(seed));
+void print_stats(const char* backend, const coli::GenerateStats& st, uint64_t seed, int n_ctx) {
+  if (st.context_full)
+    std::fprintf(stderr, "coli-run: the context is full (%d tokens, -c/--ctx-size): generation stopped after %d tokens\n", n_ctx, st.n_generated);
+  char decode[96];
+  if (st.n_decode_steps)
+    std::snprintf(decode, sizeof decode, "decode %.1f tok/s (%d tokens)", st.n_decode_steps / std::max(st.decode_seconds, 1e-9), st.n_generated);
+  else  // the first token came from the prompt's logits: no decode step to time
+    std::snprintf(decode, sizeof decode, "no decode step (%d token%s)", st.n_generated, st.n_generated == 1 ? "" : "s");
+  std::fprintf(stderr, "coli-run: backend %s, prompt %d tokens, prefill %.1f tok/s, %s, seed %llu\n", backend, st.n_prompt,
+               st.n_prompt / std::max(st.prefill_seconds, 1e-9), decode, static_cast<unsigned long long>(seed));
 }
 
 std::string prompt_text(const Flags& f) {
@@ -141,7 +146,7 @@ int run(int argc, char** argv) {
   po::options_description opts("options");
   opts.add_options()
       ("help,h", "show this help and exit")
-      ("model,m", po::value<std::string>(), "checkpoint directory (config.json + safetensors)")
+      ("model,m", po::value<std::string>(), "checkpoint directory (config.json + safetensors) or coli container")
       ("tokenizer", po::value<std::string>(), "tokenizer.json or its directory (default: the model directory)")
       ("prompt,p", po::value<std::string>(), "prompt text")
       ("prompt-file,f", po::value<std::string>(), "read the prompt text from a file")
@@ -153,13 +158,14 @@ int run(int argc, char** argv) {
       ("think", po::bool_switch(), "chat: enable_thinking = true")
       ("no-think", po::bool_switch(), "chat: enable_thinking = false (an empty think block)")
       ("n-predict,n", po::value<int>()->default_value(256), "maximum number of tokens to generate")
-      ("temp", po::value<float>()->default_value(0.8f), "temperature; 0 = greedy")
+      ("ctx-size,c", po::value<int>()->default_value(0), "context size in tokens: prompt + generated (0: the model's max_position_embeddings)")
+      ("temp", po::value<float>()->default_value(0.8f, "0.8"), "temperature; 0 = greedy")
       ("top-k", po::value<int>()->default_value(40), "top-k sampling (0 = off)")
-      ("top-p", po::value<float>()->default_value(0.95f), "top-p sampling (1 = off)")
-      ("min-p", po::value<float>()->default_value(0.05f), "min-p sampling (0 = off)")
-      ("repeat-penalty", po::value<float>()->default_value(1.0f), "repetition penalty (1 = off)")
+      ("top-p", po::value<float>()->default_value(0.95f, "0.95"), "top-p sampling (1 = off)")
+      ("min-p", po::value<float>()->default_value(0.05f, "0.05"), "min-p sampling (0 = off)")
+      ("repeat-penalty", po::value<float>()->default_value(1.0f, "1"), "repetition penalty (1 = off)")
       ("repeat-last-n", po::value<int>()->default_value(64), "ids the penalties look back over (-1 = all)")
-      ("presence-penalty", po::value<float>()->default_value(0.0f), "presence penalty (0 = off)")
+      ("presence-penalty", po::value<float>()->default_value(0.0f, "0"), "presence penalty (0 = off)")
       ("seed", po::value<uint64_t>(), "sampler seed (default: random, printed in the stats line)")
       ("json", po::bool_switch(), "one JSON object per generated token")
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
@@ -168,6 +174,7 @@ int run(int argc, char** argv) {
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
       ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
+      ("verbose,v", po::bool_switch(), "log to stderr why the GPU is not used, and other details")
       ("tokenize", po::bool_switch(), "print the ids of the text on stdin (or of --messages) and exit")
       ("detokenize", po::bool_switch(), "print the text of the ids on stdin and exit");
   Flags f;
@@ -190,6 +197,7 @@ int run(int argc, char** argv) {
   }
   if (!f.has("model")) throw coli::UsageError("--model is required");
   if (f.get<int>("prefill-chunk") < 1) throw coli::UsageError("--prefill-chunk must be at least 1");
+  coli::check_thread_count(f.get<int>("threads"), "-t/--threads");
   coli::GenerateOptions go = generate_options(f);
   const bool chat = f.has("messages") || f.has("system") || f.get<bool>("chat") || f.get<bool>("interactive");
   if (chat && f.has("prompt-ids")) throw coli::UsageError("--prompt-ids cannot be combined with chat options");
@@ -198,13 +206,21 @@ int run(int argc, char** argv) {
   if (f.has("prompt-ids")) prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
   auto tok = load_tokenizer(f, !f.has("prompt-ids"));
   auto model = coli::Model::load(f.get<std::string>("model"));
+  if (tok) coli::check_tokenizer_matches(*tok, f.has("tokenizer") ? f.get<std::string>("tokenizer") : f.get<std::string>("model"), model->spec().vocab_size,
+                                         f.get<std::string>("model"));
+  const int max_pos = model->spec().max_position_embeddings;
+  if (go.n_ctx == 0) go.n_ctx = max_pos;
+  else if (max_pos > 0 && go.n_ctx > max_pos)
+    std::fprintf(stderr, "coli-run: warning: --ctx-size %d exceeds the model's max_position_embeddings %d\n", go.n_ctx, max_pos);
+  const bool verbose = f.get<bool>("verbose");
   std::string why;
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
   coli::cuda::CudaOptions co;
   co.max_chunk = f.get<int>("prefill-chunk");
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
   if (!backend_ptr) {
-    if (device == "auto" && coli::cuda::compiled_with_cuda()) std::fprintf(stderr, "coli-run: no CUDA device used (%s); running on the CPU\n", why.c_str());
+    if (device == "auto" && coli::cuda::compiled_with_cuda() && verbose)
+      std::fprintf(stderr, "coli-run: no CUDA device used (%s); running on the CPU\n", why.c_str());
     backend_ptr = std::make_unique<coli::cpu::CpuBackend>(*model, coli::cpu::CpuOptions{f.get<int>("threads"), !f.get<bool>("reference")});
   }
   coli::Backend& backend = *backend_ptr;
@@ -222,7 +238,7 @@ int run(int argc, char** argv) {
       if (!f.has("messages")) cs.messages().push_back({"user", prompt_text(f), {}});
       auto st = cs.respond(emit);
       emit("\n");
-      print_stats(backend.name().c_str(), st, go.sampling.seed);
+      print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
       return 0;
     }
     const bool tty = ::isatty(0);
@@ -233,7 +249,7 @@ int run(int argc, char** argv) {
       cs.messages().push_back({"user", line, {}});
       auto st = cs.respond(emit);
       emit("\n");
-      print_stats(backend.name().c_str(), st, go.sampling.seed);
+      print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
     }
     return 0;
   }
@@ -243,7 +259,8 @@ int run(int argc, char** argv) {
     for (int id : coli::tokenizer_stop_ids(*tok)) go.stop_ids.push_back(id);
   }
   const bool ids_out = f.has("prompt-ids");
-  std::unique_ptr<coli::TextStreamer> streamer = tok && !ids_out ? std::make_unique<coli::TextStreamer>(*tok) : nullptr;
+  // With --json every record carries the text when there is a tokenizer, ids in or not.
+  std::unique_ptr<coli::TextStreamer> streamer = tok && (!ids_out || json) ? std::make_unique<coli::TextStreamer>(*tok) : nullptr;
   bool first = true;
   coli::Session session = engine.new_session();
   auto st = coli::generate(engine, session, prompt, go, [&](const coli::TokenEvent& ev) {
@@ -265,7 +282,7 @@ int run(int argc, char** argv) {
   });
   if (streamer && !json) emit(streamer->flush());
   if (!json) emit("\n");
-  print_stats(backend.name().c_str(), st, go.sampling.seed);
+  print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
   return 0;
 }
 
