@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <chrono>
 #include <deque>
@@ -63,6 +64,16 @@ struct Job {
   const std::vector<float>* v = nullptr;  // vector source (f32)
   int64_t r0 = 0, r1 = 0;
 };
+
+// A NaN or Inf weight would quantize to garbage (a NaN absmax poisons a
+// whole row's scale) and only show up as NaN logits at run time: refuse it
+// here, where every value passes through anyway.
+void check_finite(const std::string& tensor, const float* v, int64_t row0, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows * cols; ++i)
+    if (!std::isfinite(v[i]))
+      throw Error("tensor " + tensor + ": non-finite value " + (std::isnan(v[i]) ? "nan" : v[i] > 0 ? "inf" : "-inf") + " at row " +
+                  std::to_string(row0 + i / cols) + ", column " + std::to_string(i % cols));
+}
 
 }  // namespace
 
@@ -152,6 +163,7 @@ ConvertReport convert_checkpoint(const std::string& src, const std::string& out_
     const BlobPart& p = w.blob(j.blob).parts[j.part];
     uint8_t* dst = w.part_data(j.blob, j.part);
     if (j.v) {
+      check_finite(p.name, j.v->data(), 0, 1, static_cast<int64_t>(j.v->size()));
       std::memcpy(dst, j.v->data(), j.v->size() * 4);
       bar.add(p.bytes);
       return;
@@ -159,6 +171,7 @@ ConvertReport convert_checkpoint(const std::string& src, const std::string& out_
     const Matrix& m = *j.m;
     std::vector<float> rows(static_cast<std::size_t>((j.r1 - j.r0) * m.cols));
     for (int64_t r = j.r0; r < j.r1; ++r) m.row_f32(r, rows.data() + (r - j.r0) * m.cols);
+    check_finite(p.name, rows.data(), j.r0, j.r1 - j.r0, m.cols);
     quantize_rows(p.format, rows.data(), j.r0, j.r1 - j.r0, m.rows, m.cols, dst);
     bar.add(p.bytes * (j.r1 - j.r0) / m.rows);
   });
@@ -179,7 +192,9 @@ ConvertReport convert_checkpoint(const std::string& src, const std::string& out_
     text["model_type"] = "qwen3_5_moe_text";
     config = text;
   }
-  w.finish(fp, config, settings, threads);
+  // The size of the file this run wrote: the path may name another file
+  // by the time we look (a --force run of someone else).
+  const uint64_t bytes_out = w.finish(fp, config, settings, threads);
 
   ConvertReport rep;
   rep.out = out;
@@ -201,7 +216,7 @@ ConvertReport convert_checkpoint(const std::string& src, const std::string& out_
     Model::load(out);
     rep.verify_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
-  rep.bytes_out = fs::file_size(out);
+  rep.bytes_out = bytes_out;
   return rep;
 }
 

@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -19,6 +19,7 @@
 #include "util/io.h"
 #include "util/parallel.h"
 #include "util/progress.h"
+#include "util/publish.h"
 
 namespace coli {
 
@@ -110,23 +111,28 @@ std::string safetensors_header(const std::vector<const TensorPlan*>& ts) {
   return s;
 }
 
+// pwrite until done; errors name the file and say why.
+void write_all(int fd, const std::string& path, const void* data, std::size_t n, uint64_t off) {
+  const char* p = static_cast<const char*>(data);
+  while (n) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw Error(path + ": " + std::strerror(errno) + " (writing " + std::to_string(n) + " bytes at " + std::to_string(off) + ")");
+    if (w == 0) throw Error(path + ": short write at " + std::to_string(off));
+    p += w, n -= static_cast<std::size_t>(w), off += static_cast<uint64_t>(w);
+  }
+}
+
 }  // namespace
 
 SynthReport write_synthetic_checkpoint(const std::string& out, const SynthOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   if (o.layers < 1) throw Error("synth: --layers must be at least 1");
   if (o.routing_skew < 0) throw Error("synth: --routing-skew must be >= 0");
-  if (fs::exists(out) && !fs::is_empty(out) && !o.overwrite) throw Error(out + " exists and is not empty; use --force to overwrite it");
-  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  struct Cleanup {
-    std::string dir;
-    bool keep = false;
-    ~Cleanup() {
-      if (!keep) fs::remove_all(dir);
-    }
-  } cleanup{tmp};
+  // DIR.tmp.PID, published at the end without replacing anything but an
+  // empty directory or (with --force) a checkpoint; removed on failure.
+  OutputDir dir(out, o.overwrite);
+  const std::string& tmp = dir.temp_path();
 
   const int H = o.hidden, I = o.moe_inter, SI = o.shared_inter, E = o.experts;
   const int kd = o.lin_k_heads * o.lin_k_dim, vd = o.lin_v_heads * o.lin_v_dim, cd = 2 * kd + vd;
@@ -222,18 +228,29 @@ SynthReport write_synthetic_checkpoint(const std::string& out, const SynthOption
     std::snprintf(b, sizeof b, "model-%05d-of-%05d.safetensors", s + 1, ns);
     return std::string(b);
   };
-  std::vector<int> fds(ns);
+  struct Fds {
+    std::vector<int> v;
+    ~Fds() {
+      for (int fd : v)
+        if (fd >= 0) ::close(fd);
+    }
+  } open_fds{std::vector<int>(ns, -1)};
+  std::vector<int>& fds = open_fds.v;
   std::vector<uint64_t> data_start(ns);
   json weight_map = json::object();
   for (int s = 0; s < ns; ++s) {
     const std::string hdr = safetensors_header(shards[s]);
-    const std::string path = tmp + "/" + shard_name(s);
+    const std::string path = dir.file(shard_name(s));
     fds[s] = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fds[s] < 0) throw Error(path + ": cannot create");
+    if (fds[s] < 0) throw Error(path + ": " + std::strerror(errno) + " (cannot create)");
     std::string head(8, '\0');
     for (int i = 0; i < 8; ++i) head[i] = static_cast<char>(uint64_t(hdr.size()) >> (8 * i));
     head += hdr;
-    if (::pwrite(fds[s], head.data(), head.size(), 0) != static_cast<ssize_t>(head.size())) throw Error(path + ": write failed");
+    uint64_t shard_bytes = head.size();
+    for (const TensorPlan* t : shards[s]) shard_bytes += static_cast<uint64_t>(t->numel()) * 2;
+    // Every byte up front: a full disk fails here, before minutes of work.
+    reserve_space(fds[s], path, shard_bytes);
+    write_all(fds[s], path, head.data(), head.size(), 0);
     data_start[s] = head.size();
     for (const TensorPlan* t : shards[s]) weight_map[t->name] = shard_name(s);
   }
@@ -254,18 +271,15 @@ SynthReport write_synthetic_checkpoint(const std::string& out, const SynthOption
     std::vector<uint16_t> buf(static_cast<std::size_t>(j.n));
     gen.fill(*j.t, j.i0, j.n, buf.data());
     const uint64_t off = data_start[j.t->shard] + j.t->offset + static_cast<uint64_t>(j.i0) * 2;
-    const char* p = reinterpret_cast<const char*>(buf.data());
-    std::size_t left = buf.size() * 2;
-    uint64_t at = off;
-    while (left) {
-      const ssize_t w = ::pwrite(fds[j.t->shard], p, left, static_cast<off_t>(at));
-      if (w <= 0) throw Error(tmp + ": write failed (disk full?)");
-      p += w, left -= static_cast<std::size_t>(w), at += static_cast<uint64_t>(w);
-    }
+    write_all(fds[j.t->shard], tmp + "/" + shard_name(j.t->shard), buf.data(), buf.size() * 2, off);
     bar.add(static_cast<uint64_t>(j.n) * 2);
   });
   bar.finish();
-  for (int fd : fds) ::close(fd);
+  for (int s = 0; s < ns; ++s) {
+    if (::fsync(fds[s]) != 0) throw Error(tmp + "/" + shard_name(s) + ": " + std::strerror(errno) + " (fsync)");
+    ::close(fds[s]);
+    fds[s] = -1;
+  }
 
   json cfg = {
       {"architectures", {"Qwen3_5MoeForCausalLM"}},
@@ -304,20 +318,25 @@ SynthReport write_synthetic_checkpoint(const std::string& out, const SynthOption
       {"coli_synthetic", {{"seed", o.seed}, {"routing_skew", o.routing_skew}, {"note", "random weights for benchmarks; see coli-convert(1)"}}},
   };
   auto write = [&](const std::string& name, const std::string& text) {
-    std::ofstream f(tmp + "/" + name, std::ios::binary);
-    f << text;
-    if (!f) throw Error(tmp + "/" + name + ": write failed");
+    const std::string path = dir.file(name);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(path + ": " + std::strerror(errno) + " (cannot create)");
+    try {
+      write_all(fd, path, text.data(), text.size(), 0);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
   };
   write("config.json", cfg.dump(2) + "\n");
   write("generation_config.json", json{{"bos_token_id", nullptr}, {"eos_token_id", {248046, 248044}}, {"pad_token_id", 248044}}.dump(2) + "\n");
   write("model.safetensors.index.json", json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(1) + "\n");
   if (!o.tokenizer_dir.empty())
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "LICENSE"})
-      if (fs::exists(fs::path(o.tokenizer_dir) / f)) fs::copy_file(fs::path(o.tokenizer_dir) / f, fs::path(tmp) / f);
+      if (fs::exists(fs::path(o.tokenizer_dir) / f)) fs::copy_file(fs::path(o.tokenizer_dir) / f, dir.file(f));
 
-  if (fs::exists(out)) fs::remove_all(out);
-  fs::rename(tmp, out);
-  cleanup.keep = true;
+  dir.publish();
   SynthReport rep;
   rep.bytes = total;
   rep.params = params;

@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "util/error.h"
 #include "util/parallel.h"
@@ -23,15 +22,11 @@ std::size_t part_bytes(const PartSpec& p) {
 }
 }  // namespace
 
-ContainerWriter::ContainerWriter(std::string out_path, bool overwrite) : out_(std::move(out_path)) {
-  if (std::filesystem::exists(out_) && !overwrite) throw Error(out_ + " exists; use --force to overwrite it");
-  tmp_ = out_ + ".tmp." + std::to_string(::getpid());
-}
+ContainerWriter::ContainerWriter(std::string out_path, bool overwrite, bool named_temp)
+    : out_(std::move(out_path)), file_(out_, overwrite, named_temp) {}
 
 ContainerWriter::~ContainerWriter() {
   if (map_) ::munmap(map_, data_end_);
-  if (fd_ >= 0) ::close(fd_);
-  if (!done_) std::filesystem::remove(tmp_);
 }
 
 uint64_t ContainerWriter::place(uint64_t bytes) {
@@ -74,11 +69,11 @@ int ContainerWriter::add_file(const std::string& name, std::string bytes) {
 
 void ContainerWriter::allocate() {
   data_end_ = align_up(data_end_, kBlobAlign);
-  fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(tmp_ + ": cannot create: " + std::strerror(errno));
-  if (::ftruncate(fd_, static_cast<off_t>(data_end_)) != 0) throw Error(tmp_ + ": cannot size to " + std::to_string(data_end_) + " bytes: " + std::strerror(errno));
-  void* p = ::mmap(nullptr, data_end_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (p == MAP_FAILED) throw Error(tmp_ + ": cannot mmap: " + std::strerror(errno));
+  // Stores into a mapping of a sparse file die of SIGBUS when the disk
+  // fills: allocate every byte first, so a full disk is an error here.
+  reserve_space(file_.fd(), out_, data_end_);
+  void* p = ::mmap(nullptr, data_end_, PROT_READ | PROT_WRITE, MAP_SHARED, file_.fd(), 0);
+  if (p == MAP_FAILED) throw Error(out_ + ": cannot mmap: " + std::strerror(errno));
   map_ = static_cast<uint8_t*>(p);
   for (std::size_t i = 0; i < files_.size(); ++i)
     if (m_.blobs[i].kind == "file") std::memcpy(map_ + m_.blobs[i].offset, files_[i].data(), files_[i].size());
@@ -86,20 +81,21 @@ void ContainerWriter::allocate() {
 
 uint8_t* ContainerWriter::part_data(int blob, int part) { return map_ + m_.blobs[blob].parts[part].offset; }
 
-void ContainerWriter::finish(uint64_t fingerprint, const nlohmann::json& config, const nlohmann::json& settings, int threads) {
+uint64_t ContainerWriter::finish(uint64_t fingerprint, const nlohmann::json& config, const nlohmann::json& settings, int threads) {
   parallel_for(m_.blobs.size(), threads, [&](std::size_t i) { m_.blobs[i].xxh64 = XXH64(map_ + m_.blobs[i].offset, m_.blobs[i].bytes, 0); });
   m_.version = kContainerVersion;
   m_.fingerprint = fingerprint;
   m_.config = config;
   m_.settings = settings;
   const std::string manifest = manifest_to_json(m_).dump();
-  if (::munmap(map_, data_end_) != 0) throw Error(tmp_ + ": munmap failed");
+  if (::munmap(map_, data_end_) != 0) throw Error(out_ + ": munmap failed: " + std::strerror(errno));
   map_ = nullptr;
   auto write_at = [&](const void* p, std::size_t n, uint64_t off) {
     const auto* c = static_cast<const uint8_t*>(p);
     while (n) {
-      const ssize_t w = ::pwrite(fd_, c, n, static_cast<off_t>(off));
-      if (w <= 0) throw Error(tmp_ + ": write failed: " + std::strerror(errno));
+      const ssize_t w = ::pwrite(file_.fd(), c, n, static_cast<off_t>(off));
+      if (w < 0) throw Error(out_ + ": " + std::strerror(errno) + " (writing " + std::to_string(n) + " bytes at " + std::to_string(off) + ")");
+      if (w == 0) throw Error(out_ + ": short write at " + std::to_string(off));
       c += w, n -= static_cast<std::size_t>(w), off += static_cast<uint64_t>(w);
     }
   };
@@ -116,11 +112,7 @@ void ContainerWriter::finish(uint64_t fingerprint, const nlohmann::json& config,
   std::vector<uint8_t> head(kContainerHeaderBytes, 0);
   std::memcpy(head.data(), &h, sizeof h);
   write_at(head.data(), head.size(), 0);
-  if (::fsync(fd_) != 0) throw Error(tmp_ + ": fsync failed: " + std::strerror(errno));
-  ::close(fd_);
-  fd_ = -1;
-  std::filesystem::rename(tmp_, out_);
-  done_ = true;
+  return file_.publish();
 }
 
 }  // namespace coli

@@ -1,15 +1,20 @@
 // ContainerWriter: lays out and writes a coli container atomically.
 //
 // Plan every blob first (add_tensor / add_expert / add_file), then
-// allocate() maps a temporary file next to the target; threads fill the
-// parts in place; finish() checksums the blobs, appends the manifest, writes
-// the header, fsyncs and renames over the target. A writer destroyed before
-// finish() removes its temporary file: a failed conversion leaves nothing.
+// allocate() reserves the whole data section on disk and maps it; threads
+// fill the parts in place; finish() checksums the blobs, appends the
+// manifest, writes the header, fsyncs and publishes the file (see
+// util/publish.h: an unnamed temporary linked in at the end, never over an
+// output that appeared meanwhile, and with overwrite only over a regular
+// file). A writer destroyed before finish() leaves nothing behind; a full
+// disk is an error from allocate(), not a SIGBUS while filling.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "formats/container.h"
+#include "util/publish.h"
 
 namespace coli {
 
@@ -21,8 +26,9 @@ struct PartSpec {
 
 class ContainerWriter {
  public:
-  // Throws if out_path exists and !overwrite.
-  ContainerWriter(std::string out_path, bool overwrite);
+  // Throws if out_path exists and !overwrite, or exists and is not a
+  // regular file. named_temp: see OutputFile.
+  ContainerWriter(std::string out_path, bool overwrite, bool named_temp = false);
   ~ContainerWriter();
   ContainerWriter(const ContainerWriter&) = delete;
   ContainerWriter& operator=(const ContainerWriter&) = delete;
@@ -37,18 +43,18 @@ class ContainerWriter {
   std::size_t num_blobs() const { return m_.blobs.size(); }
   uint64_t data_bytes() const { return data_end_; }
 
-  void finish(uint64_t fingerprint, const nlohmann::json& config, const nlohmann::json& settings, int threads);
+  // Returns the size of the file this writer published.
+  uint64_t finish(uint64_t fingerprint, const nlohmann::json& config, const nlohmann::json& settings, int threads);
   const std::string& path() const { return out_; }
 
  private:
   uint64_t place(uint64_t bytes);
-  std::string out_, tmp_;
+  std::string out_;
+  OutputFile file_;
   Manifest m_;
   std::vector<std::string> files_;  // contents of file blobs, by blob index (empty otherwise)
   uint64_t data_end_ = kContainerHeaderBytes;
-  int fd_ = -1;
   uint8_t* map_ = nullptr;
-  bool done_ = false;
 };
 
 }  // namespace coli
