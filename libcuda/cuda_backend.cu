@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cuda_device.h"
+#include "model/layer_tensors.h"
 
 namespace coli::cuda {
 
@@ -35,6 +36,45 @@ Kind kind_of(QuantFormat f, const char* what) {
 bool same_layout(const DevMatrix& a, const DevMatrix& b) {
   return a.kind == b.kind && a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride && a.scale_offset == b.scale_offset &&
          a.scale_row_bytes == b.scale_row_bytes && a.group == b.group && a.asym == b.asym && a.f16_scales == b.f16_scales;
+}
+
+// Bytes a table entry of the model takes on the device, unpadded.
+std::size_t bytes_of(const Model& model, const TensorDesc& t) {
+  return t.form == TensorForm::kVector ? vector_of(model, t).size() * 4 : matrix_of(model, t).bytes();
+}
+
+// Where a layer's non-expert table entries live in DevLayer.
+DevMatrix* dev_matrix(DevLayer& d, const TensorDesc& t) {
+  switch (t.role) {
+    case TensorRole::kQProj: return &d.q_proj;
+    case TensorRole::kKProj: return &d.k_proj;
+    case TensorRole::kVProj: return &d.v_proj;
+    case TensorRole::kOProj: return &d.o_proj;
+    case TensorRole::kInProjQkv: return &d.in_qkv;
+    case TensorRole::kInProjZ: return &d.in_z;
+    case TensorRole::kInProjB: return &d.in_b;
+    case TensorRole::kInProjA: return &d.in_a;
+    case TensorRole::kOutProj: return &d.out_proj;
+    case TensorRole::kRouter: return &d.router;
+    case TensorRole::kSharedGate: return &d.sh_gate;
+    case TensorRole::kSharedUp: return &d.sh_up;
+    case TensorRole::kSharedDown: return &d.sh_down;
+    case TensorRole::kSharedExpertGate: return &d.sh_gate_proj;
+    default: throw Error("CUDA backend: no place for matrix '" + t.name + "' (internal)");
+  }
+}
+const float** dev_vector(DevLayer& d, const TensorDesc& t) {
+  switch (t.role) {
+    case TensorRole::kInputNorm: return &d.input_norm;
+    case TensorRole::kPostNorm: return &d.post_norm;
+    case TensorRole::kQNorm: return &d.q_norm;
+    case TensorRole::kKNorm: return &d.k_norm;
+    case TensorRole::kConv1d: return &d.conv1d;
+    case TensorRole::kDtBias: return &d.dt_bias;
+    case TensorRole::kALog: return &d.A_log;
+    case TensorRole::kLinearNorm: return &d.gdn_norm;
+    default: throw Error("CUDA backend: no place for vector '" + t.name + "' (internal)");
+  }
 }
 
 }  // namespace
@@ -87,25 +127,10 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   profile_ = prof && *prof && std::string(prof) != "0" && !graph_timing_;
   if (profile_) opt_.graphs = false;
   // One allocation for every weight.
-  std::size_t total = WeightArena::padded(model.embed().bytes()) + WeightArena::padded(model.lm_head().bytes()) +
-                      WeightArena::padded(model.final_norm().size() * 4);
-  auto add_m = [&](const Matrix& m) { total += WeightArena::padded(m.bytes()); };
-  auto add_v = [&](const std::vector<float>& v) { total += WeightArena::padded(v.size() * 4); };
-  for (int l = 0; l < s_.num_layers; ++l) {
-    const LayerWeights& lw = model.layer(l);
-    add_v(lw.input_norm), add_v(lw.post_norm);
-    if (lw.kind == LayerKind::kFullAttention) {
-      add_m(lw.attn.q_proj), add_m(lw.attn.k_proj), add_m(lw.attn.v_proj), add_m(lw.attn.o_proj);
-      add_v(lw.attn.q_norm), add_v(lw.attn.k_norm);
-    } else {
-      const DeltaNetWeights& g = lw.gdn;
-      add_m(g.in_proj_qkv), add_m(g.in_proj_z), add_m(g.in_proj_b), add_m(g.in_proj_a), add_m(g.out_proj);
-      add_v(g.conv1d), add_v(g.dt_bias), add_v(g.A_log), add_v(g.norm);
-    }
-    const MoeWeights& moe = lw.moe;
-    add_m(moe.router), add_m(moe.shared.gate), add_m(moe.shared.up), add_m(moe.shared.down), add_m(moe.shared_gate);
-    for (const ExpertWeights& e : moe.experts) add_m(e.gate), add_m(e.up), add_m(e.down);
-  }
+  std::size_t total = 0;
+  for (const TensorDesc& t : model_tensors(s_, true)) total += WeightArena::padded(bytes_of(model, t));  // lm_head even when tied
+  for (int l = 0; l < s_.num_layers; ++l)
+    for (const TensorDesc& t : layer_tensors(s_, l)) total += WeightArena::padded(bytes_of(model, t));
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   if (total + (256u << 20) > free_b)
@@ -123,47 +148,27 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   }
   layers_.resize(s_.num_layers);
   for (int l = 0; l < s_.num_layers; ++l) {
-    const LayerWeights& lw = model.layer(l);
     DevLayer& d = layers_[l];
-    const std::string p = "layer " + std::to_string(l) + " ";
-    d.kind = lw.kind;
-    d.input_norm = put_floats(lw.input_norm);
-    d.post_norm = put_floats(lw.post_norm);
-    if (lw.kind == LayerKind::kFullAttention) {
-      d.q_proj = put_matrix(lw.attn.q_proj, p + "q_proj");
-      d.k_proj = put_matrix(lw.attn.k_proj, p + "k_proj");
-      d.v_proj = put_matrix(lw.attn.v_proj, p + "v_proj");
-      d.o_proj = put_matrix(lw.attn.o_proj, p + "o_proj");
-      d.q_norm = put_floats(lw.attn.q_norm);
-      d.k_norm = put_floats(lw.attn.k_norm);
-    } else {
-      const DeltaNetWeights& g = lw.gdn;
-      d.in_qkv = put_matrix(g.in_proj_qkv, p + "in_proj_qkv");
-      d.in_z = put_matrix(g.in_proj_z, p + "in_proj_z");
-      d.in_b = put_matrix(g.in_proj_b, p + "in_proj_b");
-      d.in_a = put_matrix(g.in_proj_a, p + "in_proj_a");
-      d.out_proj = put_matrix(g.out_proj, p + "out_proj");
-      d.conv1d = put_floats(g.conv1d);
-      d.dt_bias = put_floats(g.dt_bias);
-      d.A_log = put_floats(g.A_log);
-      d.gdn_norm = put_floats(g.norm);
-    }
-    const MoeWeights& moe = lw.moe;
-    d.router = put_matrix(moe.router, p + "router");
-    d.sh_gate = put_matrix(moe.shared.gate, p + "shared_expert.gate_proj");
-    d.sh_up = put_matrix(moe.shared.up, p + "shared_expert.up_proj");
-    d.sh_down = put_matrix(moe.shared.down, p + "shared_expert.down_proj");
-    d.sh_gate_proj = put_matrix(moe.shared_gate, p + "shared_expert_gate");
-    const int E = static_cast<int>(moe.experts.size());
+    d.kind = model.layer(l).kind;
+    const int E = s_.num_experts;
     std::vector<const uint8_t*> gp(E), upp(E), dp(E);
-    for (int e = 0; e < E; ++e) {
-      const ExpertWeights& ew = moe.experts[e];
-      const std::string pe = p + "expert " + std::to_string(e) + " ";
-      const DevMatrix g = put_matrix(ew.gate, pe + "gate"), u = put_matrix(ew.up, pe + "up"), dn = put_matrix(ew.down, pe + "down");
-      if (e == 0) d.experts.table.gate = g, d.experts.table.up = u, d.experts.table.down = dn;
-      else if (g.kind != d.experts.table.gate.kind || u.kind != d.experts.table.up.kind || dn.kind != d.experts.table.down.kind)
-        throw Error("CUDA backend: " + pe + "differs in format from expert 0");
-      gp[e] = g.data, upp[e] = u.data, dp[e] = dn.data;
+    for (const TensorDesc& t : layer_tensors(s_, l)) {
+      if (t.form == TensorForm::kVector) {
+        *dev_vector(d, t) = put_floats(vector_of(model, t));
+        continue;
+      }
+      const DevMatrix m = put_matrix(matrix_of(model, t), t.name);
+      if (t.expert < 0) {
+        *dev_matrix(d, t) = m;
+        continue;
+      }
+      // A routed expert's part: one format for every expert (expert 0's
+      // describes them all), its address in the pointer table.
+      const bool gate = t.role == TensorRole::kExpertGate, up = t.role == TensorRole::kExpertUp;
+      DevMatrix& first = gate ? d.experts.table.gate : up ? d.experts.table.up : d.experts.table.down;
+      if (t.expert == 0) first = m;
+      else if (m.kind != first.kind) throw Error("CUDA backend: " + t.name + " differs in format from expert 0");
+      (gate ? gp : up ? upp : dp)[t.expert] = m.data;
     }
     // The shared expert as entry E when it has the routed experts' layout
     // and a 1-row float gate: a decode step runs it as one more pair.

@@ -11,6 +11,7 @@
 #include "convert/convert.h"
 #include "engine/engine.h"
 #include "formats/container.h"
+#include "model/layer_tensors.h"
 #include "tokenizer/tokenizer.h"
 #include "util/build_info.h"
 #include "util/error.h"
@@ -50,17 +51,12 @@ struct WeightBytes {
       params += double(x.rows) * double(x.cols);
     };
     for (int l = 0; l < s.num_layers; ++l) {
-      const auto& lw = m.layer(l);
-      if (lw.kind == LayerKind::kFullAttention) {
-        for (auto* x : {&lw.attn.q_proj, &lw.attn.k_proj, &lw.attn.v_proj, &lw.attn.o_proj}) add(*x);
-      } else {
-        for (auto* x : {&lw.gdn.in_proj_qkv, &lw.gdn.in_proj_z, &lw.gdn.in_proj_b, &lw.gdn.in_proj_a, &lw.gdn.out_proj}) add(*x);
-      }
-      for (auto* x : {&lw.moe.router, &lw.moe.shared.gate, &lw.moe.shared.up, &lw.moe.shared.down, &lw.moe.shared_gate}) add(*x);
-      experts.emplace_back();
-      for (const auto& e : lw.moe.experts) {
-        experts.back().push_back(double(e.gate.bytes() + e.up.bytes() + e.down.bytes()));
-        params += double(e.gate.rows * e.gate.cols + e.up.rows * e.up.cols + e.down.rows * e.down.cols);
+      experts.emplace_back(s.num_experts, 0.0);
+      for (const TensorDesc& t : layer_tensors(s, l)) {
+        if (t.form != TensorForm::kMatrix) continue;
+        const Matrix& x = matrix_of(m, t);
+        if (t.expert < 0) add(x);
+        else experts.back()[t.expert] += double(x.bytes()), params += double(x.rows * x.cols);
       }
     }
     lm_head = double(m.lm_head().bytes());

@@ -29,6 +29,20 @@ std::string ConvertOptions::settings_string() const {
          " trunk=" + format_name(trunk) + " router=" + format_name(router) + " lm_head=" + format_name(lm_head) + " embed=" + format_name(embed);
 }
 
+QuantFormat ConvertOptions::format_of(TensorClass c) const {
+  switch (c) {
+    case TensorClass::kEmbed: return embed;
+    case TensorClass::kLmHead: return lm_head;
+    case TensorClass::kTrunk: return trunk;
+    case TensorClass::kRouter: return router;
+    case TensorClass::kShared: return shared;
+    case TensorClass::kExperts: return experts;
+    case TensorClass::kDown: return down;
+    case TensorClass::kF32: return QuantFormat::F32;
+  }
+  throw Error("convert: unknown tensor class (internal)");
+}
+
 uint64_t source_fingerprint(const std::string& src, const std::string& settings) {
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
@@ -105,53 +119,27 @@ ConvertReport convert_checkpoint(const std::string& src, const std::string& out_
     bytes_in += v.size() * 4;
   };
 
-  add_matrix("model.embed_tokens.weight", model->embed(), opt.embed);
-  add_vector("model.norm.weight", model->final_norm(), {spec.hidden_size});
-  if (model->lm_head().data != model->embed().data) add_matrix("lm_head.weight", model->lm_head(), opt.lm_head);
-  for (int l = 0; l < spec.num_layers; ++l) {
-    const LayerWeights& lw = model->layer(l);
-    const std::string L = "model.layers." + std::to_string(l) + ".";
-    add_vector(L + "input_layernorm.weight", lw.input_norm, {spec.hidden_size});
-    add_vector(L + "post_attention_layernorm.weight", lw.post_norm, {spec.hidden_size});
-    if (lw.kind == LayerKind::kFullAttention) {
-      add_matrix(L + "self_attn.q_proj.weight", lw.attn.q_proj, opt.trunk);
-      add_matrix(L + "self_attn.k_proj.weight", lw.attn.k_proj, opt.trunk);
-      add_matrix(L + "self_attn.v_proj.weight", lw.attn.v_proj, opt.trunk);
-      add_matrix(L + "self_attn.o_proj.weight", lw.attn.o_proj, opt.trunk);
-      add_vector(L + "self_attn.q_norm.weight", lw.attn.q_norm, {spec.head_dim});
-      add_vector(L + "self_attn.k_norm.weight", lw.attn.k_norm, {spec.head_dim});
-    } else {
-      const auto& g = lw.gdn;
-      add_matrix(L + "linear_attn.in_proj_qkv.weight", g.in_proj_qkv, opt.trunk);
-      add_matrix(L + "linear_attn.in_proj_z.weight", g.in_proj_z, opt.trunk);
-      add_matrix(L + "linear_attn.in_proj_b.weight", g.in_proj_b, opt.trunk);
-      add_matrix(L + "linear_attn.in_proj_a.weight", g.in_proj_a, opt.trunk);
-      add_matrix(L + "linear_attn.out_proj.weight", g.out_proj, opt.trunk);
-      add_vector(L + "linear_attn.conv1d.weight", g.conv1d, {spec.linear_conv_dim(), 1, spec.linear_conv_kernel});
-      add_vector(L + "linear_attn.dt_bias", g.dt_bias, {spec.linear_num_value_heads});
-      add_vector(L + "linear_attn.A_log", g.A_log, {spec.linear_num_value_heads});
-      add_vector(L + "linear_attn.norm.weight", g.norm, {spec.linear_value_head_dim});
+  const std::vector<TensorDesc> tensors = tensors_of(*model);
+  for (std::size_t i = 0; i < tensors.size();) {
+    const TensorDesc& t = tensors[i];
+    if (t.expert < 0) {
+      if (t.form == TensorForm::kVector) add_vector(t.name, vector_of(*model, t), t.shape);
+      else add_matrix(t.name, matrix_of(*model, t), opt.format_of(t.cls));
+      ++i;
+      continue;
     }
-    const MoeWeights& moe = lw.moe;
-    add_matrix(L + "mlp.gate.weight", moe.router, opt.router);
-    add_matrix(L + "mlp.shared_expert.gate_proj.weight", moe.shared.gate, opt.shared);
-    add_matrix(L + "mlp.shared_expert.up_proj.weight", moe.shared.up, opt.shared);
-    add_matrix(L + "mlp.shared_expert.down_proj.weight", moe.shared.down, opt.shared);
-    add_matrix(L + "mlp.shared_expert_gate.weight", moe.shared_gate, QuantFormat::F32);
-    for (int e = 0; e < spec.num_experts; ++e) {
-      const ExpertWeights& ex = moe.experts[e];
-      const std::string X = L + "mlp.experts." + std::to_string(e) + ".";
-      const int b = w.add_expert(l, e, {{X + "gate_proj.weight", opt.experts, {ex.gate.rows, ex.gate.cols}},
-                                        {X + "up_proj.weight", opt.experts, {ex.up.rows, ex.up.cols}},
-                                        {X + "down_proj.weight", opt.down, {ex.down.rows, ex.down.cols}}});
-      keep.push_back(ex.gate);
-      jobs.push_back({b, 0, &keep.back(), nullptr, 0, ex.gate.rows});
-      keep.push_back(ex.up);
-      jobs.push_back({b, 1, &keep.back(), nullptr, 0, ex.up.rows});
-      keep.push_back(ex.down);
-      jobs.push_back({b, 2, &keep.back(), nullptr, 0, ex.down.rows});
-      bytes_in += ex.gate.bytes() + ex.up.bytes() + ex.down.bytes();
+    // One blob per routed expert, its parts in table order.
+    std::size_t end = i;
+    std::vector<PartSpec> parts;
+    for (; end < tensors.size() && tensors[end].layer == t.layer && tensors[end].expert == t.expert; ++end)
+      parts.push_back({tensors[end].name, opt.format_of(tensors[end].cls), tensors[end].shape});
+    const int b = w.add_expert(t.layer, t.expert, parts);
+    for (std::size_t k = i; k < end; ++k) {
+      keep.push_back(matrix_of(*model, tensors[k]));
+      jobs.push_back({b, static_cast<int>(k - i), &keep.back(), nullptr, 0, keep.back().rows});
+      bytes_in += keep.back().bytes();
     }
+    i = end;
   }
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json", "chat_template.jinja"})
     if (fs::exists(fs::path(src) / f)) w.add_file(f, read_text_file((fs::path(src) / f).string()));

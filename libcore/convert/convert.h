@@ -3,7 +3,8 @@
 // The source is bound as a Model first (so every check of the loader
 // applies: layouts, shapes, fp8 block scales), then each tensor is
 // dequantized row by row and quantized to its class's format by a pool of
-// threads writing straight into the mapped output. Tensor classes:
+// threads writing straight into the mapped output, tensor by tensor of the
+// tensor table (model/layer_tensors.h). Tensor classes:
 //   experts   routed experts' gate and up      (default int4-g64)
 //   down      routed experts' down             (default: as experts)
 //   shared    shared expert                    (default: as trunk)
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <string>
 
+#include "model/layer_tensors.h"
 #include "quant/format.h"
 
 namespace coli {
@@ -33,6 +35,8 @@ struct ConvertOptions {
   bool verify = true;
   bool progress = false;
   std::string settings_string() const;
+  // The format tensors of class c are stored in.
+  QuantFormat format_of(TensorClass c) const;
 };
 
 struct ConvertReport {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "model/layer_tensors.h"
 #include "util/error.h"
 #include "util/io.h"
 #include "util/parallel.h"
@@ -135,7 +136,6 @@ SynthReport write_synthetic_checkpoint(const std::string& out, const SynthOption
   const std::string& tmp = dir.temp_path();
 
   const int H = o.hidden, I = o.moe_inter, SI = o.shared_inter, E = o.experts;
-  const int kd = o.lin_k_heads * o.lin_k_dim, vd = o.lin_v_heads * o.lin_v_dim, cd = 2 * kd + vd;
   const bool skew = o.routing_skew > 0;
   // Router columns other than channel 0: keep the token-dependent logits O(1)
   // though channel 0 dominates the norm (see synth.h).
@@ -154,46 +154,56 @@ SynthReport write_synthetic_checkpoint(const std::string& out, const SynthOption
     t.id = plan.size();
     plan.push_back(std::move(t));
   };
-  add("model.embed_tokens.weight", {o.vocab, H}, Init::Embed);
+  // The plan walks the tensor table. Its order numbers each tensor's random
+  // stream, and predates the table: the final norm and lm_head follow the
+  // layers, a DeltaNet's out_proj follows its vectors. Kept, so a seed
+  // still writes the same checkpoint.
+  ModelSpec spec;
+  spec.vocab_size = o.vocab, spec.hidden_size = H, spec.num_layers = o.layers;
+  spec.num_heads = o.heads, spec.num_kv_heads = o.kv_heads, spec.head_dim = o.head_dim;
+  spec.linear_num_key_heads = o.lin_k_heads, spec.linear_num_value_heads = o.lin_v_heads;
+  spec.linear_key_head_dim = o.lin_k_dim, spec.linear_value_head_dim = o.lin_v_dim, spec.linear_conv_kernel = o.conv;
+  spec.num_experts = E, spec.num_experts_per_tok = o.top_k, spec.moe_intermediate_size = I, spec.shared_expert_intermediate_size = SI;
   std::vector<std::string> layer_types;
   for (int l = 0; l < o.layers; ++l) {
-    const std::string L = "model.layers." + std::to_string(l) + ".";
     const bool attn = (l + 1) % 4 == 0;
+    spec.layer_kinds.push_back(attn ? LayerKind::kFullAttention : LayerKind::kLinearAttention);
     layer_types.push_back(attn ? "full_attention" : "linear_attention");
-    add(L + "input_layernorm.weight", {H}, skew ? Init::NormMasked : Init::Zeros);
-    add(L + "post_attention_layernorm.weight", {H}, Init::Zeros);
-    if (attn) {
-      add(L + "self_attn.q_proj.weight", {int64_t(o.heads) * o.head_dim * 2, H}, Init::Normal);
-      add(L + "self_attn.k_proj.weight", {int64_t(o.kv_heads) * o.head_dim, H}, Init::Normal);
-      add(L + "self_attn.v_proj.weight", {int64_t(o.kv_heads) * o.head_dim, H}, Init::Normal);
-      add(L + "self_attn.o_proj.weight", {H, int64_t(o.heads) * o.head_dim}, Init::Normal, 0.02f, 0, l, true);
-      add(L + "self_attn.q_norm.weight", {o.head_dim}, Init::Zeros);
-      add(L + "self_attn.k_norm.weight", {o.head_dim}, Init::Zeros);
-    } else {
-      add(L + "linear_attn.in_proj_qkv.weight", {cd, H}, Init::Normal);
-      add(L + "linear_attn.in_proj_z.weight", {vd, H}, Init::Normal);
-      add(L + "linear_attn.in_proj_b.weight", {o.lin_v_heads, H}, Init::Normal);
-      add(L + "linear_attn.in_proj_a.weight", {o.lin_v_heads, H}, Init::Normal);
-      add(L + "linear_attn.conv1d.weight", {cd, 1, o.conv}, Init::Uniform, -0.5f, 0.5f);
-      add(L + "linear_attn.dt_bias", {o.lin_v_heads}, Init::Ones);
-      add(L + "linear_attn.A_log", {o.lin_v_heads}, Init::ALog, 0.5f, 16.0f);
-      add(L + "linear_attn.norm.weight", {o.lin_v_dim}, Init::Ones);
-      add(L + "linear_attn.out_proj.weight", {H, vd}, Init::Normal, 0.02f, 0, l, true);
-    }
-    add(L + "mlp.gate.weight", {E, H}, Init::Router, router_std, 0, l);
-    add(L + "mlp.shared_expert.gate_proj.weight", {SI, H}, Init::Normal);
-    add(L + "mlp.shared_expert.up_proj.weight", {SI, H}, Init::Normal);
-    add(L + "mlp.shared_expert.down_proj.weight", {H, SI}, Init::Normal, 0.02f, 0, l, true);
-    add(L + "mlp.shared_expert_gate.weight", {1, H}, Init::Normal);
-    for (int e = 0; e < E; ++e) {
-      const std::string X = L + "mlp.experts." + std::to_string(e) + ".";
-      add(X + "gate_proj.weight", {I, H}, Init::Normal);
-      add(X + "up_proj.weight", {I, H}, Init::Normal);
-      add(X + "down_proj.weight", {H, I}, Init::Normal, 0.02f, 0, l, true);
-    }
   }
-  add("model.norm.weight", {H}, skew ? Init::NormMasked : Init::Zeros);
-  add("lm_head.weight", {o.vocab, H}, Init::Normal);
+  // transformers' init of each tensor (and the routing-bias twists, synth.h).
+  auto add_entry = [&](const TensorDesc& t) {
+    switch (t.role) {
+      case TensorRole::kEmbed: return add(t.name, t.shape, Init::Embed);
+      case TensorRole::kFinalNorm:
+      case TensorRole::kInputNorm: return add(t.name, t.shape, skew ? Init::NormMasked : Init::Zeros);
+      case TensorRole::kPostNorm:
+      case TensorRole::kQNorm:
+      case TensorRole::kKNorm: return add(t.name, t.shape, Init::Zeros);
+      case TensorRole::kConv1d: return add(t.name, t.shape, Init::Uniform, -0.5f, 0.5f);
+      case TensorRole::kDtBias:
+      case TensorRole::kLinearNorm: return add(t.name, t.shape, Init::Ones);
+      case TensorRole::kALog: return add(t.name, t.shape, Init::ALog, 0.5f, 16.0f);
+      case TensorRole::kRouter: return add(t.name, t.shape, Init::Router, router_std, 0, t.layer);
+      // Output projections: channel 0 of the residual is never written.
+      case TensorRole::kOProj:
+      case TensorRole::kOutProj:
+      case TensorRole::kSharedDown:
+      case TensorRole::kExpertDown: return add(t.name, t.shape, Init::Normal, 0.02f, 0, t.layer, true);
+      default: return add(t.name, t.shape, Init::Normal);
+    }
+  };
+  const std::vector<TensorDesc> outer = model_tensors(spec, true);
+  for (const TensorDesc& t : outer)
+    if (t.role == TensorRole::kEmbed) add_entry(t);
+  for (int l = 0; l < o.layers; ++l) {
+    std::vector<TensorDesc> ts = layer_tensors(spec, l);
+    const auto is = [](TensorRole r) { return [r](const TensorDesc& t) { return t.role == r; }; };
+    const auto out_proj = std::find_if(ts.begin(), ts.end(), is(TensorRole::kOutProj));
+    if (out_proj != ts.end()) std::rotate(out_proj, out_proj + 1, std::find_if(ts.begin(), ts.end(), is(TensorRole::kRouter)));
+    for (const TensorDesc& t : ts) add_entry(t);
+  }
+  for (const TensorDesc& t : outer)
+    if (t.role != TensorRole::kEmbed) add_entry(t);
 
   // Per-layer expert ranking for the Zipf bias.
   std::vector<std::vector<int>> ranks(o.layers, std::vector<int>(E));

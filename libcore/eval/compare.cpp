@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include "model/layer_tensors.h"
 #include "util/error.h"
 
 namespace coli {
@@ -25,21 +26,8 @@ void add_matrix_error(const Matrix& a, const Matrix& b, double* num, double* den
 
 double weights_rel_rmse(const Model& a, const Model& b) {
   double num = 0, den = 0;
-  add_matrix_error(a.lm_head(), b.lm_head(), &num, &den);
-  for (int l = 0; l < a.spec().num_layers; ++l) {
-    const LayerWeights &x = a.layer(l), &y = b.layer(l);
-    if (x.kind == LayerKind::kFullAttention) {
-      for (auto m : {&AttentionWeights::q_proj, &AttentionWeights::k_proj, &AttentionWeights::v_proj, &AttentionWeights::o_proj})
-        add_matrix_error(x.attn.*m, y.attn.*m, &num, &den);
-    } else {
-      for (auto m : {&DeltaNetWeights::in_proj_qkv, &DeltaNetWeights::in_proj_z, &DeltaNetWeights::in_proj_b, &DeltaNetWeights::in_proj_a,
-                     &DeltaNetWeights::out_proj})
-        add_matrix_error(x.gdn.*m, y.gdn.*m, &num, &den);
-    }
-    for (std::size_t e = 0; e < x.moe.experts.size(); ++e)
-      for (auto m : {&ExpertWeights::gate, &ExpertWeights::up, &ExpertWeights::down}) add_matrix_error(x.moe.experts[e].*m, y.moe.experts[e].*m, &num, &den);
-    for (auto m : {&ExpertWeights::gate, &ExpertWeights::up, &ExpertWeights::down}) add_matrix_error(x.moe.shared.*m, y.moe.shared.*m, &num, &den);
-  }
+  for (const TensorDesc& t : tensors_of(a))
+    if (t.form == TensorForm::kMatrix) add_matrix_error(matrix_of(a, t), matrix_of(b, t), &num, &den);
   return den > 0 ? std::sqrt(num / den) : 0;
 }
 

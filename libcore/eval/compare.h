@@ -20,7 +20,9 @@ struct CompareResult {
 // Runs both engines over `sequences` (logits of every position) and compares;
 // weights_rel_rmse is left 0 (see weights_rel_rmse()).
 CompareResult compare_outputs(Engine& reference, Engine& model, const std::vector<std::vector<int>>& sequences);
-// ||W - W_ref|| / ||W_ref|| over every matrix of two models of one shape.
+// ||W - W_ref|| / ||W_ref|| over every matrix of the tensor table (embed,
+// lm_head unless tied, projections, router, shared expert and its gate,
+// routed experts) of two models of one shape.
 double weights_rel_rmse(const Model& reference, const Model& model);
 
 // Deterministic random token sequences for comparisons.

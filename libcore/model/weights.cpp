@@ -1,10 +1,12 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
 #include "formats/container.h"
 #include "model/checkpoint_source.h"
+#include "model/layer_tensors.h"
 
 #include "util/error.h"
 
@@ -35,6 +37,11 @@ class Binder {
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) {
     const SourceTensor& t = get(name, {rows, cols});
     return Matrix{t.format, t.data, rows, cols, t.aux};
+  }
+  // Binds a matrix or vector entry of the tensor table into its slot.
+  void bind(const TensorDesc& t, TensorSlot slot) {
+    if (slot.matrix) *slot.matrix = matrix(t.name, t.shape.at(0), t.shape.at(1));
+    else *slot.vector = vec(t.name, t.shape);
   }
   std::vector<float> vec(const std::string& name, std::vector<int64_t> shape) {
     const SourceTensor& t = get(name, shape);
@@ -90,68 +97,36 @@ std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<Tensor
   m->source_ = std::move(source);
   const ModelSpec& s = m->spec_;
   Binder b(*m->source_, where);
-  const int64_t H = s.hidden_size, V = s.vocab_size;
-  const std::string P = "model.";
-
-  m->embed_ = b.matrix(P + "embed_tokens.weight", V, H);
-  m->final_norm_ = b.vec(P + "norm.weight", {H});
-  if (b.has("lm_head.weight") || !s.tie_word_embeddings) m->lm_head_ = b.matrix("lm_head.weight", V, H);
-  else m->lm_head_ = m->embed_;
-
+  for (const TensorDesc& t : model_tensors(s, true)) {
+    if (t.role == TensorRole::kLmHead && s.tie_word_embeddings && !b.has(t.name)) {
+      m->outer_.lm_head = m->outer_.embed;
+      continue;
+    }
+    b.bind(t, slot_of(m->outer_, t));
+  }
   for (int i = 0; i < s.num_layers; ++i) {
-    const std::string L = P + "layers." + std::to_string(i) + ".";
     LayerWeights lw;
     lw.kind = s.layer_kinds[i];
-    lw.input_norm = b.vec(L + "input_layernorm.weight", {H});
-    lw.post_norm = b.vec(L + "post_attention_layernorm.weight", {H});
-    if (lw.kind == LayerKind::kFullAttention) {
-      const int64_t hd = s.head_dim, nh = s.num_heads, nkv = s.num_kv_heads;
-      auto& a = lw.attn;
-      a.q_proj = b.matrix(L + "self_attn.q_proj.weight", nh * hd * 2, H);
-      a.k_proj = b.matrix(L + "self_attn.k_proj.weight", nkv * hd, H);
-      a.v_proj = b.matrix(L + "self_attn.v_proj.weight", nkv * hd, H);
-      a.o_proj = b.matrix(L + "self_attn.o_proj.weight", H, nh * hd);
-      a.q_norm = b.vec(L + "self_attn.q_norm.weight", {hd});
-      a.k_norm = b.vec(L + "self_attn.k_norm.weight", {hd});
-    } else {
-      const int64_t kd = s.linear_key_dim(), vd = s.linear_value_dim(), nv = s.linear_num_value_heads;
-      const int64_t cd = s.linear_conv_dim(), K = s.linear_conv_kernel;
-      auto& g = lw.gdn;
-      g.in_proj_qkv = b.matrix(L + "linear_attn.in_proj_qkv.weight", 2 * kd + vd, H);
-      g.in_proj_z = b.matrix(L + "linear_attn.in_proj_z.weight", vd, H);
-      g.in_proj_b = b.matrix(L + "linear_attn.in_proj_b.weight", nv, H);
-      g.in_proj_a = b.matrix(L + "linear_attn.in_proj_a.weight", nv, H);
-      g.out_proj = b.matrix(L + "linear_attn.out_proj.weight", H, vd);
-      g.conv1d = b.vec(L + "linear_attn.conv1d.weight", {cd, 1, K});
-      g.dt_bias = b.vec(L + "linear_attn.dt_bias", {nv});
-      g.A_log = b.vec(L + "linear_attn.A_log", {nv});
-      g.norm = b.vec(L + "linear_attn.norm.weight", {s.linear_value_head_dim});
-    }
-    auto& moe = lw.moe;
-    const int64_t E = s.num_experts, I = s.moe_intermediate_size, SI = s.shared_expert_intermediate_size;
-    moe.router = b.matrix(L + "mlp.gate.weight", E, H);
-    moe.experts.resize(E);
-    if (b.has(L + "mlp.experts.gate_up_proj")) {
-      moe.fused_layout = true;
-      const SourceTensor& gu = b.get(L + "mlp.experts.gate_up_proj", {E, 2 * I, H});
-      const SourceTensor& dn = b.get(L + "mlp.experts.down_proj", {E, H, I});
-      for (int64_t e = 0; e < E; ++e) {
-        moe.experts[e].gate = b.slice(gu, e, 0, I);
-        moe.experts[e].up = b.slice(gu, e, I, I);
-        moe.experts[e].down = b.slice(dn, e, 0, H);
+    lw.moe.experts.resize(s.num_experts);
+    // Routed experts come one tensor per part, or stacked in transformers'
+    // fused layout (recognised by its first stack).
+    std::vector<TensorDesc> ts = layer_tensors(s, i, ExpertLayout::kStacked);
+    const auto stack = std::find_if(ts.begin(), ts.end(), [](const TensorDesc& t) { return t.form == TensorForm::kStack; });
+    lw.moe.fused_layout = stack != ts.end() && b.has(stack->name);
+    if (!lw.moe.fused_layout) ts = layer_tensors(s, i, ExpertLayout::kPerExpert);
+    for (const TensorDesc& t : ts) {
+      if (t.form != TensorForm::kStack) {
+        b.bind(t, slot_of(lw, t));
+        continue;
       }
-    } else {
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string X = L + "mlp.experts." + std::to_string(e) + ".";
-        moe.experts[e].gate = b.matrix(X + "gate_proj.weight", I, H);
-        moe.experts[e].up = b.matrix(X + "up_proj.weight", I, H);
-        moe.experts[e].down = b.matrix(X + "down_proj.weight", H, I);
+      const SourceTensor& st = b.get(t.name, t.shape);
+      const int64_t rows = t.shape[1];
+      for (int64_t e = 0; e < t.shape[0]; ++e) {
+        ExpertWeights& x = lw.moe.experts[e];
+        if (t.role == TensorRole::kExpertsGateUp) x.gate = b.slice(st, e, 0, rows / 2), x.up = b.slice(st, e, rows / 2, rows / 2);
+        else x.down = b.slice(st, e, 0, rows);
       }
     }
-    moe.shared.gate = b.matrix(L + "mlp.shared_expert.gate_proj.weight", SI, H);
-    moe.shared.up = b.matrix(L + "mlp.shared_expert.up_proj.weight", SI, H);
-    moe.shared.down = b.matrix(L + "mlp.shared_expert.down_proj.weight", H, SI);
-    moe.shared_gate = b.matrix(L + "mlp.shared_expert_gate.weight", 1, H);
     m->layers_.push_back(std::move(lw));
   }
   b.check_no_unknown();

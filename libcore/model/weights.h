@@ -1,5 +1,5 @@
 // Model: the weights of a checkpoint or coli container, bound to ModelSpec
-// by tensor name.
+// by tensor name, walking the tensor table (model/layer_tensors.h).
 //
 // Matrices stay in the memory-mapped file in their stored format (bf16,
 // f16, f32, block-scaled fp8 from checkpoints; the quantized formats of
@@ -61,6 +61,13 @@ struct MoeWeights {
   bool fused_layout = false;  // the checkpoint stored gate_up_proj/down_proj 3-D tensors
 };
 
+// The tensors outside the layers.
+struct OuterWeights {
+  Matrix embed;                   // [vocab, hidden]
+  Matrix lm_head;                 // [vocab, hidden]; embed itself when tied
+  std::vector<float> final_norm;  // (1 + w)
+};
+
 struct LayerWeights {
   LayerKind kind = LayerKind::kLinearAttention;
   std::vector<float> input_norm, post_norm;  // (1 + w)
@@ -79,9 +86,10 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   const std::string& dir() const { return dir_; }
-  const Matrix& embed() const { return embed_; }
-  const Matrix& lm_head() const { return lm_head_; }
-  const std::vector<float>& final_norm() const { return final_norm_; }
+  const Matrix& embed() const { return outer_.embed; }
+  const Matrix& lm_head() const { return outer_.lm_head; }
+  const std::vector<float>& final_norm() const { return outer_.final_norm; }
+  const OuterWeights& outer() const { return outer_; }
   const LayerWeights& layer(int i) const { return layers_[i]; }
 
  private:
@@ -89,8 +97,7 @@ class Model {
   std::string dir_;
   ModelSpec spec_;
   std::shared_ptr<TensorSource> source_;
-  Matrix embed_, lm_head_;
-  std::vector<float> final_norm_;
+  OuterWeights outer_;
   std::vector<LayerWeights> layers_;
 };
 

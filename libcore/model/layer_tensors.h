@@ -1,0 +1,93 @@
+// The tensor table of a qwen3_5_moe model: every tensor, in one list.
+//
+// Binding (weights.cpp), conversion, the synthetic checkpoint writer, byte
+// accounting (bench, CUDA upload) and comparison walk this table instead of
+// keeping lists of their own, so a tensor added here reaches all of them (as
+// llama.cpp keeps one tensor list per architecture). An entry gives a
+// tensor's canonical name (a text-only checkpoint's: "model.layers.3.
+// mlp.gate.weight"), its role (what it is, which fixes where Model keeps
+// it), its conversion class and its shape from the ModelSpec.
+//
+// Order, which is also a container's blob order: embed, final norm,
+// lm_head; then per layer its two norms, the mixer's matrices, the mixer's
+// vectors, router, shared expert (gate, up, down, then its 1-row gate) and
+// the routed experts one by one (gate, up, down), or with
+// ExpertLayout::kStacked the two 3-D tensors of transformers' fused layout.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model_spec.h"
+
+namespace coli {
+
+struct Matrix;
+struct LayerWeights;
+struct OuterWeights;
+class Model;
+
+enum class TensorRole {
+  kEmbed, kFinalNorm, kLmHead,
+  kInputNorm, kPostNorm,
+  // gated full attention
+  kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm,
+  // Gated DeltaNet
+  kInProjQkv, kInProjZ, kInProjB, kInProjA, kOutProj, kConv1d, kDtBias, kALog, kLinearNorm,
+  // MoE
+  kRouter, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
+  kExpertGate, kExpertUp, kExpertDown,      // one routed expert's parts
+  kExpertsGateUp, kExpertsDown,             // all experts stacked (fused checkpoints)
+};
+
+// The conversion class: which ConvertOptions format a tensor is stored in.
+enum class TensorClass {
+  kEmbed, kLmHead,
+  kTrunk,    // attention and Gated DeltaNet projections
+  kRouter,
+  kShared,   // the shared expert's gate, up and down
+  kExperts,  // routed experts' gate and up
+  kDown,     // routed experts' down
+  kF32,      // norms, conv taps, A_log, dt_bias, the shared-expert gate: always f32
+};
+const char* tensor_class_name(TensorClass c);
+
+enum class TensorForm {
+  kMatrix,  // 2-D [rows, cols]; Model keeps it in its stored format
+  kVector,  // norms, conv taps, A_log, dt_bias: upcast to f32 at load
+  kStack,   // 3-D [experts, rows, cols] of a fused checkpoint; bound as per-expert slices
+};
+
+enum class ExpertLayout { kPerExpert, kStacked };
+
+struct TensorDesc {
+  TensorRole role;
+  std::string name;  // canonical
+  TensorClass cls;
+  TensorForm form;
+  std::vector<int64_t> shape;
+  int layer = -1;   // -1: outside the layers
+  int expert = -1;  // a routed expert's part: the expert
+};
+
+// embed, final norm and (when own_lm_head: not tied to embed) lm_head.
+std::vector<TensorDesc> model_tensors(const ModelSpec& spec, bool own_lm_head);
+// The tensors of layer `layer` (its kind from spec.layer_kinds).
+std::vector<TensorDesc> layer_tensors(const ModelSpec& spec, int layer, ExpertLayout experts = ExpertLayout::kPerExpert);
+
+// Where a model-level or layer entry lives in weights being bound. Stacked
+// entries have no slot of their own (the binder slices them).
+struct TensorSlot {
+  Matrix* matrix = nullptr;
+  std::vector<float>* vector = nullptr;
+};
+TensorSlot slot_of(OuterWeights& w, const TensorDesc& t);
+TensorSlot slot_of(LayerWeights& w, const TensorDesc& t);
+
+// Every tensor a bound model holds (lm_head only when not tied to embed),
+// model-level first, experts per expert, and each one's storage in it.
+std::vector<TensorDesc> tensors_of(const Model& m);
+const Matrix& matrix_of(const Model& m, const TensorDesc& t);
+const std::vector<float>& vector_of(const Model& m, const TensorDesc& t);
+
+}  // namespace coli
