@@ -222,9 +222,10 @@ int run(int argc, char** argv) {
     return 0;
   }
   // Anything else is convert's SRC_DIR (or an option): a word that names
-  // neither a subcommand nor a file is most likely a mistyped subcommand.
+  // neither a subcommand nor a file, and is not a path, is most likely a
+  // mistyped subcommand.
   std::error_code ec;
-  if (cmd[0] != '-' && !std::filesystem::exists(cmd, ec))
+  if (cmd[0] != '-' && cmd.find('/') == std::string::npos && !std::filesystem::exists(cmd, ec))
     throw coli::UsageError("'" + cmd + "' is neither a subcommand (convert, synth, verify, info, compare, formats) nor a checkpoint directory");
   return cmd_convert(argc, argv);
 }
