@@ -1,8 +1,14 @@
 # coli: top-level build.
 #   make                 libraries, tools, tests (CUDA if nvcc is found)
 #   make test            build and run the GoogleTest suites
+#   make asan            the suite and the tools with ASan+UBSan, CPU-only, in build-asan/
+#   make tsan            the same with TSan, in build-tsan/
+#   make check           test + asan + a bounded fuzz run (the README's test command, CI)
 #   make run             build and run coli-run on the embedded tiny model
 #   make CUDA=0|1|auto   force CUDA off / on, or detect nvcc (default)
+#   make CXXFLAGS=-O1    CXXFLAGS / NVCCFLAGS / LDFLAGS set optimisation, debug and
+#                        extra flags only; the language level, include paths and
+#                        dependency files are always added (COLI_CXXFLAGS)
 #   make install PREFIX=/usr/local
 # Objects and binaries go to $(BUILD) (default build/).
 
@@ -26,14 +32,21 @@ ifeq ($(CUDA_ON),1)
   endif
 endif
 
-INCLUDES  := -Ilibcore -Ilibcpu -Ilibcuda
+# Include paths enforce the layering: libcore sees only itself, each backend
+# sees libcore and itself (never the other backend), the tools and tests see
+# everything. Pattern-specific values below narrow INCLUDES per library.
+INCLUDES  := -Ilibcore -Ilibcpu -Ilibcuda -Itools
 WARN      := -Wall -Wextra -Wshadow -Wno-unused-parameter
+# The user's flags (optimisation, debug, extra warnings) ...
 CXXFLAGS  ?= -O2 -g
-CXXFLAGS  += -std=c++20 $(WARN) $(INCLUDES) -MMD -MP -pthread
 NVCCFLAGS ?= -O2
-NVCCFLAGS += -std=c++20 $(CUDA_ARCH) $(INCLUDES) -MMD -MP -Xcompiler -Wall
+# ... and the build's own, always applied: a command-line CXXFLAGS cannot drop
+# them. SANITIZE is set by `make asan` / `make tsan` (compile and link).
+COLI_CXXFLAGS  = -std=c++20 $(WARN) $(INCLUDES) $(DEFS) $(SANITIZE) -MMD -MP -pthread
+COLI_NVCCFLAGS = -std=c++20 $(CUDA_ARCH) $(INCLUDES) $(DEFS) -MMD -MP -Xcompiler -Wall
+COLI_LDFLAGS   = $(SANITIZE) -pthread
 # Static Boost and CUDA runtime: the binaries run on machines without them.
-LDLIBS    := -Wl,-Bstatic -lboost_program_options -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic -pthread -ldl -lrt
+LDLIBS    := -Wl,-Bstatic -lboost_program_options -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic -ldl -lrt
 ifeq ($(CUDA_ON),1)
   LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static
 endif
@@ -61,7 +74,7 @@ LIBS     := $(CPU_LIB) $(CUDA_LIB) $(CORE_LIB)
 BINS     := $(addprefix $(BUILD)/bin/,$(TOOLS))
 TEST_BIN := $(BUILD)/bin/coli-tests
 
-.PHONY: all libs tools tests test check bench fuzz fuzz-run run install clean
+.PHONY: all libs tools tests test asan tsan check bench fuzz fuzz-run run install clean
 all: tools tests
 libs: $(LIBS)
 tools: $(BINS)
@@ -69,18 +82,25 @@ tests: $(TEST_BIN)
 
 # The commit goes into one object, rebuilt every time.
 BUILD_COMMIT := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
-$(BUILD)/obj/libcore/util/build_info.cpp.o: CXXFLAGS += -DCOLI_BUILD_COMMIT='"$(BUILD_COMMIT)"'
+$(BUILD)/obj/libcore/util/build_info.cpp.o: DEFS := -DCOLI_BUILD_COMMIT='"$(BUILD_COMMIT)"'
 $(BUILD)/obj/libcore/util/build_info.cpp.o: FORCE
 .PHONY: FORCE
 FORCE:
 
+# Each library's objects get only the include paths it may use: a backend
+# header included from libcore, or one backend's from the other, fails to
+# compile.
+$(BUILD)/obj/libcore/%: INCLUDES := -Ilibcore
+$(BUILD)/obj/libcpu/%:  INCLUDES := -Ilibcore -Ilibcpu
+$(BUILD)/obj/libcuda/%: INCLUDES := -Ilibcore -Ilibcuda
+
 $(BUILD)/obj/%.cpp.o: %.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(CXX) $(COLI_CXXFLAGS) $(CXXFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(COLI_NVCCFLAGS) $(NVCCFLAGS) -c $< -o $@
 
 $(CORE_LIB): $(call obj,$(CORE_SRC))
 $(CPU_LIB): $(call obj,$(CPU_SRC))
@@ -97,13 +117,13 @@ $(BUILD)/cuda-$(CUDA_ON).stamp:
 define TOOL_RULE
 $(BUILD)/bin/$(1): $(call obj,$(wildcard tools/$(1)/*.cpp)) $(LIBS)
 	@mkdir -p $$(dir $$@)
-	$$(CXX) $$(CXXFLAGS) -o $$@ $$(filter %.o,$$^) $$(LIBS) $$(LDLIBS)
+	$$(CXX) $$(COLI_LDFLAGS) $$(CXXFLAGS) $$(LDFLAGS) -o $$@ $$(filter %.o,$$^) $$(LIBS) $$(LDLIBS)
 endef
 $(foreach t,$(TOOLS),$(eval $(call TOOL_RULE,$(t))))
 
 $(TEST_BIN): $(call obj,$(TEST_SRC)) $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $(filter %.o,$^) $(LIBS) -Wl,-Bstatic -lgtest -Wl,-Bdynamic $(LDLIBS)
+	$(CXX) $(COLI_LDFLAGS) $(CXXFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBS) -Wl,-Bstatic -lgtest -Wl,-Bdynamic $(LDLIBS)
 
 test: $(TEST_BIN) $(BINS)
 	COLI_BIN_DIR=$(BUILD)/bin $(TEST_BIN)
@@ -112,17 +132,29 @@ test: $(TEST_BIN) $(BINS)
 bench: $(BENCH_BIN)
 $(BENCH_BIN): $(call obj,$(BENCH_SRC)) $(LIBS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $(filter %.o,$^) $(LIBS) -lbenchmark $(LDLIBS)
+	$(CXX) $(COLI_LDFLAGS) $(CXXFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBS) -lbenchmark $(LDLIBS)
 
-# The README's test command: unit and fixture tests, then a bounded fuzz run.
-check: test fuzz-run
+# The suite and the tools, CPU-only, under the sanitizers: each in its own
+# build folder, tests run against the tools built the same way. UBSan's
+# float checks are not in -fsanitize=undefined; every report is fatal.
+SAN_CXXFLAGS ?= -O1 -g
+ASAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow,float-divide-by-zero -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
+asan:
+	+$(MAKE) BUILD=$(BUILD)-asan CUDA=0 CXXFLAGS="$(SAN_CXXFLAGS)" SANITIZE="$(ASAN_FLAGS)" test
+tsan:
+	+$(MAKE) BUILD=$(BUILD)-tsan CUDA=0 CXXFLAGS="$(SAN_CXXFLAGS)" SANITIZE="$(TSAN_FLAGS)" test
+
+# The README's test command: unit and fixture tests, the same under ASan+UBSan,
+# then a bounded fuzz run.
+check: test asan fuzz-run
 
 # libFuzzer targets over the parsers of untrusted files (clang required).
 # libcore is compiled once with the sanitizers, then linked into each target.
 FUZZ_BINS  := $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 FUZZ_CORE  := $(filter-out libcore/engine/%,$(CORE_SRC))
 FUZZ_LIBS  := -Wl,-Bstatic -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic
-FUZZ_FLAGS := -std=c++20 -O1 -g -fno-sanitize-recover=all $(INCLUDES) -MMD -MP
+FUZZ_FLAGS := -std=c++20 -O1 -g -fno-sanitize-recover=all -Ilibcore -MMD -MP
 FUZZ_LIB   := $(BUILD)/fuzz/libcolicore-fuzz.a
 fuzz: $(FUZZ_BINS)
 # Keep the fuzz targets' own objects (make would delete them as intermediates).

@@ -1,8 +1,6 @@
 #include "cpu_features.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 namespace coli::cpu {
 
@@ -20,14 +18,7 @@ CpuLevel detected_level() {
 
 namespace {
 std::atomic<int>& level_var() {
-  static std::atomic<int> v = [] {
-    CpuLevel l = detected_level();
-    if (const char* e = std::getenv("COLI_CPU_LEVEL")) {
-      if (!std::strcmp(e, "scalar")) l = CpuLevel::kScalar;
-      else if (!std::strcmp(e, "avx2") && l >= CpuLevel::kAvx2) l = CpuLevel::kAvx2;
-    }
-    return static_cast<int>(l);
-  }();
+  static std::atomic<int> v = static_cast<int>(detected_level());
   return v;
 }
 }  // namespace

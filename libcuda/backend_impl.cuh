@@ -212,10 +212,10 @@ class CudaBackend : public Backend {
   DeviceArray<int> io_;
   const int* d_pos() const { return io_.get(); }
   const int* d_ids() const { return io_.get() + 1; }
-  // The logits come back in logit_parts_ (at most kMaxLogitParts) column
-  // ranges, each copied (on copy_stream_) while the lm_head computes the
-  // next and waited for on its own event by finish_chunk.
-  static constexpr int kMaxLogitParts = 8, kLogitParts = 4;
+  // The logits come back in logit_parts_ (CudaTuning::logit_parts, at most
+  // kMaxLogitParts) column ranges, each copied (on copy_stream_) while the
+  // lm_head computes the next and waited for on its own event by finish_chunk.
+  static constexpr int kMaxLogitParts = 8;
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t part_ready_[kMaxLogitParts] = {}, part_copied_[kMaxLogitParts] = {};
   int logit_parts_ = 1;

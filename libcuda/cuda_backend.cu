@@ -111,20 +111,17 @@ bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble)
 
 
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
-  const char* skv = std::getenv("COLI_CUDA_SPLIT_KV");
-  split_kv_ = (skv && *skv ? std::string(skv) != "0" : opt_.split_kv) && attention_split_supported(s_.head_dim);
-  const char* gch = std::getenv("COLI_CUDA_GDN_CHUNK");
-  chunked_gdn_ = gch && *gch ? std::string(gch) != "0" : opt_.chunked_gdn;
-  stream_min_rows_ = tune("COLI_TUNE_STREAM_MIN_ROWS", opt_.gemv_stream_min_rows);
-  stream_rows_ = tune("COLI_TUNE_STREAM_ROWS", opt_.gemv_stream_rows);
+  split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
+  chunked_gdn_ = opt_.chunked_gdn;
+  stream_min_rows_ = opt_.gemv_stream_min_rows;
+  stream_rows_ = opt_.gemv_stream_rows;
   if (stream_rows_ < 0 || stream_rows_ > 2) throw UsageError("CUDA backend: gemv_stream_rows must be 0, 1 or 2");
   std::string why;
   if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
   check(cudaSetDevice(opt.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  const char* prof = std::getenv("COLI_CUDA_PROFILE");
-  graph_timing_ = prof && std::string(prof) == "graph";
-  profile_ = prof && *prof && std::string(prof) != "0" && !graph_timing_;
+  graph_timing_ = opt_.profile == CudaProfile::kGraph;
+  profile_ = opt_.profile == CudaProfile::kSteps;
   if (profile_) opt_.graphs = false;
   // One allocation for every weight.
   std::size_t total = 0;
@@ -192,7 +189,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     check(cudaEventCreateWithFlags(&part_ready_[i], cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&part_copied_[i], cudaEventDisableTiming), "cudaEventCreate");
   }
-  const int parts = std::clamp(tune("COLI_TUNE_LOGIT_PARTS", kLogitParts), 1, kMaxLogitParts);
+  const int parts = std::clamp(opt_.tuning.logit_parts, 1, kMaxLogitParts);
   logit_parts_ = s_.vocab_size >= 4096 * parts ? parts : 1;
 }
 
@@ -511,8 +508,9 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
     copy_call_ms_ += ms_d(std::chrono::steady_clock::now() - t_copy).count();
   }
   prof_tokens_ += T;
-  pdl_wanted() = T == 1;  // decode: overlap each kernel's launch with the previous one's tail
+  pdl_wanted() = T == 1 && opt_.pdl;  // decode: overlap each kernel's launch with the previous one's tail
   gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
+  launch_tuning() = opt_.tuning;
   if (T == 1 && opt_.graphs) {
     // A decode step as one graph; captured again when a buffer moved.
     if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || st.graph_gen != buffer_gen_) {

@@ -13,35 +13,52 @@
 #include <memory>
 #include <string>
 
+#include "cuda_tuning.h"
 #include "engine/backend.h"
 #include "model/weights.h"
 #include "util/error.h"
 
 namespace coli::cuda {
 
+// How the backend runs the step kinds (CudaOptions::profile).
+enum class CudaProfile {
+  kOff,
+  // Each kind of step (projections, recurrence, router, experts, ...) timed
+  // with events, graphs off; a table of kernel time on stderr at the end.
+  kSteps,
+  // Graphs on; the device time of a decode step's graph replay and the
+  // host's share of a step on stderr at the end.
+  kGraph,
+};
+
+// Every field is the caller's: the library reads no environment variable.
+// The tools take COLI_* variables into these fields (tools/env_options.h).
 struct CudaOptions {
   int device = 0;
   int max_chunk = 512;   // most tokens per forward_chunk call (engine's prefill chunk)
   bool graphs = true;    // replay decode steps from a captured CUDA graph
+  // Decode steps launch their kernels with Programmatic Dependent Launch
+  // (sm_90+: each kernel starts while the previous one finishes).
+  bool pdl = true;
   // Attention as split-KV online softmax (no T x heads x cache score
   // buffer, decode spread over splits of the cache) for head sizes of 32,
   // 64, 128 or 256; false: the score-buffer kernel (any head size).
-  // COLI_CUDA_SPLIT_KV=0|1 overrides it.
   bool split_kv = true;
   // Gated DeltaNet prompt chunks in the chunked WY form (chunks of 64
   // tokens as dense products) where the head shape allows it; false: token
-  // by token. COLI_CUDA_GDN_CHUNK=0|1 overrides it.
+  // by token.
   bool chunked_gdn = true;
   // One-token int4 / int8 matmuls over at least this many rows (every
   // trunk projection and the lm_head's column ranges at the real shapes)
   // as a grid of resident blocks whose warps stride over the rows, loading
   // the next rows while multiplying these and the first rows before the
   // previous kernel ends; smaller ones as one wave of blocks. The same
-  // arithmetic either way. COLI_TUNE_STREAM_MIN_ROWS overrides it.
+  // arithmetic either way.
   int gemv_stream_min_rows = 2048;
   // Rows per lane group there: 1, 2, or 0 (2 from 32K rows, else 1).
-  // COLI_TUNE_STREAM_ROWS overrides it.
   int gemv_stream_rows = 1;
+  CudaTuning tuning;
+  CudaProfile profile = CudaProfile::kOff;
 };
 
 // Throws coli::Error naming the reason when no device is usable (or the

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -31,7 +30,7 @@ inline int device_cc_major() {
 // launch and block scheduling overlap that kernel's tail); every kernel
 // therefore begins with griddep_wait(), which returns once the previous
 // kernel has completed and its writes are visible, and then lets the next
-// kernel launch. COLI_CUDA_PDL=0 turns it off.
+// kernel launch. CudaOptions::pdl = false turns it off.
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -40,25 +39,16 @@ __device__ __forceinline__ void griddep_wait() {
 }
 
 // Whether launches now ask for PDL: the backend turns it on for decode
-// steps (latency-bound chains of small kernels) and off for prefill, where
-// early-launched blocks would only take SM slots from the running kernel.
+// steps (latency-bound chains of small kernels; unless CudaOptions::pdl is
+// false) and off for prefill, where early-launched blocks would only take
+// SM slots from the running kernel.
 inline bool& pdl_wanted() {
   static bool on = true;
   return on;
 }
 
 inline bool pdl_enabled() {
-  static const bool supported = [] {
-    const char* e = std::getenv("COLI_CUDA_PDL");
-    return !(e && std::string(e) == "0") && device_cc_major() >= 9;
-  }();
-  return supported && pdl_wanted();
-}
-
-// A launch shape's measurement override, env COLI_TUNE_<name> (else def).
-inline int tune(const char* env, int def) {
-  const char* e = std::getenv(env);
-  return e && *e ? std::atoi(e) : def;
+  return device_cc_major() >= 9 && pdl_wanted();
 }
 
 // kernel<<<grid, block, smem, s>>>(args...) with PDL allowed (see above).

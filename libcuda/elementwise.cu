@@ -105,7 +105,7 @@ void launch_norm(const NormArgs& a, int rows, cudaStream_t s) {
   if (a.quant && a.n % 32) throw Error("CUDA: quantized norm of a row of " + std::to_string(a.n) + " (needs a multiple of 32)");
   // Few rows (decode): a cluster of up to 8 blocks per row, 256 values each.
   int nb = 1;
-  static const int max_cluster = tune("COLI_TUNE_NORM_CLUSTER", 8);
+  const int max_cluster = launch_tuning().norm_cluster;
   if (rows <= 16 && clusters_supported())
     for (int c : {8, 4, 2})
       if (c <= max_cluster && a.n % (32 * c) == 0 && a.n / c >= 128 && a.n / c <= 1024) {

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 
+#include "cuda_tuning.h"
 #include "dev_matrix.cuh"
 
 namespace coli::cuda {
@@ -48,6 +49,12 @@ inline int& gemv_stream_min_rows() {
 inline int& gemv_stream_rows() {
   static int rows = 1;
   return rows;
+}
+// The decode kernels' launch shapes (CudaOptions::tuning), set by the
+// backend with the two above.
+inline CudaTuning& launch_tuning() {
+  static CudaTuning t;
+  return t;
 }
 
 // Prompt chunks (T >= kFloatTiledMinTokens) through a float-format matrix

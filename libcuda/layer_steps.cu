@@ -23,6 +23,7 @@ void CudaBackend::begin_layer_step(int T) {
   ensure_buffers(T);
   pdl_wanted() = false;
   gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
+  launch_tuning() = opt_.tuning;
 }
 
 void CudaBackend::upload(float* dst, const float* src, std::size_t n) {

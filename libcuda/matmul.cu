@@ -19,6 +19,7 @@ namespace {
 
 constexpr int kWarps = 8;        // rows per block of 256 threads
 constexpr int kDecodeWarps = 4;  // the same for one token
+static_assert(CudaTuning{}.gemv_warps == kDecodeWarps && CudaTuning{}.float_warps == kDecodeWarps, "CudaTuning's defaults are these");
 // Tensor-core path (mma_tile.cuh): chunks of at least kMmaMinTokens tokens;
 // a block covers kMmaRows rows times kMmaTokens tokens.
 constexpr int kMmaMinTokens = 8, kMmaTokens = 64;
@@ -384,8 +385,8 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
   // One token (decode): blocks of kDecodeWarps warps, so that matrices of a
   // few hundred rows (the router) still spread over many SMs.
-  static const int gemv_warps = tune("COLI_TUNE_GEMV_WARPS", kDecodeWarps), float_warps = tune("COLI_TUNE_FLOAT_WARPS", kDecodeWarps);
-  static const int gemv_lanes = tune("COLI_TUNE_GEMV_LANES", 32);
+  const int gemv_warps = launch_tuning().gemv_warps, float_warps = launch_tuning().float_warps;
+  const int gemv_lanes = launch_tuning().gemv_lanes;
   const int warps = T == 1 ? (int8_x ? gemv_warps : float_warps) : kWarps;
   const bool gemv = int8_x && T == 1;
   int total_rows = 0;

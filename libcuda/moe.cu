@@ -208,6 +208,7 @@ __global__ void down_q_kernel(ExpertTable tab, const int* idx, const float* w, i
 // up), groups of L lanes per kUpRows rows (group_rows_dot_q: the 2 x
 // kUpRows weight rows of a group are in flight together).
 constexpr int kUpRowsDefault = 2;
+static_assert(CudaTuning{}.up_rows == kUpRowsDefault, "CudaTuning's default is this");
 
 template <Kind KG, int L, int kUpRows>
 __global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act) {
@@ -242,6 +243,7 @@ __global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, Quan
 // columns of a down row fill 16 lanes); the weighted sum over k runs in k
 // order as in down_q_kernel.
 constexpr int kDownRowsDefault = 4;
+static_assert(CudaTuning{}.down_rows == kDownRowsDefault, "CudaTuning's default is this");
 
 template <Kind KD, int L, int kDownRows>
 __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
@@ -466,7 +468,7 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
   if (q && takes_int8_x(tab.gate)) {
     if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
-    static const int up_rows = tune("COLI_TUNE_UP_ROWS", kUpRowsDefault);
+    const int up_rows = launch_tuning().up_rows;
     dispatch_lanes(tab.gate.cols, [&]<int L>() {
       auto go = [&]<int kUpRows>() {
         const dim3 rgrid((tab.gate.rows + kWarps * (32 / L) * kUpRows - 1) / (kWarps * (32 / L) * kUpRows), T * K);
@@ -487,7 +489,7 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
   if (q && takes_int8_x(tab.down)) {
     quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
     if (K <= 32) {
-      static const int down_rows = tune("COLI_TUNE_DOWN_ROWS", kDownRowsDefault);
+      const int down_rows = launch_tuning().down_rows;
       dispatch_lanes(tab.down.cols, [&]<int L>() {
         auto go = [&]<int kDownRows>() {
           const int rows = (32 / L) * kDownRows;

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "formats/dtype.h"
 #include "util/error.h"
 
 namespace coli {
@@ -64,29 +63,6 @@ MatrixLayout layout_of(QuantFormat f, int64_t rows, int64_t cols) {
     l.total = l.scale_offset + l.scale_row_bytes * R;
   }
   return l;
-}
-
-uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t sign = (u >> 16) & 0x8000;
-  const int32_t exp = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
-  uint32_t man = u & 0x7fffff;
-  if (((u >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00 | (man ? 0x200 : 0));  // inf / nan
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);
-  if (exp <= 0) {  // subnormal or zero
-    if (exp < -10) return static_cast<uint16_t>(sign);
-    man |= 0x800000;
-    const int shift = 14 - exp;
-    uint32_t half = man >> shift;
-    const uint32_t rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = static_cast<uint32_t>(exp) << 10 | man >> 13;
-  const uint32_t rem = man & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;  // may carry into the exponent: correct
-  return static_cast<uint16_t>(sign | half);
 }
 
 float fp8_e4m3_to_f32(uint8_t v) {
@@ -180,8 +156,14 @@ void dequantize_row(QuantFormat f, const uint8_t* base, int64_t rows, int64_t co
   const FormatInfo& fi = format_info(f);
   switch (f) {
     case QuantFormat::F32: std::memcpy(dst, row, cols * 4); return;
-    case QuantFormat::BF16: to_f32(DType::BF16, row, cols, dst); return;
-    case QuantFormat::F16: to_f32(DType::F16, row, cols, dst); return;
+    case QuantFormat::BF16:
+    case QuantFormat::F16:
+      for (int64_t c = 0; c < cols; ++c) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * c, 2);
+        dst[c] = f == QuantFormat::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      return;
     case QuantFormat::FP8_E4M3_B128: {
       const int64_t bc = (cols + 127) / 128;
       const float* s = aux + (r / 128) * bc;

@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <string>
 
+#include "quant/half.h"
+
 namespace coli {
 
 enum class QuantFormat : uint8_t {
@@ -70,6 +72,5 @@ void quantize_rows(QuantFormat f, const float* src, int64_t row0, int64_t n, int
 void dequantize_row(QuantFormat f, const uint8_t* base, int64_t rows, int64_t cols, int64_t r, float* dst, const float* aux = nullptr);
 
 float fp8_e4m3_to_f32(uint8_t v);
-uint16_t f32_to_f16(float f);  // round to nearest even, saturating to inf
 
 }  // namespace coli

@@ -11,6 +11,7 @@
 #include "bench/runner.h"
 #include "cpu_backend.h"
 #include "cuda_backend.h"
+#include "env_options.h"
 #include "util/error.h"
 #include "util/parse.h"
 #include "util/progress.h"
@@ -124,7 +125,7 @@ int run(int argc, char** argv) {
   const bool fast = !vm["reference"].as<bool>();
   const std::string device = fast ? vm["device"].as<std::string>() : "cpu";
   if (device != "cpu" && device != "cuda" && device != "auto") throw coli::UsageError("--device must be cuda, cpu or auto, not '" + device + "'");
-  coli::cuda::CudaOptions co;
+  coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   co.max_chunk = *std::max_element(o.n_ubatch.begin(), o.n_ubatch.end());
   const int failures = coli::run_bench(
       o,

@@ -8,6 +8,7 @@
 #include "convert/convert.h"
 #include "cpu_backend.h"
 #include "engine/engine.h"
+#include "env_options.h"
 #include "eval/compare.h"
 #include "model/weights.h"
 #include "convert/synth.h"
@@ -209,6 +210,7 @@ int cmd_formats() {
 }
 
 int run(int argc, char** argv) {
+  coli::apply_environment();  // COLI_CPU_LEVEL for compare's CPU backends (env_options.h)
   if (argc < 2) throw coli::UsageError("nothing to do");
   const std::string cmd = argv[1];
   if (cmd == "synth") return cmd_synth(argc - 1, argv + 1);

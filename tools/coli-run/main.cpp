@@ -14,6 +14,7 @@
 #include "engine/chat_session.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "env_options.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -215,7 +216,7 @@ int run(int argc, char** argv) {
   const bool verbose = f.get<bool>("verbose");
   std::string why;
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
-  coli::cuda::CudaOptions co;
+  coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   co.max_chunk = f.get<int>("prefill-chunk");
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
   if (!backend_ptr) {

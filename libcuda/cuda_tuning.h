@@ -1,0 +1,21 @@
+// CudaTuning: the launch shapes of the CUDA backend's decode kernels, a
+// field of CudaOptions. Its own header so that the kernel sources read it
+// without the backend's interface.
+#pragma once
+
+namespace coli::cuda {
+
+// Launch shapes of the decode kernels: for measuring other GPUs. Results
+// change only by float summation order; on the H200 the defaults were the
+// fastest (docs/perf/gpu.md).
+struct CudaTuning {
+  int norm_cluster = 8;  // largest thread block cluster a norm row spreads over (8, 4, 2; 1: none)
+  int gemv_warps = 4;    // warps per block of the one-token int8-activation matmuls
+  int float_warps = 4;   // the same for float-format matrices
+  int gemv_lanes = 32;   // lanes per weight row there (32, 16 or 8)
+  int up_rows = 2;       // rows per lane group of the experts' gate+up (1 or 2)
+  int down_rows = 4;     // the same for their down (2, 4 or 8)
+  int logit_parts = 4;   // column ranges the logits come back in (1 to 8)
+};
+
+}  // namespace coli::cuda
