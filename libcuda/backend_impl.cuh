@@ -7,13 +7,16 @@
 
 #include <chrono>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda_backend.h"
 #include "cuda_util.cuh"
+#include "expert_handoff.cuh"
 #include "kernels.cuh"
+#include "placement/tier_plan.h"
 
 namespace coli::cuda::detail {
 
@@ -70,6 +73,7 @@ struct DevLayer {
 
 // Per-session state on the device.
 struct CudaState : BackendState {
+  std::shared_ptr<DeviceBudget> budget;  // first: outlives the arrays charged to it
   struct Layer {
     DeviceArray<float> k, v;       // attention: [cap, kv_heads * hd]
     DeviceArray<float> conv, S;    // DeltaNet: [K-1, cd], [nv, dk, dv]
@@ -82,8 +86,10 @@ struct CudaState : BackendState {
   cudaGraphExec_t graph = nullptr;
   int graph_cap = -1, graph_rows = -1;
   long graph_gen = -1;
+  uint64_t graph_bytes = 0;  // device memory the graph's instantiation took, charged to budget
   ~CudaState() override {
     if (graph) cudaGraphExecDestroy(graph);
+    if (budget && graph_bytes) budget->credit(graph_bytes);
   }
 };
 
@@ -92,6 +98,7 @@ class CudaBackend : public Backend {
   CudaBackend(const Model& model, const CudaOptions& opt);
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
+  TierStats tier_stats() const override;
   std::unique_ptr<BackendState> new_state() const override;
   bool runs_whole_chunks() const override { return true; }
   void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) override {
@@ -149,8 +156,25 @@ class CudaBackend : public Backend {
   bool mixer_quant(int l, bool* nibble) const;
   bool moe_quant(int l, bool* nibble) const;
 
+  // The expert tier (CudaOptions::vram_budget / expert_slots): which experts
+  // sit in slots_, each layer's resident flags on the device, and the
+  // handoff of the others to the ExpertHost.
+  void build_tier(const Model& model);
+  // Bytes the tier must leave for the KV cache, state, activations and
+  // workspaces of max_chunk tokens at the context size (charged later).
+  std::size_t runtime_reserve() const;
+  int context_tokens() const;  // CudaOptions::n_ctx, or 4096
+
   const ModelSpec& s_;
   CudaOptions opt_;
+  std::shared_ptr<DeviceBudget> budget_;  // declared first among device owners: destroyed after them (sessions share it)
+  bool tiered_ = false;
+  TierPlan plan_;
+  DeviceArray<uint8_t> slots_;                // slot 0: the zero expert; then one slot per resident expert
+  std::vector<DeviceArray<uint8_t>> resident_;  // per layer [E] flags
+  std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
+  std::unique_ptr<ExpertHandoff> handoff_;
+  long long full_layer_pairs_ = 0;            // routed pairs of layers without handoff (counted per chunk)
   cudaStream_t stream_ = nullptr;
   WeightArena arena_;
   DevMatrix embed_, lm_head_;

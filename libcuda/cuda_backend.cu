@@ -77,6 +77,20 @@ const float** dev_vector(DevLayer& d, const TensorDesc& t) {
   }
 }
 
+// The device pointer tables of a layer's experts: entry e -> its gate / up
+// / down bytes (entry E: the shared expert, when it folds in).
+void set_expert_pointers(DevLayer& d, const std::vector<const uint8_t*>& gp, const std::vector<const uint8_t*>& upp,
+                         const std::vector<const uint8_t*>& dp) {
+  const std::size_t np = gp.size();
+  d.experts.gate_ptrs.resize(np), d.experts.up_ptrs.resize(np), d.experts.down_ptrs.resize(np);
+  check(cudaMemcpy(d.experts.gate_ptrs.get(), gp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  check(cudaMemcpy(d.experts.up_ptrs.get(), upp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  check(cudaMemcpy(d.experts.down_ptrs.get(), dp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  d.experts.table.gate_ptrs = d.experts.gate_ptrs.get();
+  d.experts.table.up_ptrs = d.experts.up_ptrs.get();
+  d.experts.table.down_ptrs = d.experts.down_ptrs.get();
+}
+
 }  // namespace
 
 DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what) {
@@ -123,11 +137,16 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   graph_timing_ = opt_.profile == CudaProfile::kGraph;
   profile_ = opt_.profile == CudaProfile::kSteps;
   if (profile_) opt_.graphs = false;
-  // One allocation for every weight.
+  tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
+  budget_ = std::make_shared<DeviceBudget>(opt_.vram_budget);
+  BudgetScope scope(budget_.get(), "the weights outside the routed experts");
+  // One allocation for every weight (in a tiered run: every weight but the
+  // routed experts, which get slots of their own).
   std::size_t total = 0;
   for (const TensorDesc& t : model_tensors(s_, true)) total += WeightArena::padded(bytes_of(model, t));  // lm_head even when tied
   for (int l = 0; l < s_.num_layers; ++l)
-    for (const TensorDesc& t : layer_tensors(s_, l)) total += WeightArena::padded(bytes_of(model, t));
+    for (const TensorDesc& t : layer_tensors(s_, l))
+      if (!tiered_ || t.expert < 0) total += WeightArena::padded(bytes_of(model, t));
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   if (total + (256u << 20) > free_b)
@@ -154,6 +173,14 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
         *dev_vector(d, t) = put_floats(vector_of(model, t));
         continue;
       }
+      if (tiered_ && t.expert >= 0) {  // described here, placed by build_tier
+        const bool gate = t.role == TensorRole::kExpertGate, up = t.role == TensorRole::kExpertUp;
+        DevMatrix& first = gate ? d.experts.table.gate : up ? d.experts.table.up : d.experts.table.down;
+        const DevMatrix m = describe(matrix_of(model, t), nullptr, t.name.c_str());
+        if (t.expert == 0) first = m;
+        else if (m.kind != first.kind) throw Error("CUDA backend: " + t.name + " differs in format from expert 0");
+        continue;
+      }
       const DevMatrix m = put_matrix(matrix_of(model, t), t.name);
       if (t.expert < 0) {
         *dev_matrix(d, t) = m;
@@ -172,16 +199,11 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     const ExpertTable& et = d.experts.table;
     d.experts.shared_at_E = E > 0 && E <= 512 && same_layout(d.sh_gate, et.gate) && same_layout(d.sh_up, et.up) && same_layout(d.sh_down, et.down) &&
                             takes_int8_x(et.gate) && takes_int8_x(et.down) && d.sh_gate_proj.rows == 1 && !takes_int8_x(d.sh_gate_proj);
+    if (tiered_) continue;  // build_tier fills the pointer tables
     if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
-    const std::size_t np = gp.size();
-    d.experts.gate_ptrs.resize(np), d.experts.up_ptrs.resize(np), d.experts.down_ptrs.resize(np);
-    check(cudaMemcpy(d.experts.gate_ptrs.get(), gp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-    check(cudaMemcpy(d.experts.up_ptrs.get(), upp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-    check(cudaMemcpy(d.experts.down_ptrs.get(), dp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-    d.experts.table.gate_ptrs = d.experts.gate_ptrs.get();
-    d.experts.table.up_ptrs = d.experts.up_ptrs.get();
-    d.experts.table.down_ptrs = d.experts.down_ptrs.get();
+    set_expert_pointers(d, gp, upp, dp);
   }
+  if (tiered_) build_tier(model);
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
   io_.resize(std::max(1, opt_.max_chunk) + 1);
   check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -191,6 +213,107 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   }
   const int parts = std::clamp(opt_.tuning.logit_parts, 1, kMaxLogitParts);
   logit_parts_ = s_.vocab_size >= 4096 * parts ? parts : 1;
+}
+
+int CudaBackend::context_tokens() const { return opt_.n_ctx > 0 ? opt_.n_ctx : 4096; }
+
+std::size_t CudaBackend::runtime_reserve() const {
+  const std::size_t n_ctx = context_tokens(), T = std::max(1, opt_.max_chunk);
+  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
+  std::size_t bytes = std::size_t(s_.num_attention_layers()) * n_ctx * kv * 2 * sizeof(float);  // K and V
+  const std::size_t linear = s_.num_layers - s_.num_attention_layers();
+  bytes += linear * (std::size_t(s_.linear_conv_kernel - 1) * s_.linear_conv_dim() +
+                     std::size_t(s_.linear_num_value_heads) * s_.linear_key_head_dim * s_.linear_value_head_dim) * sizeof(float);
+  if (s_.num_attention_layers() > 0) {  // attention scratch at the context size (prepare())
+    int kps = 0;
+    std::size_t scratch = 0;
+    for (std::size_t t : {std::size_t(1), T})
+      scratch = split_kv_ ? std::max(scratch, t * s_.num_heads * (s_.head_dim + 2) * attention_splits(int(t), int(n_ctx), &kps))
+                          : std::max(scratch, t * s_.num_heads * n_ctx);
+    bytes += scratch * sizeof(float);
+  }
+  bytes += std::size_t(s_.vocab_size) * sizeof(float);  // the last row's logits
+  return bytes + (64u << 20);  // decode graphs, the handoff's counters, allocation rounding
+}
+
+void CudaBackend::build_tier(const Model& model) {
+  const int L = s_.num_layers, E = s_.num_experts;
+  {
+    BudgetScope scope(budget_.get(), "the activations of a chunk (--prefill-chunk / -ub)");
+    ensure_buffers(std::max(1, opt_.max_chunk));
+  }
+  // A slot holds one expert's gate, up and down, each 256-byte aligned.
+  const MoeWeights& m0 = model.layer(0).moe;
+  const std::size_t pg = WeightArena::padded(m0.experts[0].gate.bytes()), pu = WeightArena::padded(m0.experts[0].up.bytes()),
+                    pd = WeightArena::padded(m0.experts[0].down.bytes());
+  const std::size_t slot = pg + pu + pd;
+  long long slots = opt_.expert_slots;
+  if (slots < 0) {
+    const uint64_t avail = budget_->available(), reserve = runtime_reserve();
+    slots = avail == UINT64_MAX ? static_cast<long long>(L) * E : avail > reserve + slot ? static_cast<long long>((avail - reserve) / slot) - 1 : 0;
+  }
+  if (!opt_.heat.empty() && opt_.heat.size() != std::size_t(L) * E)
+    throw Error("CUDA backend: the heat has " + std::to_string(opt_.heat.size()) + " counts, the model " + std::to_string(L * E) + " experts");
+  plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
+  if (!plan_.all() && !opt_.expert_host)
+    throw Error("CUDA backend: the expert tier holds " + std::to_string(plan_.count) + " of " + std::to_string(L * E) +
+                " experts and no host computes the others (CudaOptions::expert_host)");
+  {
+    BudgetScope scope(budget_.get(), "the expert slots");
+    slots_.resize(slot * (plan_.count + (plan_.all() ? 0 : 1)));
+  }
+  uint8_t* next = slots_.get();
+  const uint8_t* zero = nullptr;
+  if (!plan_.all()) {  // slot 0: the zero expert every miss reads on the device
+    check(cudaMemset(next, 0, slot), "zero expert");
+    zero = next, next += slot;
+  }
+  resident_.resize(L);
+  layer_full_.assign(L, 0);
+  for (int l = 0; l < L; ++l) {
+    DevLayer& d = layers_[l];
+    const MoeWeights& moe = model.layer(l).moe;
+    std::vector<const uint8_t*> gp(E), upp(E), dp(E);
+    std::vector<uint8_t> flags(E);
+    for (int e = 0; e < E; ++e) {
+      flags[e] = plan_.is_resident(l, e);
+      if (!flags[e]) {
+        gp[e] = zero, upp[e] = zero + pg, dp[e] = zero + pg + pu;
+        continue;
+      }
+      const ExpertWeights& x = moe.experts[e];
+      check(cudaMemcpy(next, x.gate.data, x.gate.bytes(), cudaMemcpyHostToDevice), "upload expert");
+      check(cudaMemcpy(next + pg, x.up.data, x.up.bytes(), cudaMemcpyHostToDevice), "upload expert");
+      check(cudaMemcpy(next + pg + pu, x.down.data, x.down.bytes(), cudaMemcpyHostToDevice), "upload expert");
+      gp[e] = next, upp[e] = next + pg, dp[e] = next + pg + pu;
+      next += slot;
+    }
+    layer_full_[l] = plan_.resident_in_layer(l) == E;
+    {
+      BudgetScope scope(budget_.get(), "the expert tables");
+      resident_[l].resize(E);
+      check(cudaMemcpy(resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
+      if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
+      set_expert_pointers(d, gp, upp, dp);
+    }
+  }
+  if (!plan_.all()) handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E);
+}
+
+TierStats CudaBackend::tier_stats() const {
+  TierStats t;
+  t.tiered = tiered_;
+  t.experts = static_cast<long long>(s_.num_layers) * s_.num_experts;
+  t.resident = tiered_ ? plan_.count : t.experts;
+  t.pairs = full_layer_pairs_;
+  if (handoff_) {
+    const ExpertHandoff::Stats h = handoff_->stats();
+    t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs;
+    t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms;
+  }
+  t.vram_budget = opt_.vram_budget;
+  t.vram_peak = budget_->peak();
+  return t;
 }
 
 void CudaBackend::collect_profile() {
@@ -233,6 +356,8 @@ CudaBackend::~CudaBackend() {
 
 std::unique_ptr<BackendState> CudaBackend::new_state() const {
   auto st = std::make_unique<CudaState>();
+  st->budget = budget_;
+  BudgetScope scope(budget_.get(), "the Gated DeltaNet state");
   st->layers.resize(s_.num_layers);
   for (int l = 0; l < s_.num_layers; ++l) {
     if (s_.layer_kinds[l] != LayerKind::kLinearAttention) continue;
@@ -247,6 +372,7 @@ std::unique_ptr<BackendState> CudaBackend::new_state() const {
 
 void CudaBackend::ensure_buffers(int T) {
   if (T <= buf_T_) return;
+  BudgetScope scope(budget_.get(), "the activations of a chunk (--prefill-chunk / -ub)");
   const std::size_t H = s_.hidden_size, t = T;
   const std::size_t qg = std::size_t(s_.num_heads) * s_.head_dim * 2, cd = s_.linear_conv_dim();
   const std::size_t heads_out = std::max<std::size_t>(std::size_t(s_.num_heads) * s_.head_dim, s_.linear_value_dim());
@@ -275,7 +401,10 @@ void CudaBackend::ensure_buffers(int T) {
 
 void CudaBackend::ensure_cap(CudaState& st, int needed) {
   if (needed <= st.cap) return;
-  const int cap = std::max({needed, 2 * st.cap, 256});
+  // Under a budget the cache is made for the context size at once: its
+  // share was left aside when the tier was filled.
+  const int cap = tiered_ ? std::max(needed + (st.cap ? 1024 : 0), context_tokens()) : std::max({needed, 2 * st.cap, 256});
+  BudgetScope scope(st.budget.get(), "the KV cache (-c/--ctx-size)");
   const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
   for (int l = 0; l < s_.num_layers; ++l) {
     if (s_.layer_kinds[l] != LayerKind::kFullAttention) continue;
@@ -372,12 +501,19 @@ void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
     router_logits(L, T, hn_q);
     route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold);
   });
+  // Hybrid: the misses go to the host now and come back as a partial sum
+  // just before the combine; the device meanwhile computes everything else
+  // (a miss reads the zero expert: exactly 0).
+  const int l = static_cast<int>(&L - layers_.data());
+  const bool handoff = handoff_ && !layer_full_[l];
+  if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident_[l].get(), hn_.get(), stream_); });
   const DevMatrix& eg = L.experts.table.gate;
   if (fold) {
     step("experts", [&] {
       moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q);
       moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_);
     });
+    if (handoff) step("handoff", [&] { handoff_->join(routed_.get(), T, stream_); });
     return;
   }
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn));
@@ -400,6 +536,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
   });
   step("shared expert", [&] { shared_down(L, T); });
   if (!grouped) step("experts", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
+  if (handoff) step("handoff", [&] { handoff_->join(routed_.get(), T, stream_); });
 }
 
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {
@@ -473,6 +610,7 @@ void CudaBackend::prepare(CudaState& st, int T, int pos0) {
   if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
   ensure_buffers(T);
   ensure_cap(st, pos0 + T);
+  BudgetScope scope(budget_.get(), "the attention scratch");
   if (s_.num_attention_layers() > 0 && split_kv_) {
     int kps = 0;
     const std::size_t need = std::size_t(T) * s_.num_heads * (s_.head_dim + 2) * attention_splits(T, st.cap, &kps);
@@ -497,7 +635,10 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
     h_logits_n_ = nlog;
     ++buffer_gen_;  // the decode graph copies into it
   }
-  if (logits_.size() < nlog) logits_.resize(nlog), ++buffer_gen_;
+  if (logits_.size() < nlog) {
+    BudgetScope scope(budget_.get(), "the logits");
+    logits_.resize(nlog), ++buffer_gen_;
+  }
   h_io_[0] = pos0;
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
   const auto t_copy = std::chrono::steady_clock::now();
@@ -508,6 +649,12 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
     copy_call_ms_ += ms_d(std::chrono::steady_clock::now() - t_copy).count();
   }
   prof_tokens_ += T;
+  if (handoff_) handoff_->begin();  // its host thread serves the chunk's posts from now on
+  {
+    long long full = s_.num_layers;
+    if (handoff_) full = std::count(layer_full_.begin(), layer_full_.end(), char{1});
+    full_layer_pairs_ += full * T * s_.num_experts_per_tok;  // the handoff counts the other layers' pairs
+  }
   pdl_wanted() = T == 1 && opt_.pdl;  // decode: overlap each kernel's launch with the previous one's tail
   gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
   launch_tuning() = opt_.tuning;
@@ -527,8 +674,14 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
         throw;
       }
       check(cudaStreamEndCapture(stream_, &g), "end capture");
+      std::size_t free0 = 0, free1 = 0, total_b = 0;
+      cudaMemGetInfo(&free0, &total_b);
       check(cudaGraphInstantiate(&st.graph, g, 0), "graph instantiate");
       cudaGraphDestroy(g);
+      // What instantiation took on the device, charged while the graph lives.
+      cudaMemGetInfo(&free1, &total_b);
+      if (st.budget && st.graph_bytes) st.budget->credit(st.graph_bytes), st.graph_bytes = 0;
+      if (st.budget && free1 < free0) st.budget->charge("the decode graph", free0 - free1), st.graph_bytes = free0 - free1;
       st.graph_cap = st.cap, st.graph_rows = logit_rows, st.graph_gen = buffer_gen_;
     }
     if (graph_timing_ && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);
@@ -562,6 +715,7 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
       std::memcpy(logits + std::size_t(t) * V + r0, h_logits_ + std::size_t(t) * V + r0, (r1 - r0) * sizeof(float));
   }
   check(cudaStreamSynchronize(stream_), "forward");
+  if (handoff_) handoff_->end();  // rethrows a host-side failure of the chunk
   if (profile_) collect_profile();
   if (graph_timing_ && p.T == 1 && opt_.graphs) {
     float ms = 0;

@@ -10,11 +10,14 @@
 // downloading its output): the path of an engine that observes the
 // routing. Plain C++ header: callers need no CUDA headers.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda_tuning.h"
 #include "engine/backend.h"
+#include "engine/expert_host.h"
 #include "model/weights.h"
 #include "util/error.h"
 
@@ -59,6 +62,26 @@ struct CudaOptions {
   int gemv_stream_rows = 1;
   CudaTuning tuning;
   CudaProfile profile = CudaProfile::kOff;
+
+  // The expert tier. With a VRAM budget (bytes; 0: none) every byte the
+  // backend allocates on the device is charged to it (weights, expert
+  // slots, KV cache, recurrent state, activations, workspaces, the decode
+  // graph), and over budget is an error naming what did not fit. The trunk,
+  // router, shared experts, embeddings and lm_head come first, then the KV
+  // cache for n_ctx tokens and the activations of a max_chunk chunk, then as
+  // many expert slots as the rest holds. Without a budget every expert is
+  // resident as before.
+  uint64_t vram_budget = 0;
+  int n_ctx = 0;  // context the KV cache is sized for up front under a budget (0: 4096)
+  // Expert slots: -1 as the budget allows; n >= 0 exactly n (tests, benchmarks).
+  long long expert_slots = -1;
+  // Routing counts [layers * experts] (layer-major) for the initial fill,
+  // hottest first; empty: spread evenly over the layers.
+  std::vector<uint64_t> heat;
+  // Computes the experts the tier does not hold, on the host, while the
+  // device computes the rest (hybrid decode). Required when the tier holds
+  // fewer than all experts; the backend keeps it alive.
+  std::shared_ptr<ExpertHost> expert_host;
 };
 
 // Throws coli::Error naming the reason when no device is usable (or the

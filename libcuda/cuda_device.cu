@@ -59,6 +59,12 @@ std::string describe_device(int i) {
   return buf;
 }
 
+std::size_t device_free_bytes() {
+  std::size_t free_b = 0, total_b = 0;
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  return free_b;
+}
+
 void rms_norm_1p_rows(const float* x, const float* w, int rows, int n, float eps, float* y) {
   std::string why;
   if (device_count(&why) == 0) throw Error("CUDA: no usable device: " + why);

@@ -3,6 +3,7 @@
 // against the CPU reference. Plain C++ header: callers need no CUDA headers.
 // In a build without CUDA every function reports "no device".
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace coli::cuda {
@@ -16,6 +17,11 @@ int device_count(std::string* why = nullptr);
 
 // "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB" for device i.
 std::string describe_device(int i);
+
+// Bytes free on the current device after the work queued on it finishes
+// (cudaDeviceSynchronize, then cudaMemGetInfo): what tests and benchmarks
+// hold a --vram-budget against. 0 without a device.
+std::size_t device_free_bytes();
 
 // y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (1 + w) on device 0,
 // host pointers in and out. Throws coli::Error if no device is usable.

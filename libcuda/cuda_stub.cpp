@@ -15,6 +15,8 @@ int device_count(std::string* why) {
 
 std::string describe_device(int) { return "none (built without CUDA)"; }
 
+std::size_t device_free_bytes() { return 0; }
+
 void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {
   throw Error("CUDA: no usable device: built without CUDA");
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "placement/device_budget.h"
 #include "util/error.h"
 
 namespace coli::cuda {
@@ -78,7 +79,45 @@ void launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), "kernel launch");
 }
 
-// A device array of n T; moves, frees on destruction.
+// The ledger device allocations on this thread are charged to, and what
+// they are for (named when one does not fit): set by a BudgetScope around a
+// backend's work. Without a scope nothing is charged.
+struct BudgetTarget {
+  DeviceBudget* budget = nullptr;
+  const char* what = "device memory";
+};
+inline BudgetTarget& budget_target() {
+  thread_local BudgetTarget t;
+  return t;
+}
+class BudgetScope {
+ public:
+  BudgetScope(DeviceBudget* b, const char* what) : saved_(budget_target()) { budget_target() = {b, what}; }
+  ~BudgetScope() { budget_target() = saved_; }
+  BudgetScope(const BudgetScope&) = delete;
+  BudgetScope& operator=(const BudgetScope&) = delete;
+
+ private:
+  BudgetTarget saved_;
+};
+
+// cudaMalloc charged to the current BudgetTarget (nothing allocated when the
+// charge throws); *charged_to says whom to credit at cudaFree.
+inline void* budgeted_malloc(std::size_t bytes, DeviceBudget** charged_to) {
+  const BudgetTarget t = budget_target();
+  if (t.budget) t.budget->charge(t.what, bytes);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    if (t.budget) t.budget->credit(bytes);
+    check(e, (std::string("cudaMalloc of ") + format_bytes(bytes) + " for " + t.what).c_str());
+  }
+  *charged_to = t.budget;
+  return p;
+}
+
+// A device array of n T; moves, frees on destruction. Its bytes are charged
+// to the BudgetTarget current when it was sized.
 template <typename T>
 class DeviceArray {
  public:
@@ -86,12 +125,12 @@ class DeviceArray {
   explicit DeviceArray(std::size_t n) { resize(n); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_), budget_(o.budget_) { o.p_ = nullptr, o.n_ = 0, o.budget_ = nullptr; }
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     if (this != &o) {
       release();
-      p_ = o.p_, n_ = o.n_;
-      o.p_ = nullptr, o.n_ = 0;
+      p_ = o.p_, n_ = o.n_, budget_ = o.budget_;
+      o.p_ = nullptr, o.n_ = 0, o.budget_ = nullptr;
     }
     return *this;
   }
@@ -100,7 +139,7 @@ class DeviceArray {
   void resize(std::size_t n) {
     if (n == n_) return;
     release();
-    if (n) check(cudaMalloc(&p_, n * sizeof(T)), "cudaMalloc");
+    if (n) p_ = static_cast<T*>(budgeted_malloc(n * sizeof(T), &budget_));
     n_ = n;
   }
   T* get() const { return p_; }
@@ -108,11 +147,15 @@ class DeviceArray {
 
  private:
   void release() {
-    if (p_) cudaFree(p_);
-    p_ = nullptr, n_ = 0;
+    if (p_) {
+      cudaFree(p_);
+      if (budget_) budget_->credit(n_ * sizeof(T));
+    }
+    p_ = nullptr, n_ = 0, budget_ = nullptr;
   }
   T* p_ = nullptr;
   std::size_t n_ = 0;
+  DeviceBudget* budget_ = nullptr;
 };
 
 }  // namespace coli::cuda

@@ -141,6 +141,17 @@ void CudaBackend::routed_experts(int layer, const ExpertPair* pairs, int n, cons
       for (int h = 0; h < H; ++h) o[h] += yi[h];
     }
   }
+  // Hybrid: the device gave 0 for experts outside the tier; the host adds them.
+  if (handoff_ && !layer_full_[layer]) {
+    std::vector<ExpertPair> misses;
+    for (int p = 0; p < n; ++p)
+      if (!plan_.is_resident(layer, pairs[p].expert)) misses.push_back(pairs[p]);
+    if (!misses.empty()) {
+      std::vector<float> part(std::size_t(rows) * H);
+      opt_.expert_host->compute(layer, misses.data(), static_cast<int>(misses.size()), hn, rows, part.data());
+      for (std::size_t i = 0; i < part.size(); ++i) out[i] += part[i];
+    }
+  }
 }
 
 void CudaBackend::logits(int T, const float* x, float* out) {

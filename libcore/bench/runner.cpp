@@ -122,10 +122,12 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
   for (const auto& model_path : opt.models)
     for (int threads_req : opt.threads)
       for (int n_batch : opt.n_batch)
-        for (int n_ubatch : opt.n_ubatch) {
+        for (int n_ubatch : opt.n_ubatch)
+          for (uint64_t vram_budget : opt.vram_budget) {
           const int threads = threads_req > 0 ? threads_req : default_threads();
           json base = {{"build_commit", commit}, {"cpu_info", cpu}, {"gpu_info", ""}, {"backends", "CPU"}, {"model_filename", model_path},
                        {"n_batch", n_batch}, {"n_ubatch", n_ubatch}, {"n_threads", threads}, {"repetitions", opt.repetitions}};
+          if (vram_budget) base["vram_budget_mb"] = static_cast<double>(vram_budget) / (1 << 20);
           std::unique_ptr<Backend> backend;
           std::unique_ptr<Engine> engine;
           std::string error;
@@ -146,7 +148,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               }
             }
             if (n_ubatch < 1) throw Error("n_ubatch must be >= 1");
-            backend = make_backend(*cur.model, threads);
+            backend = make_backend(*cur.model, threads, vram_budget);
             engine = std::make_unique<Engine>(cur.model->spec(), *backend, n_ubatch);
             base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked
             base["backends"] = backend->name();
@@ -196,6 +198,10 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               std::vector<double> samples_ns, samples_ts, ttft, latencies;
               double expert_bytes = 0, tokens_for_bytes = 0;
               StageTimes stages{};
+              // The expert tier's counters over the timed parts only (not depth, not warm-up).
+              long long tier_pairs = 0, tier_misses = 0;
+              double tier_host_ms = 0, tier_wait_ms = 0;
+              const bool tiered = backend->tier_stats().tiered;
               for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) {
                 Session s = engine->new_session();
                 if (t.n_depth) engine->forward(s, depth_ids);
@@ -232,6 +238,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                   for (std::size_t i = 0; i < tokens.size(); i += n_ubatch) estimate(static_cast<int>(std::min<std::size_t>(n_ubatch, tokens.size() - i)));
                   return l;
                 };
+                const TierStats tier0 = tiered && timed ? backend->tier_stats() : TierStats{};
                 const auto t0 = clock_type::now();
                 if (t.n_prompt) {
                   run_forward(prompt_ids);
@@ -249,6 +256,11 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                 const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
                 engine->set_timing(false);
                 if (!timed) continue;
+                if (tiered) {
+                  const TierStats tier1 = backend->tier_stats();
+                  tier_pairs += tier1.pairs - tier0.pairs, tier_misses += tier1.misses - tier0.misses;
+                  tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
+                }
                 const int n_tok = t.n_prompt + t.n_gen;
                 samples_ns.push_back(secs * 1e9);
                 samples_ts.push_back(n_tok / secs);
@@ -289,6 +301,16 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               rec["t_lm_head_ms"] = stages.lm_head / reps * 1e3;
               rec["t_upload_ms"] = 0;
               rec["t_wait_ms"] = 0;
+              if (tiered) {
+                const TierStats ts = backend->tier_stats();
+                rec["peak_vram_mb"] = static_cast<double>(ts.vram_peak) / (1 << 20);
+                rec["tier_hit_rate"] = tier_pairs ? 1.0 - double(tier_misses) / double(tier_pairs) : 1.0;
+                double mean_expert = 0;  // bytes of one routed expert, averaged over the layers
+                for (double b : cur.bytes->expert_mean) mean_expert += b / cur.bytes->expert_mean.size();
+                rec["host_bytes_per_token"] = tier_misses * mean_expert / tokens_for_bytes;
+                rec["t_cpu_experts_ms"] = tier_host_ms / reps;
+                rec["t_wait_ms"] = tier_wait_ms / reps;
+              }
             } catch (const std::exception& e) {
               rec["error"] = e.what();
               ++failures;

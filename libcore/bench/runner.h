@@ -33,6 +33,7 @@ struct BenchOptions {
   std::vector<int> threads = {0};
   std::vector<int> n_batch = {2048};
   std::vector<int> n_ubatch = {512};
+  std::vector<uint64_t> vram_budget = {0};  // bytes per configuration (0: none)
   int repetitions = 5;
   bool warmup = true;
   uint64_t seed = 0;
@@ -40,7 +41,7 @@ struct BenchOptions {
 };
 
 // Makes the backend a configuration runs on.
-using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int threads)>;
+using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int threads, uint64_t vram_budget)>;
 
 // Runs everything, writing records; progress lines go to `log` (may be null).
 // Returns the number of records that carry an error.

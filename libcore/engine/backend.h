@@ -8,6 +8,7 @@
 // are tested against.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,19 @@ struct ExpertPair {
   int token;
   int expert;
   float weight;
+};
+
+// What a backend with an expert tier reports (coli-run's stats line,
+// coli-bench's records). Counts are since the backend was made.
+struct TierStats {
+  bool tiered = false;           // an expert tier with a budget or a slot count
+  long long resident = 0, experts = 0;  // (layer, expert) pairs in VRAM slots / in the model
+  long long pairs = 0, misses = 0;      // routed (token, expert) pairs computed; of them on the host
+  long long handoffs = 0;               // device -> host -> device round trips
+  double host_experts_ms = 0;           // the host computing misses
+  double device_wait_ms = 0;            // the device waiting for the host
+  uint64_t vram_budget = 0, vram_peak = 0;  // bytes: the limit (0: none) and the most charged at once
+  double hit_rate() const { return pairs ? 1.0 - double(misses) / double(pairs) : 1.0; }
 };
 
 class Backend {
@@ -64,6 +78,8 @@ class Backend {
   // routing). Tokens ids[0..T) at positions pos0.. of the session; logits of
   // the last logit_rows tokens (0, 1 or T) into logits[logit_rows, V].
   virtual bool runs_whole_chunks() const { return false; }
+  // The expert tier's counters (zeros for a backend without one).
+  virtual TierStats tier_stats() const { return {}; }
   virtual void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits);
   // forward_chunk in two halves, so that the caller's own work (allocating
   // the logits) overlaps the device's: start_chunk launches and returns,

@@ -1,6 +1,7 @@
 #include "util/parse.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <thread>
@@ -35,6 +36,28 @@ int check_thread_count(int n, const std::string& flag) {
   if (n > 4 * hw)
     throw UsageError(flag + " " + std::to_string(n) + " is more than 4x the " + std::to_string(hw) + " hardware threads (0: use all of them)");
   return n;
+}
+
+uint64_t parse_size(const std::string& s, const std::string& flag) {
+  auto bad = [&] { return UsageError(flag + ": '" + s + "' is not a size (say 8G, 12000M or 1.5GiB)"); };
+  const char* p = s.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(p, &end);
+  if (end == p || errno || !(v >= 0) || s.find_first_of("xXpPnN") != std::string::npos) throw bad();  // no hex, inf or nan
+  std::string unit(end);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() == 3 && unit.substr(1) == "IB") unit.resize(1);
+  else if (unit.size() == 2 && unit[1] == 'B') unit.resize(1);
+  double mult = 1;
+  if (unit == "K") mult = 1024.0;
+  else if (unit == "M") mult = 1024.0 * 1024;
+  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") throw bad();
+  const double bytes = v * mult;
+  if (bytes >= 18446744073709551616.0) throw bad();
+  return static_cast<uint64_t>(bytes);
 }
 
 }  // namespace coli

@@ -1,5 +1,6 @@
 // Small parsers for command-line values.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,5 +17,11 @@ inline std::vector<int> parse_int_list(const std::string& s, const std::string& 
 // and counts over 4x the hardware threads (far past any speed-up, and enough
 // to exhaust the process table) throw coli::UsageError. Returns n.
 int check_thread_count(int n, const std::string& flag);
+
+// A byte size from flag `flag`: a number with an optional unit, binary as
+// llama.cpp users know them: "8G", "8GiB", "12000M", "1.5g", "4096" (bytes).
+// K, M, G, T (with or without "iB"/"B") are powers of 1024. Anything else,
+// negative or overflowing, throws coli::UsageError naming the flag.
+uint64_t parse_size(const std::string& s, const std::string& flag);
 
 }  // namespace coli

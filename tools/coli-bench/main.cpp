@@ -10,6 +10,7 @@
 #include "bench/record_writer.h"
 #include "bench/runner.h"
 #include "cpu_backend.h"
+#include "cpu_expert_host.h"
 #include "cuda_backend.h"
 #include "env_options.h"
 #include "util/error.h"
@@ -69,6 +70,7 @@ int run(int argc, char** argv) {
       ("threads", po::value<std::string>()->default_value("0"), "CPU threads (0: all cores)")
       ("batch-size", po::value<std::string>()->default_value("2048"), "logical batch size (recorded)")
       ("ubatch-size", po::value<std::string>()->default_value("512"), "tokens per forward chunk")
+      ("vram-budget", po::value<std::string>(), "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time")
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
       ("prompt-file", po::value<std::string>(), "take token ids from this text (model's tokenizer) instead")
@@ -108,6 +110,13 @@ int run(int argc, char** argv) {
   for (int t : o.threads) coli::check_thread_count(t, "-t");
   o.n_batch = coli::parse_int_list(vm["batch-size"].as<std::string>(), "-b");
   o.n_ubatch = coli::parse_int_list(vm["ubatch-size"].as<std::string>(), "-ub");
+  if (vm.count("vram-budget")) {
+    o.vram_budget.clear();
+    for (const auto& item : split(vm["vram-budget"].as<std::string>())) {
+      o.vram_budget.push_back(coli::parse_size(item, "--vram-budget"));
+      if (!o.vram_budget.back()) throw coli::UsageError("--vram-budget values must be more than 0");
+    }
+  }
   for (int u : o.n_ubatch)
     if (u < 1) throw coli::UsageError("-ub values must be >= 1");
   const bool any_pp = std::any_of(o.n_prompt.begin(), o.n_prompt.end(), [](int p) { return p > 0; });
@@ -127,11 +136,20 @@ int run(int argc, char** argv) {
   if (device != "cpu" && device != "cuda" && device != "auto") throw coli::UsageError("--device must be cuda, cpu or auto, not '" + device + "'");
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   co.max_chunk = *std::max_element(o.n_ubatch.begin(), o.n_ubatch.end());
+  // Under a budget the KV cache is made for the longest test at once.
+  for (int d : o.n_depth) {
+    for (int p : o.n_prompt) co.n_ctx = std::max(co.n_ctx, d + p + 1);
+    for (int n : o.n_gen) co.n_ctx = std::max(co.n_ctx, d + n + 1);
+    for (auto [p, n] : o.prompt_gen) co.n_ctx = std::max(co.n_ctx, d + p + n + 1);
+  }
   const int failures = coli::run_bench(
       o,
-      [&](const coli::Model& m, int threads) -> std::unique_ptr<coli::Backend> {
+      [&](const coli::Model& m, int threads, uint64_t vram_budget) -> std::unique_ptr<coli::Backend> {
         std::string why;
-        if (auto b = coli::cuda::make_device_backend(device, m, co, &why)) return b;
+        coli::cuda::CudaOptions c = co;
+        c.vram_budget = vram_budget;
+        if (vram_budget && device != "cpu") c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads);
+        if (auto b = coli::cuda::make_device_backend(device, m, c, &why)) return b;
         return std::make_unique<coli::cpu::CpuBackend>(m, coli::cpu::CpuOptions{threads, fast});
       },
       writer, log ? stderr : nullptr);

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "cpu_backend.h"
+#include "cpu_expert_host.h"
 #include "cuda_backend.h"
 #include "cuda_device.h"
 #include "engine/chat_session.h"
@@ -64,6 +65,15 @@ coli::GenerateOptions generate_options(const Flags& f) {
   g.n_ctx = f.get<int>("ctx-size");
   if (g.n_ctx < 0) throw coli::UsageError("--ctx-size must be >= 0 (0: the model's max_position_embeddings)");
   return g;
+}
+
+// The expert tier's line, when the backend has one.
+void print_tier(const coli::TierStats& t) {
+  if (!t.tiered) return;
+  std::fprintf(stderr, "coli-run: expert tier %lld of %lld experts in VRAM, hit rate %.1f %% of %lld routed pairs, CPU experts %.1f ms, GPU waited %.1f ms in %lld handoffs, VRAM peak %.2f GiB",
+               t.resident, t.experts, 100 * t.hit_rate(), t.pairs, t.host_experts_ms, t.device_wait_ms, t.handoffs, t.vram_peak / double(1 << 30));
+  if (t.vram_budget) std::fprintf(stderr, " of %.2f GiB", t.vram_budget / double(1 << 30));
+  std::fprintf(stderr, "\n");
 }
 
 void print_stats(const char* backend, const coli::GenerateStats& st, uint64_t seed, int n_ctx) {
@@ -172,6 +182,7 @@ int run(int argc, char** argv) {
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
+      ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
       ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
@@ -218,6 +229,15 @@ int run(int argc, char** argv) {
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   co.max_chunk = f.get<int>("prefill-chunk");
+  if (f.has("vram-budget")) {
+    // The expert tier: what the budget leaves after the trunk, the KV cache
+    // and the activations holds the hottest experts; the CPU computes the
+    // others while the GPU computes the rest.
+    co.vram_budget = coli::parse_size(f.get<std::string>("vram-budget"), "--vram-budget");
+    if (co.vram_budget == 0) throw coli::UsageError("--vram-budget must be more than 0");
+    co.n_ctx = f.has("ctx-size") ? go.n_ctx : std::min(go.n_ctx > 0 ? go.n_ctx : 4096, 4096);
+    if (device != "cpu") co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
+  }
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
   if (!backend_ptr) {
     if (device == "auto" && coli::cuda::compiled_with_cuda() && verbose)
@@ -240,6 +260,7 @@ int run(int argc, char** argv) {
       auto st = cs.respond(emit);
       emit("\n");
       print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
+  print_tier(backend.tier_stats());
       return 0;
     }
     const bool tty = ::isatty(0);
@@ -251,6 +272,7 @@ int run(int argc, char** argv) {
       auto st = cs.respond(emit);
       emit("\n");
       print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
+  print_tier(backend.tier_stats());
     }
     return 0;
   }
@@ -284,6 +306,7 @@ int run(int argc, char** argv) {
   if (streamer && !json) emit(streamer->flush());
   if (!json) emit("\n");
   print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
+  print_tier(backend.tier_stats());
   return 0;
 }
 

@@ -1,0 +1,90 @@
+// ExpertHandoff: the routed experts the expert tier does not hold, computed
+// on the host while the device computes the shared expert and the resident
+// ones (hybrid decode), without leaving the stream or the decode graph.
+//
+// Per MoE layer with misses, the stream runs two small kernels around the
+// experts' kernels:
+//   post():  after the router: the misses' (token, expert, weight), in pair
+//            order, and the T normed rows go to pinned host memory mapped
+//            into the device; then a sequence number is written to a host
+//            flag (the only signal: no host callback, no event).
+//   join():  before the combine: waits until the host flag says the host's
+//            partial sum for that sequence number is written, then adds it to
+//            the routed output: routed += host part.
+// A host thread (started here, owned here) spins on the flag while a chunk is
+// in flight (begin() .. end()), hands each post to the ExpertHost, writes
+// the partial sum and the done flag. Only the routing result and the normed
+// rows cross the bus down, one partial row per token up. The device's
+// resident experts meanwhile read, for a missing expert, a zero expert (all
+// bytes 0: every format dequantizes it to 0), so their kernels are unchanged
+// and a miss contributes exactly 0 on the device.
+//
+// The host thread is the only caller of the ExpertHost. Between end() and
+// the next begin() it sleeps. Not copyable; destroy after the stream is idle.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "engine/expert_host.h"
+
+namespace coli::cuda::detail {
+
+struct HandoffBox;  // pinned, mapped: flags, pairs, rows, partial sums (expert_handoff.cu)
+
+class ExpertHandoff {
+ public:
+  // max_T tokens per chunk, K routed pairs per token, H hidden size, E
+  // routed experts per layer.
+  ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E);
+  ~ExpertHandoff();
+  ExpertHandoff(const ExpertHandoff&) = delete;
+  ExpertHandoff& operator=(const ExpertHandoff&) = delete;
+
+  // Enqueues the post of layer `layer`: idx and w are [T, ks] on the device
+  // (the first K columns are routed experts; a column may hold the shared
+  // expert as expert E, which is resident), resident [E] flags on the
+  // device, hn [T, H] on the device.
+  void post(int layer, const int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s);
+  // Enqueues routed[T, H] += the host's partial sum of the last post.
+  void join(float* routed, int T, cudaStream_t s);
+
+  // A chunk that may post is in flight / has completed on the device.
+  // end() rethrows what the ExpertHost threw during the chunk (the device
+  // then got zeros for those misses: the chunk's results are void).
+  void begin();
+  void end();
+
+  struct Stats {
+    long handoffs = 0;        // posts served
+    long pairs = 0;           // routed pairs of the posted layers
+    long misses = 0;          // of them, computed on the host
+    double host_ms = 0;       // in ExpertHost::compute
+    double device_wait_ms = 0;  // the device's join kernels waiting for the host
+  };
+  Stats stats() const;
+
+ private:
+  void serve();
+  using Box = HandoffBox;
+  ExpertHost& host_;
+  const int max_T_, K_, H_, E_;
+  Box* box_ = nullptr;        // host address
+  Box* d_box_ = nullptr;      // the same memory, device address
+  unsigned* d_seq_ = nullptr; // device: the last sequence number posted
+  unsigned long long* d_wait_ns_ = nullptr;  // device: join kernels' wait
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> active_{false}, stop_{false};
+  std::atomic<long> handoffs_{0}, pairs_{0}, misses_{0};
+  std::atomic<long long> host_ns_{0};
+  std::exception_ptr error_;  // from the ExpertHost, handed over by end()
+};
+
+}  // namespace coli::cuda::detail

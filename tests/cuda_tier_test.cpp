@@ -1,0 +1,132 @@
+// The expert tier on the GPU (hybrid decode): placement changes speed,
+// never results. The same greedy tokens with every expert resident, none,
+// and budgets between, for the int8 and int4 containers of the fixture; the
+// budget is never exceeded. Skipped, with the reason, without a device.
+#include <gtest/gtest.h>
+
+#include "cpu_backend.h"
+#include "cpu_expert_host.h"
+#include "cuda_backend.h"
+#include "cuda_device.h"
+#include "engine/engine.h"
+#include "engine_util.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace coli;
+
+bool have_device(std::string* why) { return cuda::device_count(why) > 0; }
+
+cuda::CudaOptions tier_options(const Model& m, long long slots) {
+  cuda::CudaOptions o;
+  o.expert_slots = slots;
+  o.expert_host = std::make_shared<cpu::CpuExpertHost>(m, 2);
+  return o;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
+  return e;
+}
+
+}  // namespace
+
+TEST(CudaTier, SameGreedyTokensAtEveryPlacement) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
+    test::TempDir d;
+    auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", f);
+    const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+    auto whole = cuda::make_cuda_backend(*m);  // no tier: the reference placement
+    Engine ew(m->spec(), *whole, 64);
+    for (long long slots : {all, 0LL, all / 4, all / 2, 3 * all / 4}) {
+      auto tier = cuda::make_cuda_backend(*m, tier_options(*m, slots));
+      Engine et(m->spec(), *tier, 64);
+      for (const auto& p : test::tiny_goldens()["prompts"]) {
+        const std::vector<int> ids = p["ids"];
+        Session sw = ew.new_session(), st = et.new_session();
+        const float err = max_abs_diff(ew.forward(sw, ids), et.forward(st, ids));
+        std::printf("[ info     ] %s, %lld of %lld experts resident, prompt of %zu: max |dlogit| vs all resident %.2e\n", format_name(f), slots, all,
+                    ids.size(), err);
+        EXPECT_LT(err, 0.05f) << format_name(f) << " slots " << slots;
+        EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids)) << format_name(f) << " slots " << slots << " prompt " << ids.size();
+      }
+      const TierStats ts = tier->tier_stats();
+      EXPECT_TRUE(ts.tiered);
+      EXPECT_EQ(ts.resident, slots);
+      if (slots == all) {
+        EXPECT_EQ(ts.misses, 0);
+      } else if (slots == 0) {
+        EXPECT_EQ(ts.misses, ts.pairs);
+      } else {
+        EXPECT_GT(ts.misses, 0);
+        EXPECT_LT(ts.misses, ts.pairs);
+      }
+      std::printf("[ info     ] %lld slots: hit rate %.3f over %lld pairs, %lld handoffs, host %.1f ms, device waited %.1f ms\n", slots, ts.hit_rate(),
+                  ts.pairs, ts.handoffs, ts.host_experts_ms, ts.device_wait_ms);
+    }
+  }
+}
+
+// The per-layer steps (an engine that observes the routing) on a tier: the
+// host adds the misses there too.
+TEST(CudaTier, LayerStepsAddTheHostsExperts) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I8);
+  const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+  auto whole = cuda::make_cuda_backend(*m);
+  auto tier = cuda::make_cuda_backend(*m, tier_options(*m, all / 2));
+  Engine ew(m->spec(), *whole, 64), et(m->spec(), *tier, 64);
+  const std::vector<int> ids = test::tiny_goldens()["prompts"][1]["ids"];
+  Session sw = ew.new_session(), st = et.new_session();
+  int routes = 0;
+  const auto lw = ew.forward(sw, ids, [&](int, int, const int*, const float*) {});
+  const auto lt = et.forward(st, ids, [&](int, int, const int*, const float*) { ++routes; });
+  EXPECT_EQ(routes, m->spec().num_layers) << "the per-layer path ran";
+  EXPECT_LT(max_abs_diff(lw, lt), 0.05f);
+}
+
+// --vram-budget: the backend's own ledger and the device's free memory
+// (cudaMemGetInfo) both stay within the budget, and a budget too small for
+// the trunk is an error that names what did not fit.
+TEST(CudaTier, TheBudgetIsNeverExceeded) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
+  for (uint64_t budget : {uint64_t(90) << 20, uint64_t(100) << 20, uint64_t(120) << 20, uint64_t(400) << 20}) {
+    const std::size_t free0 = cuda::device_free_bytes();
+    std::size_t free_min = SIZE_MAX;
+    cuda::CudaOptions o = tier_options(*m, -1);
+    o.vram_budget = budget;
+    o.n_ctx = 512;
+    {
+      auto tier = cuda::make_cuda_backend(*m, o);
+      Engine e(m->spec(), *tier, 64);
+      for (const auto& p : test::tiny_goldens()["prompts"]) {
+        test::greedy_tokens(e, p["ids"]);
+        free_min = std::min(free_min, cuda::device_free_bytes());
+      }
+      const TierStats ts = tier->tier_stats();
+      const double used = (double(free0) - double(free_min)) / (1 << 20);
+      std::printf("[ info     ] budget %.0f MiB: ledger peak %.1f MiB, device memory used %.1f MiB, %lld of %lld experts resident\n", budget / 1048576.0,
+                  ts.vram_peak / 1048576.0, used, ts.resident, ts.experts);
+      EXPECT_LE(ts.vram_peak, budget);
+      EXPECT_LE(used, budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+    }
+  }
+  cuda::CudaOptions tiny = tier_options(*m, -1);
+  tiny.vram_budget = 1 << 20;
+  try {
+    cuda::make_cuda_backend(*m, tiny);
+    FAIL() << "1 MiB holds no trunk";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--vram-budget 1.0 MiB exceeded: the weights outside the routed experts needs"), std::string::npos) << e.what();
+  }
+}
