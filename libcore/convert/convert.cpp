@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <chrono>
-#include <deque>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "formats/container_writer.h"
 #include "model/checkpoint_source.h"
@@ -43,25 +43,22 @@ QuantFormat ConvertOptions::format_of(TensorClass c) const {
   throw Error("convert: unknown tensor class (internal)");
 }
 
-uint64_t source_fingerprint(const std::string& src, const std::string& settings) {
+const char* const kEmbeddedFiles[5] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
+                                        "chat_template.jinja"};
+const char* const kSyntheticSourceName = "coli-convert synth";
+
+namespace {
+
+uint64_t fingerprint_of(const std::string& config_text, std::vector<FingerprintSample> samples, const std::string& settings) {
+  std::sort(samples.begin(), samples.end(), [](const FingerprintSample& a, const FingerprintSample& b) { return a.name < b.name; });
   XXH64_state_t* st = XXH64_createState();
   XXH64_reset(st, 0);
-  const std::string cfg = read_text_file(src + "/config.json");
-  XXH64_update(st, cfg.data(), cfg.size());
-  const ModelSpec spec = load_model_spec(src);
-  CheckpointSource cs(src, spec.tensor_prefix);
-  auto names = cs.names();
-  std::sort(names.begin(), names.end());
-  for (const auto& n : names) {
-    if (is_ignored_tensor(n)) continue;
-    const SourceTensor* t = cs.find(n);
-    if (!t) continue;
-    const std::string d = n + ":" + format_name(t->format) + ":" + t->shape_str();
+  XXH64_update(st, config_text.data(), config_text.size());
+  for (const FingerprintSample& s : samples) {
+    const std::string d = s.name + ":" + s.format + ":" + s.shape;
     XXH64_update(st, d.data(), d.size());
-    // A sample of the bytes: the first and last 256 of every tensor.
-    const std::size_t k = std::min<std::size_t>(256, t->nbytes);
-    XXH64_update(st, t->data, k);
-    XXH64_update(st, t->data + t->nbytes - k, k);
+    XXH64_update(st, s.head.data(), s.head.size());
+    XXH64_update(st, s.tail.data(), s.tail.size());
   }
   XXH64_update(st, settings.data(), settings.size());
   const uint64_t h = XXH64_digest(st);
@@ -69,15 +66,94 @@ uint64_t source_fingerprint(const std::string& src, const std::string& settings)
   return h;
 }
 
+// Every tensor of a checkpoint the model does not ignore, companions
+// (fp8 *_scale_inv) included: its name, dtype, shape and a sample of its
+// bytes, the first and last 256.
+std::vector<FingerprintSample> checkpoint_samples(CheckpointSource& cs) {
+  std::vector<FingerprintSample> out;
+  for (const auto& n : cs.names()) {
+    if (is_ignored_tensor(n)) continue;
+    const SourceTensor* t = cs.find(n);
+    if (!t) continue;
+    const std::size_t k = std::min<std::size_t>(256, t->nbytes);
+    out.push_back({n, format_name(t->format), t->shape_str(), std::string(reinterpret_cast<const char*>(t->data), k),
+                   std::string(reinterpret_cast<const char*>(t->data + t->nbytes - k), k)});
+  }
+  return out;
+}
+
+// A checkpoint directory as a conversion input: bound as a Model, read
+// through its matrices (any source format, dequantized row by row).
+class CheckpointInput : public ConvertInput {
+ public:
+  explicit CheckpointInput(const std::string& src)
+      : src_(src),
+        spec_(load_model_spec(src)),
+        config_(read_text_file(src + "/config.json")),
+        source_(std::make_shared<CheckpointSource>(src, spec_.tensor_prefix)),
+        model_(Model::bind(spec_, source_, src)) {}
+  const std::string& config_text() const override { return config_; }
+  const ModelSpec& spec() const override { return spec_; }
+  std::vector<TensorDesc> tensors() const override { return tensors_of(*model_); }
+  QuantFormat source_format(const TensorDesc& t) const override {
+    return t.form == TensorForm::kVector ? QuantFormat::F32 : matrix_of(*model_, t).format;
+  }
+  void rows_f32(const TensorDesc& t, int64_t r0, int64_t r1, float* dst) const override {
+    if (t.form == TensorForm::kVector) {
+      const std::vector<float>& v = vector_of(*model_, t);
+      std::memcpy(dst, v.data(), v.size() * 4);
+      return;
+    }
+    const Matrix& m = matrix_of(*model_, t);
+    for (int64_t r = r0; r < r1; ++r) m.row_f32(r, dst + (r - r0) * m.cols);
+  }
+  std::optional<std::string> file(const std::string& name) const override {
+    if (!fs::exists(fs::path(src_) / name)) return std::nullopt;
+    return read_text_file((fs::path(src_) / name).string());
+  }
+  std::vector<FingerprintSample> fingerprint_samples() const override { return checkpoint_samples(*source_); }
+  // A synthetic checkpoint's values are fixed by its config, wherever it
+  // lies: named as write_synthetic_container names them (convert.h).
+  std::string source_name() const override {
+    return nlohmann::json::parse(config_).contains("coli_synthetic") ? kSyntheticSourceName : fs::absolute(src_).string();
+  }
+  std::string where() const override { return src_; }
+
+ private:
+  std::string src_;
+  ModelSpec spec_;
+  std::string config_;
+  std::shared_ptr<CheckpointSource> source_;
+  std::unique_ptr<Model> model_;
+};
+
+}  // namespace
+
+uint64_t source_fingerprint(const std::string& src, const std::string& settings) {
+  const ModelSpec spec = load_model_spec(src);
+  CheckpointSource cs(src, spec.tensor_prefix);
+  return fingerprint_of(read_text_file(src + "/config.json"), checkpoint_samples(cs), settings);
+}
+
+uint64_t source_fingerprint(const ConvertInput& in, const std::string& settings) {
+  return fingerprint_of(in.config_text(), in.fingerprint_samples(), settings);
+}
+
 namespace {
 
-// One unit of work: rows [r0, r1) of a matrix (or a whole vector) into a part.
+// One unit of work: rows [r0, r1) of a table entry (a vector: its one
+// row) into a part.
 struct Job {
   int blob, part;
-  const Matrix* m = nullptr;              // 2-D source
-  const std::vector<float>* v = nullptr;  // vector source (f32)
+  std::size_t tensor;  // index into the input's tensors()
   int64_t r0 = 0, r1 = 0;
 };
+
+std::size_t shape_numel(const std::vector<int64_t>& shape) {
+  std::size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
 
 // A NaN or Inf weight would quantize to garbage (a NaN absmax poisons a
 // whole row's scale) and only show up as NaN logits at run time: refuse it
@@ -91,40 +167,39 @@ void check_finite(const std::string& tensor, const float* v, int64_t row0, int64
 
 }  // namespace
 
-ConvertReport convert_checkpoint(const std::string& src, const std::string& out_arg, const ConvertOptions& opt) {
+ConvertReport convert_checkpoint(const std::string& src, const std::string& out, const ConvertOptions& opt) {
+  const CheckpointInput in(src);
+  return convert_input(in, out, opt, "coli-convert");
+}
+
+ConvertReport convert_input(const ConvertInput& in, const std::string& out_arg, const ConvertOptions& opt, const std::string& label) {
   const auto t0 = std::chrono::steady_clock::now();
   const int threads = opt.threads > 0 ? opt.threads : default_threads();
   std::string out = out_arg;
   if (fs::is_directory(out)) out = (fs::path(out) / "model.coli").string();
 
-  const ModelSpec spec = load_model_spec(src);
-  auto source = std::make_shared<CheckpointSource>(src, spec.tensor_prefix);
-  auto model = Model::bind(spec, source, src);
-  const uint64_t fp = source_fingerprint(src, opt.settings_string());
+  const ModelSpec& spec = in.spec();
+  const uint64_t fp = source_fingerprint(in, opt.settings_string());
 
   ContainerWriter w(out, opt.overwrite);
   std::vector<Job> jobs;
-  std::deque<Matrix> keep;  // matrix views the jobs point to (a deque keeps them in place)
   uint64_t bytes_in = 0;
-  auto add_matrix = [&](const std::string& name, const Matrix& m, QuantFormat f) {
-    const int b = w.add_tensor({name, f, {m.rows, m.cols}});
-    keep.push_back(m);
-    const int64_t step = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, m.cols));
-    for (int64_t r = 0; r < m.rows; r += step) jobs.push_back({b, 0, &keep.back(), nullptr, r, std::min(m.rows, r + step)});
-    bytes_in += m.bytes();
-  };
-  auto add_vector = [&](const std::string& name, const std::vector<float>& v, std::vector<int64_t> shape) {
-    const int b = w.add_tensor({name, QuantFormat::F32, shape});
-    jobs.push_back({b, 0, nullptr, &v, 0, 0});
-    bytes_in += v.size() * 4;
-  };
-
-  const std::vector<TensorDesc> tensors = tensors_of(*model);
+  const std::vector<TensorDesc> tensors = in.tensors();
   for (std::size_t i = 0; i < tensors.size();) {
     const TensorDesc& t = tensors[i];
+    if (t.expert < 0 && t.form == TensorForm::kVector) {
+      const int b = w.add_tensor({t.name, QuantFormat::F32, t.shape});
+      jobs.push_back({b, 0, i, 0, 1});
+      bytes_in += layout_of(QuantFormat::F32, 1, static_cast<int64_t>(shape_numel(t.shape))).total;
+      ++i;
+      continue;
+    }
     if (t.expert < 0) {
-      if (t.form == TensorForm::kVector) add_vector(t.name, vector_of(*model, t), t.shape);
-      else add_matrix(t.name, matrix_of(*model, t), opt.format_of(t.cls));
+      const int64_t rows = t.shape.at(0), cols = t.shape.at(1);
+      const int b = w.add_tensor({t.name, opt.format_of(t.cls), {rows, cols}});
+      const int64_t step = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, cols));
+      for (int64_t r = 0; r < rows; r += step) jobs.push_back({b, 0, i, r, std::min(rows, r + step)});
+      bytes_in += layout_of(in.source_format(t), rows, cols).total;
       ++i;
       continue;
     }
@@ -135,41 +210,44 @@ ConvertReport convert_checkpoint(const std::string& src, const std::string& out_
       parts.push_back({tensors[end].name, opt.format_of(tensors[end].cls), tensors[end].shape});
     const int b = w.add_expert(t.layer, t.expert, parts);
     for (std::size_t k = i; k < end; ++k) {
-      keep.push_back(matrix_of(*model, tensors[k]));
-      jobs.push_back({b, static_cast<int>(k - i), &keep.back(), nullptr, 0, keep.back().rows});
-      bytes_in += keep.back().bytes();
+      const int64_t rows = tensors[k].shape.at(0), cols = tensors[k].shape.at(1);
+      jobs.push_back({b, static_cast<int>(k - i), k, 0, rows});
+      bytes_in += layout_of(in.source_format(tensors[k]), rows, cols).total;
     }
     i = end;
   }
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json", "chat_template.jinja"})
-    if (fs::exists(fs::path(src) / f)) w.add_file(f, read_text_file((fs::path(src) / f).string()));
+  for (const char* f : kEmbeddedFiles)
+    if (auto text = in.file(f)) w.add_file(f, std::move(*text));
 
   w.allocate();
-  Progress bar("coli-convert", w.data_bytes(), opt.progress);
+  Progress bar(label, w.data_bytes(), opt.progress);
   parallel_for(jobs.size(), threads, [&](std::size_t i) {
     const Job& j = jobs[i];
+    const TensorDesc& t = tensors[j.tensor];
     const BlobPart& p = w.blob(j.blob).parts[j.part];
     uint8_t* dst = w.part_data(j.blob, j.part);
-    if (j.v) {
-      check_finite(p.name, j.v->data(), 0, 1, static_cast<int64_t>(j.v->size()));
-      std::memcpy(dst, j.v->data(), j.v->size() * 4);
+    if (t.form == TensorForm::kVector) {
+      std::vector<float> v(shape_numel(t.shape));
+      in.rows_f32(t, 0, 1, v.data());
+      check_finite(p.name, v.data(), 0, 1, static_cast<int64_t>(v.size()));
+      std::memcpy(dst, v.data(), v.size() * 4);
       bar.add(p.bytes);
       return;
     }
-    const Matrix& m = *j.m;
-    std::vector<float> rows(static_cast<std::size_t>((j.r1 - j.r0) * m.cols));
-    for (int64_t r = j.r0; r < j.r1; ++r) m.row_f32(r, rows.data() + (r - j.r0) * m.cols);
-    check_finite(p.name, rows.data(), j.r0, j.r1 - j.r0, m.cols);
-    quantize_rows(p.format, rows.data(), j.r0, j.r1 - j.r0, m.rows, m.cols, dst);
-    bar.add(p.bytes * (j.r1 - j.r0) / m.rows);
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    std::vector<float> buf(static_cast<std::size_t>((j.r1 - j.r0) * cols));
+    in.rows_f32(t, j.r0, j.r1, buf.data());
+    check_finite(p.name, buf.data(), j.r0, j.r1 - j.r0, cols);
+    quantize_rows(p.format, buf.data(), j.r0, j.r1 - j.r0, rows, cols, dst);
+    bar.add(p.bytes * (j.r1 - j.r0) / rows);
   });
   bar.finish();
 
-  json config = json::parse(read_text_file(src + "/config.json"));
+  json config = json::parse(in.config_text());
   json settings = {{"formats", {{"experts", format_name(opt.experts)}, {"down", format_name(opt.down)}, {"shared", format_name(opt.shared)},
                                 {"trunk", format_name(opt.trunk)}, {"router", format_name(opt.router)}, {"lm_head", format_name(opt.lm_head)},
                                 {"embed", format_name(opt.embed)}}},
-                   {"source", fs::absolute(src).string()},
+                   {"source", in.source_name()},
                    {"source_layout", spec.multimodal ? "multimodal" : "text"},
                    {"tool", "coli-convert"}};
   // The container stores canonical (text-only) names: flatten a nested config.

@@ -2,6 +2,12 @@
 // number of layers), for speed benchmarks: safetensors shards + index,
 // config.json (text-only Qwen3_5MoeForCausalLM layout, per-expert tensor
 // names, bf16), generation_config.json and optionally tokenizer files.
+// Or the same model straight into a coli container (write_synthetic_
+// container), for a machine whose disk cannot hold the bf16 checkpoint (70
+// GB at 40 layers): the values are generated as the conversion pipeline
+// reads them, a few MB per thread, and the container is byte for byte the
+// one converting the checkpoint with the same options gives (fingerprint,
+// config and embedded files included).
 //
 // Weights follow transformers' init (normal(0, 0.02) projections and
 // embeddings, zero-centred norms, ones for the gated norm, conv taps
@@ -21,6 +27,8 @@
 #include <cstdint>
 #include <string>
 
+#include "convert/convert.h"
+
 namespace coli {
 
 struct SynthOptions {
@@ -28,11 +36,12 @@ struct SynthOptions {
   uint64_t seed = 0;
   double routing_skew = 0.0;
   std::string tokenizer_dir;  // copy tokenizer files from here when set
+  // Checkpoint only (a container takes these from its ConvertOptions).
   int threads = 0;
   bool overwrite = false;
   bool progress = false;
   uint64_t shard_bytes = 4ull << 30;
-  // Shapes (Qwen3.6-35B-A3B); tests shrink them.
+  // Shapes (Qwen3.6-35B-A3B); tests shrink them (not on the command line).
   int vocab = 248320, hidden = 2048, experts = 256, top_k = 8, moe_inter = 512, shared_inter = 512;
   int heads = 16, kv_heads = 2, head_dim = 256, lin_k_heads = 16, lin_v_heads = 32, lin_k_dim = 128, lin_v_dim = 128, conv = 4;
 };
@@ -44,5 +53,10 @@ struct SynthReport {
 };
 
 SynthReport write_synthetic_checkpoint(const std::string& out_dir, const SynthOptions& opt);
+
+// The container converting write_synthetic_checkpoint(dir, so) with co would
+// give, without the checkpoint. Threads, overwrite, progress and verify come
+// from co; so's shard_bytes does not matter (shards are not in a container).
+ConvertReport write_synthetic_container(const std::string& out_path, const SynthOptions& so, const ConvertOptions& co);
 
 }  // namespace coli

@@ -194,14 +194,16 @@ TensorSlot slot_of(LayerWeights& w, const TensorDesc& t) {
   return r.inner(w, t.expert);
 }
 
-std::vector<TensorDesc> tensors_of(const Model& m) {
-  std::vector<TensorDesc> out = model_tensors(m.spec(), m.lm_head().data != m.embed().data);
-  for (int l = 0; l < m.spec().num_layers; ++l) {
-    std::vector<TensorDesc> layer = layer_tensors(m.spec(), l);
+std::vector<TensorDesc> tensors_of(const ModelSpec& spec, bool own_lm_head) {
+  std::vector<TensorDesc> out = model_tensors(spec, own_lm_head);
+  for (int l = 0; l < spec.num_layers; ++l) {
+    std::vector<TensorDesc> layer = layer_tensors(spec, l);
     out.insert(out.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
   }
   return out;
 }
+
+std::vector<TensorDesc> tensors_of(const Model& m) { return tensors_of(m.spec(), m.lm_head().data != m.embed().data); }
 
 // The slots are written once, by the binder; reading through them leaves
 // the model as it is, so the const_casts below only share slot_of's paths.

@@ -84,8 +84,11 @@ struct TensorSlot {
 TensorSlot slot_of(OuterWeights& w, const TensorDesc& t);
 TensorSlot slot_of(LayerWeights& w, const TensorDesc& t);
 
-// Every tensor a bound model holds (lm_head only when not tied to embed),
-// model-level first, experts per expert, and each one's storage in it.
+// Every tensor a model of this spec holds (lm_head only when own_lm_head),
+// model-level first, experts per expert: a container's blob order.
+std::vector<TensorDesc> tensors_of(const ModelSpec& spec, bool own_lm_head);
+// The same for a bound model (lm_head unless tied to embed), and each one's
+// storage in it.
 std::vector<TensorDesc> tensors_of(const Model& m);
 const Matrix& matrix_of(const Model& m, const TensorDesc& t);
 const std::vector<float>& vector_of(const Model& m, const TensorDesc& t);

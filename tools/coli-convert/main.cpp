@@ -25,6 +25,7 @@ namespace {
 const char* kUsage =
     "usage: coli-convert SRC_DIR -o OUT.coli [--experts FMT] [--down FMT] [--trunk FMT] ... [--force]\n"
     "       coli-convert synth -o DIR [--layers N] [--seed S] [--routing-skew X] [--tokenizer DIR] [--force]\n"
+    "       coli-convert synth -o OUT.coli [--container] [--experts FMT] ... [--layers N] [--seed S] ... [--force]\n"
     "       coli-convert verify FILE.coli [--fingerprint HEX]\n"
     "       coli-convert info FILE.coli\n"
     "       coli-convert compare REFERENCE MODEL [--sequences N] [--length L] [--seed S]\n"
@@ -53,20 +54,45 @@ coli::QuantFormat fmt(const po::variables_map& vm, const char* key, coli::QuantF
   return f;
 }
 
-int cmd_convert(int argc, char** argv) {
-  po::options_description opts("convert options");
-  opts.add_options()("help,h", "show this help")("source", po::value<std::string>(), "checkpoint directory")
-      ("output,o", po::value<std::string>(), "output container file (or directory: DIR/model.coli)")
-      ("experts", po::value<std::string>(), "routed experts' gate and up (default int4-g64)")
+// The container format options, shared by convert and synth.
+po::options_description format_options() {
+  po::options_description opts("container formats");
+  opts.add_options()("experts", po::value<std::string>(), "routed experts' gate and up (default int4-g64)")
       ("down", po::value<std::string>(), "routed experts' down (default: as --experts)")
       ("shared", po::value<std::string>(), "shared expert (default: as --trunk)")
       ("trunk", po::value<std::string>(), "attention and DeltaNet projections (default int8)")
       ("router", po::value<std::string>(), "router (default bf16)")
       ("lm-head", po::value<std::string>(), "output projection (default int8)")
       ("embed", po::value<std::string>(), "token embeddings (default bf16)")
-      ("threads,t", po::value<int>()->default_value(0), "worker threads (0: all cores)")
-      ("force", po::bool_switch(), "overwrite an existing output")
       ("no-verify", po::bool_switch(), "skip re-reading the written container");
+  return opts;
+}
+
+void read_formats(const po::variables_map& vm, coli::ConvertOptions* o) {
+  o->experts = fmt(vm, "experts", o->experts);
+  o->down = fmt(vm, "down", o->experts);
+  o->trunk = fmt(vm, "trunk", o->trunk);
+  o->shared = fmt(vm, "shared", o->trunk);
+  o->router = fmt(vm, "router", o->router);
+  o->lm_head = fmt(vm, "lm-head", o->lm_head);
+  o->embed = fmt(vm, "embed", o->embed);
+  o->verify = !vm["no-verify"].as<bool>();
+}
+
+void print_convert_stats(const char* tool, const coli::ConvertReport& r, const coli::ConvertOptions& o) {
+  std::printf("%s\n", r.out.c_str());
+  std::fprintf(stderr, "%s: %s: %.2f GB -> %.2f GB, %zu blobs, fingerprint %s, %.1f s convert, %.1f s verify (%s)\n", tool, r.out.c_str(),
+               r.bytes_in / 1e9, r.bytes_out / 1e9, r.blobs, coli::hex64(r.fingerprint).c_str(), r.seconds, r.verify_seconds,
+               o.settings_string().c_str());
+}
+
+int cmd_convert(int argc, char** argv) {
+  po::options_description opts("convert options");
+  opts.add_options()("help,h", "show this help")("source", po::value<std::string>(), "checkpoint directory")
+      ("output,o", po::value<std::string>(), "output container file (or directory: DIR/model.coli)")
+      ("threads,t", po::value<int>()->default_value(0), "worker threads (0: all cores)")
+      ("force", po::bool_switch(), "overwrite an existing output");
+  opts.add(format_options());
   po::positional_options_description pos;
   pos.add("source", 1);
   auto vm = parse(argc, argv, opts, pos);
@@ -77,40 +103,44 @@ int cmd_convert(int argc, char** argv) {
   if (!vm.count("source")) throw coli::UsageError("give the checkpoint directory");
   if (!vm.count("output")) throw coli::UsageError("-o OUT is required");
   coli::ConvertOptions o;
-  o.experts = fmt(vm, "experts", o.experts);
-  o.down = fmt(vm, "down", o.experts);
-  o.trunk = fmt(vm, "trunk", o.trunk);
-  o.shared = fmt(vm, "shared", o.trunk);
-  o.router = fmt(vm, "router", o.router);
-  o.lm_head = fmt(vm, "lm-head", o.lm_head);
-  o.embed = fmt(vm, "embed", o.embed);
+  read_formats(vm, &o);
   o.threads = coli::check_thread_count(vm["threads"].as<int>(), "-t/--threads");
   o.overwrite = vm["force"].as<bool>();
-  o.verify = !vm["no-verify"].as<bool>();
   o.progress = coli::stderr_is_tty();
   auto r = coli::convert_checkpoint(vm["source"].as<std::string>(), vm["output"].as<std::string>(), o);
-  std::printf("%s\n", r.out.c_str());
-  std::fprintf(stderr, "coli-convert: %s: %.2f GB -> %.2f GB, %zu blobs, fingerprint %s, %.1f s convert, %.1f s verify (%s)\n", r.out.c_str(),
-               r.bytes_in / 1e9, r.bytes_out / 1e9, r.blobs, coli::hex64(r.fingerprint).c_str(), r.seconds, r.verify_seconds,
-               o.settings_string().c_str());
+  print_convert_stats("coli-convert", r, o);
   return 0;
 }
 
 int cmd_synth(int argc, char** argv) {
   po::options_description opts("synth options");
-  opts.add_options()("help,h", "show this help")("output,o", po::value<std::string>(), "output checkpoint directory")
+  opts.add_options()("help,h", "show this help")("output,o", po::value<std::string>(), "output checkpoint directory, or container (a name ending in .coli, or --container)")
+      ("container", po::bool_switch(), "write a coli container (as synth then convert would), not a checkpoint")
       ("layers", po::value<int>()->default_value(8), "number of layers (every 4th is full attention)")
       ("seed", po::value<uint64_t>()->default_value(0), "random seed")
       ("routing-skew", po::value<double>()->default_value(0.0), "Zipf exponent of expert popularity per layer (0: unbiased)")
       ("tokenizer", po::value<std::string>(), "copy tokenizer.json and tokenizer_config.json from this directory")
       ("threads,t", po::value<int>()->default_value(0), "worker threads (0: all cores)")
       ("force", po::bool_switch(), "overwrite an existing output");
+  po::options_description formats = format_options();
+  opts.add(formats);
   auto vm = parse(argc, argv, opts, {});
   if (vm.count("help")) {
-    std::cout << kUsage << "\n" << opts << std::endl;
+    std::cout << kUsage << "\n" << opts << "\nformats: " << coli::container_format_names() << "\n"
+              << "\nWith a container output the bf16 checkpoint is never written: each tensor is\n"
+                 "generated and quantized in memory, and the container is byte for byte the one\n"
+                 "'synth -o DIR' then 'coli-convert DIR -o OUT.coli' with the same options gives.\n";
     return 0;
   }
-  if (!vm.count("output")) throw coli::UsageError("-o DIR is required");
+  if (!vm.count("output")) throw coli::UsageError("-o DIR (or -o OUT.coli) is required");
+  const std::string out = vm["output"].as<std::string>();
+  // A .coli name is a container: a checkpoint directory by that name would
+  // only be a surprise.
+  const bool container = vm["container"].as<bool>() || std::filesystem::path(out).extension() == ".coli";
+  if (!container)
+    for (const auto& f : formats.options())
+      if (vm.count(f->long_name()) && !vm[f->long_name()].defaulted())
+        throw coli::UsageError("--" + f->long_name() + " applies to a container: name the output OUT.coli or add --container");
   coli::SynthOptions o;
   o.layers = vm["layers"].as<int>();
   if (o.layers < 1) throw coli::UsageError("--layers must be at least 1");
@@ -121,8 +151,18 @@ int cmd_synth(int argc, char** argv) {
   o.threads = coli::check_thread_count(vm["threads"].as<int>(), "-t/--threads");
   o.overwrite = vm["force"].as<bool>();
   o.progress = coli::stderr_is_tty();
-  auto r = coli::write_synthetic_checkpoint(vm["output"].as<std::string>(), o);
-  std::printf("%s\n", vm["output"].as<std::string>().c_str());
+  if (container) {
+    coli::ConvertOptions co;
+    read_formats(vm, &co);
+    co.threads = o.threads;
+    co.overwrite = o.overwrite;
+    co.progress = o.progress;
+    auto r = coli::write_synthetic_container(out, o, co);
+    print_convert_stats("coli-convert synth", r, co);
+    return 0;
+  }
+  auto r = coli::write_synthetic_checkpoint(out, o);
+  std::printf("%s\n", out.c_str());
   std::fprintf(stderr, "coli-convert synth: %d layers, %.2f B parameters, %.2f GB in %d shards, %.1f s\n", o.layers, r.params / 1e9, r.bytes / 1e9,
                r.shards, r.seconds);
   return 0;
