@@ -26,6 +26,17 @@ cuda::CudaOptions tier_options(const Model& m, long long slots) {
   return o;
 }
 
+// The error the CPU reference makes on a quantized container against the
+// transformers goldens: the scale of GPU-vs-CPU differences on it (the GPU
+// quantizes activations for dp4a; see CudaBackend.ContainersMatchTheCpuReference).
+float cpu_quantization_error(const Model& m) {
+  cpu::CpuBackend ref(m);
+  Engine e(m.spec(), ref);
+  float err = 0;
+  for (const auto& p : test::tiny_goldens()["prompts"]) err = std::max(err, test::golden_logit_error(e, p));
+  return err;
+}
+
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float e = 0;
   for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
@@ -43,6 +54,9 @@ TEST(CudaTier, SameGreedyTokensAtEveryPlacement) {
     const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
     auto whole = cuda::make_cuda_backend(*m);  // no tier: the reference placement
     Engine ew(m->spec(), *whole, 64);
+    // Misses run on the CPU's kernels: logits move as far as the CPU's differ
+    // from the GPU's (measured 0.07-0.21 at int8 and int4-g32); tokens do not.
+    const float tol = 2 * cpu_quantization_error(*m);
     for (long long slots : {all, 0LL, all / 4, all / 2, 3 * all / 4}) {
       auto tier = cuda::make_cuda_backend(*m, tier_options(*m, slots));
       Engine et(m->spec(), *tier, 64);
@@ -50,9 +64,12 @@ TEST(CudaTier, SameGreedyTokensAtEveryPlacement) {
         const std::vector<int> ids = p["ids"];
         Session sw = ew.new_session(), st = et.new_session();
         const float err = max_abs_diff(ew.forward(sw, ids), et.forward(st, ids));
-        std::printf("[ info     ] %s, %lld of %lld experts resident, prompt of %zu: max |dlogit| vs all resident %.2e\n", format_name(f), slots, all,
-                    ids.size(), err);
-        EXPECT_LT(err, 0.05f) << format_name(f) << " slots " << slots;
+        std::printf("[ info     ] %s, %lld of %lld experts resident, prompt of %zu: max |dlogit| vs all resident %.2e (bound %.2e)\n", format_name(f), slots,
+                    all, ids.size(), err, tol);
+        EXPECT_LT(err, tol) << format_name(f) << " slots " << slots;
+        if (slots == all) {
+          EXPECT_EQ(err, 0.0f) << "a tier that holds every expert runs the same kernels";
+        }
         EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids)) << format_name(f) << " slots " << slots << " prompt " << ids.size();
       }
       const TierStats ts = tier->tier_stats();
@@ -89,44 +106,62 @@ TEST(CudaTier, LayerStepsAddTheHostsExperts) {
   const auto lw = ew.forward(sw, ids, [&](int, int, const int*, const float*) {});
   const auto lt = et.forward(st, ids, [&](int, int, const int*, const float*) { ++routes; });
   EXPECT_EQ(routes, m->spec().num_layers) << "the per-layer path ran";
-  EXPECT_LT(max_abs_diff(lw, lt), 0.05f);
+  const float err = max_abs_diff(lw, lt), tol = 2 * cpu_quantization_error(*m);
+  std::printf("[ info     ] per-layer steps, half the experts resident: max |dlogit| %.2e (bound %.2e)\n", err, tol);
+  EXPECT_LT(err, tol);
+  EXPECT_GT(err, 0.0f) << "the host's experts were used (their kernels differ from the GPU's)";
 }
 
 // --vram-budget: the backend's own ledger and the device's free memory
-// (cudaMemGetInfo) both stay within the budget, and a budget too small for
-// the trunk is an error that names what did not fit.
+// both stay within the budget at every budget from too small to all
+// resident (the tiny fixture's experts are a few KiB: the sweep steps by
+// 256 KiB across the range where the tier holds some of them), and a budget
+// too small is an error that names what did not fit.
 TEST(CudaTier, TheBudgetIsNeverExceeded) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   test::TempDir d;
   auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
-  for (uint64_t budget : {uint64_t(90) << 20, uint64_t(100) << 20, uint64_t(120) << 20, uint64_t(400) << 20}) {
+  int partial = 0, full = 0, refused = 0;
+  // Coarse steps up to the first budget that works, then fine steps around it.
+  std::vector<uint64_t> budgets;
+  for (uint64_t b = 4 << 20; b <= (64u << 20); b += 1 << 20) budgets.push_back(b);
+  for (std::size_t i = 0; i < budgets.size(); ++i) {
+    const uint64_t budget = budgets[i];
     const std::size_t free0 = cuda::device_free_bytes();
     std::size_t free_min = SIZE_MAX;
     cuda::CudaOptions o = tier_options(*m, -1);
     o.vram_budget = budget;
     o.n_ctx = 512;
-    {
-      auto tier = cuda::make_cuda_backend(*m, o);
-      Engine e(m->spec(), *tier, 64);
-      for (const auto& p : test::tiny_goldens()["prompts"]) {
-        test::greedy_tokens(e, p["ids"]);
-        free_min = std::min(free_min, cuda::device_free_bytes());
-      }
-      const TierStats ts = tier->tier_stats();
-      const double used = (double(free0) - double(free_min)) / (1 << 20);
-      std::printf("[ info     ] budget %.0f MiB: ledger peak %.1f MiB, device memory used %.1f MiB, %lld of %lld experts resident\n", budget / 1048576.0,
-                  ts.vram_peak / 1048576.0, used, ts.resident, ts.experts);
-      EXPECT_LE(ts.vram_peak, budget);
-      EXPECT_LE(used, budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+    std::unique_ptr<Backend> tier;
+    try {
+      tier = cuda::make_cuda_backend(*m, o);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--vram-budget"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(" needs "), std::string::npos) << e.what();
+      ++refused;
+      continue;
     }
+    if (full + partial == 0) {  // the first that works: 32 KiB steps over the MiB on either side next
+      budgets.resize(i + 1);
+      for (uint64_t b = budget - (1 << 20) + (32 << 10); b < budget + (1 << 20); b += 32 << 10)
+        if (b != budget) budgets.push_back(b);
+    }
+    Engine e(m->spec(), *tier, 64);
+    for (const auto& p : test::tiny_goldens()["prompts"]) {
+      test::greedy_tokens(e, p["ids"]);
+      free_min = std::min(free_min, cuda::device_free_bytes());
+    }
+    const TierStats ts = tier->tier_stats();
+    const double used = (double(free0) - double(free_min)) / (1 << 20);
+    if (ts.resident < ts.experts) ++partial;
+    else ++full;
+    std::printf("[ info     ] budget %.2f MiB: ledger peak %.2f MiB, device memory used %.1f MiB, %lld of %lld experts resident\n", budget / 1048576.0,
+                ts.vram_peak / 1048576.0, used, ts.resident, ts.experts);
+    EXPECT_LE(ts.vram_peak, budget);
+    EXPECT_LE(used, budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
   }
-  cuda::CudaOptions tiny = tier_options(*m, -1);
-  tiny.vram_budget = 1 << 20;
-  try {
-    cuda::make_cuda_backend(*m, tiny);
-    FAIL() << "1 MiB holds no trunk";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--vram-budget 1.0 MiB exceeded: the weights outside the routed experts needs"), std::string::npos) << e.what();
-  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(partial, 0);
+  EXPECT_GT(full, 0);
 }
