@@ -126,7 +126,7 @@ $(TEST_BIN): $(call obj,$(TEST_SRC)) $(LIBS)
 	$(CXX) $(COLI_LDFLAGS) $(CXXFLAGS) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIBS) -Wl,-Bstatic -lgtest -Wl,-Bdynamic $(LDLIBS)
 
 test: $(TEST_BIN) $(BINS)
-	COLI_BIN_DIR=$(BUILD)/bin $(TEST_BIN)
+	$(SAN_ENV) COLI_BIN_DIR=$(BUILD)/bin $(TEST_BIN)
 
 # Google Benchmark microbenchmarks (kernels, tokenizer); drivers in scripts/.
 bench: $(BENCH_BIN)
@@ -140,10 +140,13 @@ $(BENCH_BIN): $(call obj,$(BENCH_SRC)) $(LIBS)
 SAN_CXXFLAGS ?= -O1 -g
 ASAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow,float-divide-by-zero -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
+# Reports carry stacks; the tools the tests run inherit the settings.
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+TSAN_ENV := TSAN_OPTIONS=second_deadlock_stack=1
 asan:
-	+$(MAKE) BUILD=$(BUILD)-asan CUDA=0 CXXFLAGS="$(SAN_CXXFLAGS)" SANITIZE="$(ASAN_FLAGS)" test
+	+$(MAKE) BUILD=$(BUILD)-asan CUDA=0 CXXFLAGS="$(SAN_CXXFLAGS)" SANITIZE="$(ASAN_FLAGS)" SAN_ENV="$(ASAN_ENV)" test
 tsan:
-	+$(MAKE) BUILD=$(BUILD)-tsan CUDA=0 CXXFLAGS="$(SAN_CXXFLAGS)" SANITIZE="$(TSAN_FLAGS)" test
+	+$(MAKE) BUILD=$(BUILD)-tsan CUDA=0 CXXFLAGS="$(SAN_CXXFLAGS)" SANITIZE="$(TSAN_FLAGS)" SAN_ENV="$(TSAN_ENV)" test
 
 # The README's test command: unit and fixture tests, the same under ASan+UBSan,
 # then a bounded fuzz run.
