@@ -188,6 +188,7 @@ HeatFile parse_heat(std::string_view text, const std::string& name) {
     in.fail("model fingerprint '" + std::string(w[1].substr(0, 24)) + "' is not 16 lowercase hex digits");
   for (char c : w[1]) f.fingerprint = f.fingerprint << 4 | uint64_t(c <= '9' ? c - '0' : c - 'a' + 10);
   const uint64_t layers = in.field("layers");
+  if (!shape_ok(layers, 1)) in.fail("heat of " + std::to_string(layers) + " layers is outside 1..4096");
   const uint64_t experts = in.field("experts");
   if (!shape_ok(layers, experts)) in.fail(shape_error(layers, experts));
   const uint64_t tokens = in.field("tokens");
