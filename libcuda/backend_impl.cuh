@@ -107,6 +107,8 @@ class CudaBackend : public Backend {
   }
   void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) override;
   void finish_chunk(BackendState& state, float* logits) override;
+  // Routing heat of whole chunks: heat_, counted by the router's top-k kernel.
+  bool read_heat(std::vector<uint64_t>& counts) override;
 
   // The per-layer steps on host arrays (layer_steps.cu): each uploads its
   // input, runs a chunk's kernels for that step and downloads its output.
@@ -147,7 +149,7 @@ class CudaBackend : public Backend {
   // hn_q: the norm before left hn quantized for this step's int8 readers.
   void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap);
   void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
-  void moe_layer(const DevLayer& L, int T, bool hn_q);
+  void moe_layer(const DevLayer& L, int l, int T, bool hn_q);
   // rlogits_ = router(hn_); hn_q: hn_ is also in qx_ in the router's order.
   void router_logits(const DevLayer& L, int T, bool hn_q);
   // sh_ = shared down(silu(sg_) * su_).
@@ -188,6 +190,7 @@ class CudaBackend : public Backend {
   DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
       logits_, scores_, part_;
   DeviceArray<int> ridx_, order_, offsets_;
+  DeviceArray<unsigned long long> heat_;  // [layers, experts] routing counts since read_heat
   DeviceArray<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
   // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
   // the T * K experts' activations).

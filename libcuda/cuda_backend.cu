@@ -211,6 +211,8 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     check(cudaEventCreateWithFlags(&part_ready_[i], cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&part_copied_[i], cudaEventDisableTiming), "cudaEventCreate");
   }
+  heat_.resize(std::size_t(s_.num_layers) * std::max(1, s_.num_experts));
+  check(cudaMemsetAsync(heat_.get(), 0, heat_.size() * sizeof(unsigned long long), stream_), "cudaMemset");
   const int parts = std::clamp(opt_.tuning.logit_parts, 1, kMaxLogitParts);
   logit_parts_ = s_.vocab_size >= 4096 * parts ? parts : 1;
 }
@@ -491,7 +493,7 @@ void CudaBackend::shared_down(const DevLayer& L, int T) {
   }
 }
 
-void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
+void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
   // A 1-row float shared-expert gate is computed by the routing kernel; in a
   // decode step the shared expert then runs as pair K of the routed ones.
@@ -499,12 +501,12 @@ void CudaBackend::moe_layer(const DevLayer& L, int T, bool hn_q) {
   const bool fold = T < kGroupedMinTokens && L.experts.shared_at_E;
   step("router", [&] {
     router_logits(L, T, hn_q);
-    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold);
+    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold,
+               heat_.get() + std::size_t(l) * E);
   });
   // Hybrid: the misses go to the host now and come back as a partial sum
   // just before the combine; the device meanwhile computes everything else
   // (a miss reads the zero expert: exactly 0).
-  const int l = static_cast<int>(&L - layers_.data());
   const bool handoff = handoff_ && !layer_full_[l];
   if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident_[l].get(), hn_.get(), stream_); });
   const DevMatrix& eg = L.experts.table.gate;
@@ -555,7 +557,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
     step("norms+adds", [&] {
       add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
     });
-    moe_layer(L, T, hn_q);
+    moe_layer(L, l, T, hn_q);
     const bool last = l + 1 == s_.num_layers;
     hn_q = !last && mixer_quant(l + 1, &nibble);
     const bool folded = T < kGroupedMinTokens && L.experts.shared_at_E;  // routed_ holds the shared expert too
@@ -729,6 +731,18 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
     if (last_finish_.time_since_epoch().count()) gap_ms_ += ms_d(p.t0 - last_finish_).count();
     last_finish_ = now;
   }
+}
+
+bool CudaBackend::read_heat(std::vector<uint64_t>& counts) {
+  if (pending_.active) throw Error("CUDA backend: read_heat between start_chunk and finish_chunk (internal)");
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  counts.resize(heat_.size());
+  const std::size_t bytes = heat_.size() * sizeof(uint64_t);
+  // On the compute stream: after every chunk launched so far, before the next.
+  check(cudaMemcpyAsync(counts.data(), heat_.get(), bytes, cudaMemcpyDeviceToHost, stream_), "copy routing heat");
+  check(cudaMemsetAsync(heat_.get(), 0, bytes, stream_), "cudaMemset");
+  check(cudaStreamSynchronize(stream_), "routing heat");
+  return true;
 }
 
 }  // namespace detail

@@ -138,8 +138,10 @@ struct ExpertTable {
 // With gate (1 row, float path), also gate_out[t] = gate . hn[t]; with
 // with_shared (E <= 512, gate given) idx and w have K + 1 columns, the last
 // the shared expert as expert E with weight sigmoid(gate_out[t]).
+// With counts [E] (the layer's routing heat), counts[e] += 1 for each of
+// the T x K routed picks (one atomic each; the shared expert not counted).
 void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s, const DevMatrix* gate = nullptr,
-                const float* hn = nullptr, float* gate_out = nullptr, bool with_shared = false);
+                const float* hn = nullptr, float* gate_out = nullptr, bool with_shared = false, unsigned long long* counts = nullptr);
 // act[p, :] = silu(gate_e . x_t) * (up_e . x_t) for every pair p = t*K + k.
 // With q (scratch), int4 / int8 experts take int8 activations and dp4a.
 void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q = nullptr,

@@ -16,7 +16,7 @@ constexpr int kWarps = 8;
 
 // Block per token: softmax over E (sum in double, as the reference), then
 // K rounds of block argmax (ties to the lower index).
-__global__ void route_kernel(const float* logits, int E, int K, int* idx, float* w) {
+__global__ void route_kernel(const float* logits, int E, int K, int* idx, float* w, unsigned long long* counts) {
   griddep_wait();
   extern __shared__ float p[];
   __shared__ double dsum[32];
@@ -62,6 +62,7 @@ __global__ void route_kernel(const float* logits, int E, int K, int* idx, float*
         if (best_v[i] > v || (best_v[i] == v && best_i[i] < bi)) v = best_v[i], bi = best_i[i];
       idx[t * K + k] = bi;
       w[t * K + k] = v;
+      if (counts) atomicAdd(counts + bi, 1ull);  // routing heat
       picked_sum += v;
       p[bi] = -2.0f;  // taken
     }
@@ -73,7 +74,7 @@ __global__ void route_kernel(const float* logits, int E, int K, int* idx, float*
 
 // Softmax over E logits of token t and top-K, on one warp (E <= 32 PER).
 template <int PER>
-__device__ __forceinline__ void route_one(const float* logits, int E, int K, int ks, int t, int* idx, float* w) {
+__device__ __forceinline__ void route_one(const float* logits, int E, int K, int ks, int t, int* idx, float* w, unsigned long long* counts) {
   const int lane = threadIdx.x & 31;
   const float* lt = logits + static_cast<long long>(t) * E;
   float p[PER];
@@ -108,7 +109,10 @@ __device__ __forceinline__ void route_one(const float* logits, int E, int K, int
 #pragma unroll
     for (int k = 0; k < PER; ++k)
       if (lane + 32 * k == bi) p[k] = -2.0f;  // taken
-    if (lane == 0) idx[t * ks + kk] = bi, w[t * ks + kk] = v;
+    if (lane == 0) {
+      idx[t * ks + kk] = bi, w[t * ks + kk] = v;
+      if (counts) atomicAdd(counts + bi, 1ull);  // routing heat
+    }
     picked_sum += v;
   }
   __syncwarp();
@@ -124,7 +128,8 @@ constexpr int kRouteWarps = 8;
 
 template <int PER, Kind KG>
 __global__ void __launch_bounds__(kRouteWarps * 32) route_warp_kernel(const float* logits, int E, int K, int* idx, float* w, DevMatrix gate,
-                                                                      const float* hn, float* gate_out, bool with_shared) {
+                                                                      const float* hn, float* gate_out, bool with_shared,
+                                                                      unsigned long long* counts) {
   griddep_wait();
   __shared__ float gate_part[kRouteWarps];
   const int ks = K + with_shared;  // idx / w row stride
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_warp_kernel(const floa
     const float part = warp_sum(acc[0]);
     if (lane == 0) gate_part[wid] = part;
   } else {
-    route_one<PER>(logits, E, K, ks, t, idx, w);
+    route_one<PER>(logits, E, K, ks, t, idx, w, counts);
   }
   if (!gate_out) return;
   __syncthreads();
@@ -443,13 +448,14 @@ bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const 
 }
 
 void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cudaStream_t s, const DevMatrix* gate, const float* hn,
-                float* gate_out, bool with_shared) {
+                float* gate_out, bool with_shared, unsigned long long* counts) {
   if (with_shared && (!gate || E > 32 * 16)) throw Error("CUDA: route_topk with the shared expert needs its 1-row gate and E <= 512 (internal)");
   if (E <= 32 * 16) {
     const DevMatrix g = gate ? *gate : DevMatrix{};
     float* go = gate ? gate_out : nullptr;
     auto run = [&]<int PER>() {
-      dispatch_kind(g.kind, [&]<Kind KG>() { launch(route_warp_kernel<PER, KG>, T, gate ? kRouteWarps * 32 : 32, 0, s, logits, E, K, idx, w, g, hn, go, with_shared); });
+      dispatch_kind(g.kind, [&]<Kind KG>() { launch(route_warp_kernel<PER, KG>, T, gate ? kRouteWarps * 32 : 32, 0, s, logits, E, K, idx, w, g, hn, go, with_shared, counts);
+      });
     };
     if (E <= 64) run.template operator()<2>();
     else if (E <= 128) run.template operator()<4>();
@@ -458,7 +464,7 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
     check(cudaGetLastError(), "route launch");
     return;
   }
-  launch(route_kernel, T, 256, E * sizeof(float), s, logits, E, K, idx, w);
+  launch(route_kernel, T, 256, E * sizeof(float), s, logits, E, K, idx, w, counts);
   check(cudaGetLastError(), "route launch");
   if (gate) matmul(*gate, hn, T, gate_out, 1, s);
 }

@@ -1,17 +1,17 @@
 #include "bench/runner.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <chrono>
 #include <ctime>
 #include <cmath>
 #include <numeric>
 #include <random>
 
-#include "convert/convert.h"
 #include "engine/engine.h"
 #include "formats/container.h"
+#include "model/fingerprint.h"
 #include "model/layer_tensors.h"
+#include "placement/heat_recorder.h"
 #include "tokenizer/tokenizer.h"
 #include "util/build_info.h"
 #include "util/error.h"
@@ -88,21 +88,13 @@ double percentile(std::vector<double> v, double p) {
   return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
 }
 
-// A container's own fingerprint, or for a checkpoint directory the
-// fingerprint its conversion would start from.
-std::string fingerprint_of(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::is_regular_file(path)) return hex64(Container(path).fingerprint());
-  if (fs::exists(fs::path(path) / "model.coli")) return hex64(Container((fs::path(path) / "model.coli").string()).fingerprint());
-  return hex64(source_fingerprint(path, "checkpoint"));
-}
-
 struct Loaded {
   std::string path;
   std::unique_ptr<Model> model;
   std::unique_ptr<WeightBytes> bytes;
   std::string fingerprint, type;
   std::vector<int> text_ids;
+  std::unique_ptr<HeatRecorder> heat;  // the model's routing heat (BenchOptions::heat_path)
 };
 
 }  // namespace
@@ -119,6 +111,17 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
   const std::string commit = build_commit(), cpu = cpu_info();
   int failures = 0;
   Loaded cur;
+  // The heat of the model in cur merged into its file: before cur changes, and at the end.
+  auto save_heat = [&] {
+    if (!cur.heat) return;
+    try {
+      cur.heat->save();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "coli-bench: %s\n", e.what());
+      ++failures;
+    }
+    cur.heat.reset();
+  };
   for (const auto& model_path : opt.models)
     for (int threads_req : opt.threads)
       for (int n_batch : opt.n_batch)
@@ -133,11 +136,14 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
           std::string error;
           try {
             if (cur.path != model_path || !cur.model) {
+              save_heat();
               cur = Loaded{};
               cur.model = Model::load(model_path);
               cur.path = model_path;
               cur.bytes = std::make_unique<WeightBytes>(*cur.model);
-              cur.fingerprint = fingerprint_of(model_path);
+              const uint64_t fp = model_fingerprint(model_path);
+              cur.fingerprint = hex64(fp);
+              cur.heat = std::make_unique<HeatRecorder>(opt.heat_path ? opt.heat_path(fp) : std::string(), fp, cur.model->spec());
               const auto& e0 = cur.model->layer(0).moe.experts[0].gate;
               cur.type = "qwen3_5_moe " + std::to_string(cur.model->spec().num_layers) + "L " + format_name(e0.format);
               if (!opt.prompt_file.empty()) {
@@ -150,10 +156,12 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
             if (n_ubatch < 1) throw Error("n_ubatch must be >= 1");
             backend = make_backend(*cur.model, threads, vram_budget);
             engine = std::make_unique<Engine>(cur.model->spec(), *backend, n_ubatch);
+            engine->set_heat(cur.heat->run());
             base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked
             base["backends"] = backend->name();
           } catch (const std::exception& e) {
             error = e.what();
+            save_heat();
             cur = Loaded{};
           }
           if (cur.model) {
@@ -317,7 +325,16 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
             }
             out.write(rec);
           }
+          if (engine && cur.heat) {
+            try {
+              engine->collect_heat();
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "coli-bench: routing heat: %s\n", e.what());
+              ++failures;
+            }
+          }
         }
+  save_heat();
   return failures;
 }
 

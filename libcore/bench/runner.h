@@ -38,6 +38,12 @@ struct BenchOptions {
   bool warmup = true;
   uint64_t seed = 0;
   std::string prompt_file;  // token source instead of random ids (needs a tokenizer)
+  // Routing heat (placement/heat_recorder.h): the heat file of the model
+  // with this fingerprint, "" for none; every token run (warm-up and depth
+  // included) is counted and merged into it when the runner moves to the
+  // next model and at the end. A file that does not match the model fails
+  // that model's records; a failed save is a line on stderr and a failure.
+  std::function<std::string(uint64_t fingerprint)> heat_path;
 };
 
 // Makes the backend a configuration runs on.

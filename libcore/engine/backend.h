@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace coli {
 
@@ -87,6 +88,16 @@ class Backend {
   // then. Default: start remembers the arguments, finish runs forward_chunk.
   virtual void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows);
   virtual void finish_chunk(BackendState& state, float* logits);
+
+  // Routing heat counted on the device by a backend that runs whole chunks
+  // (the engine counts the per-layer path's route() itself): every token of
+  // every forward_chunk / start_chunk adds 1 to counts[layer * experts + e]
+  // for each expert e of its top-k at that layer; route() calls are not
+  // counted. read_heat sets counts to the table [layers * experts] counted
+  // since the last call, zeroes it, and returns true. It waits for the
+  // device; call it from the thread that runs the chunks, not between
+  // start_chunk and finish_chunk. Default: false, nothing counted.
+  virtual bool read_heat(std::vector<uint64_t>& counts) { return false; }
 
  private:
   struct PendingChunk {

@@ -28,6 +28,21 @@ void Backend::add_moe_output(std::size_t n, const float* routed, const float* sh
 Engine::Engine(const ModelSpec& spec, Backend& backend, int prefill_chunk)
     : spec_(spec), backend_(backend), prefill_chunk_(std::max(1, prefill_chunk)) {}
 
+void Engine::set_heat(Heat* heat) {
+  if (heat && (heat->layers() != spec_.num_layers || heat->experts() != spec_.num_experts))
+    throw Error("heat of " + std::to_string(heat->layers()) + " x " + std::to_string(heat->experts()) + " for a model of " +
+                std::to_string(spec_.num_layers) + " layers x " + std::to_string(spec_.num_experts) + " experts (internal)");
+  collect_heat();  // the old heat gets what the device counted for it
+  heat_ = heat;
+  // Drains what the device counted so far; false: count on the per-layer path.
+  device_heat_ = backend_.runs_whole_chunks() && backend_.read_heat(heat_buf_);
+}
+
+void Engine::collect_heat() {
+  if (!heat_ || !device_heat_ || !backend_.read_heat(heat_buf_)) return;
+  heat_->add_counts(heat_buf_);
+}
+
 Session Engine::new_session() const { return Session{backend_.new_state(), 0}; }
 
 std::vector<float> Engine::forward(Session& s, std::span<const int> tokens, const RouteObserver& observe) {
@@ -55,7 +70,8 @@ std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {
   const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
-  if (backend_.runs_whole_chunks() && !observe) {
+  if (heat_) heat_->add_tokens(T);
+  if (backend_.runs_whole_chunks() && !observe && (!heat_ || device_heat_)) {
     const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;
     const auto t0 = std::chrono::steady_clock::now();
     backend_.start_chunk(*s.state, ids, T, s.n_past, rows);  // the logits are allocated while the device runs
@@ -86,6 +102,7 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
       backend_.route(l, T, hn.data(), idx.data(), w.data());
     });
     if (observe) observe(l, T, idx.data(), w.data());
+    if (heat_) heat_->add(l, idx.data(), idx.size());
     step(&StageTimes::shared, [&] { backend_.shared_expert(l, T, hn.data(), shared.data()); });
     step(&StageTimes::experts, [&] {
       for (int t = 0; t < T; ++t)

@@ -13,6 +13,7 @@
 
 #include "engine/backend.h"
 #include "model/model_spec.h"
+#include "placement/heat.h"
 
 namespace coli {
 
@@ -47,6 +48,17 @@ class Engine {
   void set_timing(bool on) { timing_ = on; }
   StageTimes& stage_times() { return times_; }
 
+  // Routing heat: from now on every token forwarded (prompt chunks and
+  // decode steps alike) is counted into heat, which must have the model's
+  // layers x experts and outlive the engine's use of it; null stops. The
+  // per-layer path counts the router's choices as it goes; a backend that
+  // counts on its device (Backend::read_heat) keeps running whole chunks and
+  // its counts arrive at collect_heat(), which the owner of the heat calls
+  // before reading it. set_heat first collects into the heat it replaces;
+  // counts the device made while no heat was set are dropped.
+  void set_heat(Heat* heat);
+  void collect_heat();
+
  private:
   enum class Logits { kNone, kLast, kAll };
   // Checks the ids, then runs them chunk by chunk; last-token or all logits.
@@ -58,6 +70,9 @@ class Engine {
   Backend& backend_;
   int prefill_chunk_;
   bool timing_ = false;
+  Heat* heat_ = nullptr;
+  bool device_heat_ = false;  // the backend counts whole chunks itself
+  std::vector<uint64_t> heat_buf_;
   StageTimes times_;
 };
 

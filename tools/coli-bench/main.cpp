@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -13,6 +14,7 @@
 #include "cpu_expert_host.h"
 #include "cuda_backend.h"
 #include "env_options.h"
+#include "placement/heat.h"
 #include "util/error.h"
 #include "util/parse.h"
 #include "util/progress.h"
@@ -77,6 +79,8 @@ int run(int argc, char** argv) {
       ("no-warmup", po::bool_switch(), "skip the untimed warm-up run")
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
+      ("heat", po::value<std::string>(), "routing heat file, merged into at exit ('none': off; default: "
+                                          "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt per model)")
       ("progress", po::bool_switch(), "log each test to stderr (default when stderr is a terminal)");
   po::variables_map vm;
   const auto args = translate(argc, argv);
@@ -127,6 +131,12 @@ int run(int argc, char** argv) {
   o.seed = vm["seed"].as<uint64_t>();
   o.warmup = !vm["no-warmup"].as<bool>();
   if (vm.count("prompt-file")) o.prompt_file = vm["prompt-file"].as<std::string>();
+  // Routing heat (--heat): every token counted, merged into each model's file.
+  const std::string heat_flag = vm.count("heat") ? vm["heat"].as<std::string>() : "";
+  if (vm.count("heat") && heat_flag.empty()) throw coli::UsageError("--heat needs a FILE or 'none'");
+  if (heat_flag != "none" && !heat_flag.empty() && o.models.size() > 1) throw coli::UsageError("--heat FILE holds one model's heat: give one -m, or no --heat");
+  if (heat_flag != "none")
+    o.heat_path = [heat_flag](uint64_t fp) { return coli::heat_path_for(heat_flag, fp, std::getenv("XDG_CACHE_HOME"), std::getenv("HOME")); };
   coli::RecordFormat fmt;
   if (!coli::parse_record_format(vm["output"].as<std::string>(), &fmt)) throw coli::UsageError("-o: one of tsv, csv, jsonl, md");
   coli::RecordWriter writer(fmt, stdout);

@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,7 +17,9 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "env_options.h"
+#include "model/fingerprint.h"
 #include "model/weights.h"
+#include "placement/heat_recorder.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/tool_main.h"
@@ -186,6 +189,8 @@ int run(int argc, char** argv) {
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
       ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
+      ("heat", po::value<std::string>(), "routing heat file, read at start and merged into at exit ('none': off; default: "
+                                          "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt)")
       ("verbose,v", po::bool_switch(), "log to stderr why the GPU is not used, and other details")
       ("tokenize", po::bool_switch(), "print the ids of the text on stdin (or of --messages) and exit")
       ("detokenize", po::bool_switch(), "print the text of the ids on stdin and exit");
@@ -225,6 +230,15 @@ int run(int argc, char** argv) {
   else if (max_pos > 0 && go.n_ctx > max_pos)
     std::fprintf(stderr, "coli-run: warning: --ctx-size %d exceeds the model's max_position_embeddings %d\n", go.n_ctx, max_pos);
   const bool verbose = f.get<bool>("verbose");
+
+  // Routing heat (--heat): every token counted, merged into the file at exit.
+  const std::string heat_flag = f.has("heat") ? f.get<std::string>("heat") : "";
+  if (f.has("heat") && heat_flag.empty()) throw coli::UsageError("--heat needs a FILE or 'none'");
+  const uint64_t fingerprint = heat_flag == "none" ? 0 : coli::model_fingerprint(f.get<std::string>("model"));
+  coli::HeatRecorder heat(coli::heat_path_for(heat_flag, fingerprint, std::getenv("XDG_CACHE_HOME"), std::getenv("HOME")), fingerprint, model->spec());
+  if (verbose && heat.on())
+    std::fprintf(stderr, "coli-run: routing heat: %s (%llu tokens before this run)\n", heat.path().c_str(),
+                 static_cast<unsigned long long>(heat.previous().tokens()));
   std::string why;
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
@@ -237,6 +251,8 @@ int run(int argc, char** argv) {
     if (co.vram_budget == 0) throw coli::UsageError("--vram-budget must be more than 0");
     co.n_ctx = f.has("ctx-size") ? go.n_ctx : std::min(go.n_ctx > 0 ? go.n_ctx : 4096, 4096);
     if (device != "cpu") co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
+    // The tier starts with the experts earlier runs routed to most.
+    if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
   }
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
   if (!backend_ptr) {
@@ -246,6 +262,11 @@ int run(int argc, char** argv) {
   }
   coli::Backend& backend = *backend_ptr;
   coli::Engine engine(model->spec(), backend, f.get<int>("prefill-chunk"));
+  engine.set_heat(heat.run());
+  auto save_heat = [&] {
+    engine.collect_heat();
+    heat.save();
+  };
   const bool json = f.get<bool>("json");
   auto emit = [](const std::string& s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
@@ -260,7 +281,8 @@ int run(int argc, char** argv) {
       auto st = cs.respond(emit);
       emit("\n");
       print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
-  print_tier(backend.tier_stats());
+      save_heat();
+      print_tier(backend.tier_stats());
       return 0;
     }
     const bool tty = ::isatty(0);
@@ -274,6 +296,7 @@ int run(int argc, char** argv) {
       print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
   print_tier(backend.tier_stats());
     }
+    save_heat();
     return 0;
   }
 
@@ -306,6 +329,7 @@ int run(int argc, char** argv) {
   if (streamer && !json) emit(streamer->flush());
   if (!json) emit("\n");
   print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
+  save_heat();
   print_tier(backend.tier_stats());
   return 0;
 }
