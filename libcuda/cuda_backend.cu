@@ -250,10 +250,14 @@ void CudaBackend::build_tier(const Model& model) {
                     pd = WeightArena::padded(m0.experts[0].down.bytes());
   const std::size_t slot = pg + pu + pd;
   long long slots = opt_.expert_slots;
-  if (slots < 0) {
-    const uint64_t avail = budget_->available(), reserve = runtime_reserve();
-    slots = avail == UINT64_MAX ? static_cast<long long>(L) * E : avail > reserve + slot ? static_cast<long long>((avail - reserve) / slot) - 1 : 0;
-  }
+  const uint64_t avail = budget_->available(), reserve = runtime_reserve();
+  // What the run will charge later (KV cache, state, scratch, logits) and
+  // the zero expert must fit now, or the run would fail part-way.
+  if (avail != UINT64_MAX && avail < reserve + slot)
+    throw Error("--vram-budget " + format_bytes(budget_->limit()) + " exceeded: the KV cache for " + std::to_string(context_tokens()) +
+                " tokens, the recurrent state and the scratch need " + format_bytes(reserve + slot) + " with " + format_bytes(budget_->in_use()) +
+                " already in use by the trunk and the activations");
+  if (slots < 0) slots = avail == UINT64_MAX ? static_cast<long long>(L) * E : static_cast<long long>((avail - reserve) / slot) - 1;
   if (!opt_.heat.empty() && opt_.heat.size() != std::size_t(L) * E)
     throw Error("CUDA backend: the heat has " + std::to_string(opt_.heat.size()) + " counts, the model " + std::to_string(L * E) + " experts");
   plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #include "bench/record_writer.h"
 #include "bench/runner.h"
@@ -158,7 +159,9 @@ int run(int argc, char** argv) {
         std::string why;
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
-        if (vram_budget && device != "cpu") c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads);
+        // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
+        if (vram_budget && device != "cpu")
+          c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads >= static_cast<int>(std::thread::hardware_concurrency()) ? 0 : threads);
         if (auto b = coli::cuda::make_device_backend(device, m, c, &why)) return b;
         return std::make_unique<coli::cpu::CpuBackend>(m, coli::cpu::CpuOptions{threads, fast});
       },
