@@ -30,15 +30,7 @@ std::string cc() { return coli::test::bin_dir() + "/coli-convert"; }
 std::string text_model() { return coli::test::data_dir() + "/tiny-qwen35moe-text"; }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// The names in a directory, sorted, joined by spaces ("" when empty).
-std::string listing(const std::string& dir) {
-  std::vector<std::string> v;
-  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
-  std::sort(v.begin(), v.end());
-  std::string s;
-  for (const auto& n : v) s += (s.empty() ? "" : " ") + n;
-  return s;
-}
+using coli::test::listing;
 
 // A copy of the tiny checkpoint with one bf16 value of `tensor` (row-major
 // index `at`) set to `bits`.

@@ -81,16 +81,7 @@ void expect_gpu_matches_cpu(const Model& m, float tol, bool same_tokens, const s
   }
 }
 
-// The error the CPU reference itself makes on a quantized container, against
-// the transformers goldens (max |dlogit| over the prompts): the scale of the
-// bound for the GPU's int8 activations (dp4a path) on that container.
-float cpu_quantization_error(const Model& m) {
-  cpu::CpuBackend ref(m);
-  Engine e(m.spec(), ref);
-  float err = 0;
-  for (const auto& p : test::tiny_goldens()["prompts"]) err = std::max(err, test::golden_logit_error(e, p));
-  return err;
-}
+using test::cpu_quantization_error;
 
 bool have_device(std::string* why) { return cuda::device_count(why) > 0; }
 

@@ -26,16 +26,7 @@ cuda::CudaOptions tier_options(const Model& m, long long slots) {
   return o;
 }
 
-// The error the CPU reference makes on a quantized container against the
-// transformers goldens: the scale of GPU-vs-CPU differences on it (the GPU
-// quantizes activations for dp4a; see CudaBackend.ContainersMatchTheCpuReference).
-float cpu_quantization_error(const Model& m) {
-  cpu::CpuBackend ref(m);
-  Engine e(m.spec(), ref);
-  float err = 0;
-  for (const auto& p : test::tiny_goldens()["prompts"]) err = std::max(err, test::golden_logit_error(e, p));
-  return err;
-}
+using test::cpu_quantization_error;
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float e = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "convert/convert.h"
+#include "cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/weights.h"
@@ -65,6 +66,17 @@ inline float golden_logit_error(Engine& e, const nlohmann::json& prompt) {
   const auto logits = e.forward(s, prompt["ids"].get<std::vector<int>>());
   float err = 0;
   for (std::size_t i = 0; i < logits.size(); ++i) err = std::max(err, std::fabs(logits[i] - prompt["last_logits"][i].get<float>()));
+  return err;
+}
+
+// The error the CPU reference makes on a quantized model against the
+// transformers goldens (max |dlogit| over the prompts): the scale of the
+// differences a GPU's int8 activations (dp4a) may add on that model.
+inline float cpu_quantization_error(const Model& m) {
+  cpu::CpuBackend ref(m);
+  Engine e(m.spec(), ref);
+  float err = 0;
+  for (const auto& p : tiny_goldens()["prompts"]) err = std::max(err, golden_logit_error(e, p));
   return err;
 }
 

@@ -62,14 +62,7 @@ const char* kSpec = R"({"model_type":"qwen3_5_moe_text","vocab_size":64,"hidden_
 
 coli::ModelSpec spec_with(const std::string& extra) { return coli::parse_model_spec(std::string(kSpec) + extra + "}", "config.json"); }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const coli::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using coli::test::error_of;
 
 }  // namespace
 

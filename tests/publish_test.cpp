@@ -22,23 +22,9 @@ namespace {
 namespace fs = std::filesystem;
 using coli::test::TempDir;
 
-std::string listing(const std::string& dir) {
-  std::vector<std::string> v;
-  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
-  std::sort(v.begin(), v.end());
-  std::string s;
-  for (const auto& n : v) s += (s.empty() ? "" : " ") + n;
-  return s;
-}
+using coli::test::listing;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const coli::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using coli::test::error_of;
 
 // A forked child that sets up a container writer with its data section
 // mapped (as a conversion does before filling it), reports its pid through

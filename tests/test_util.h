@@ -1,6 +1,8 @@
 // Helpers shared by the test suites: where the data is, scratch folders,
 // and a safetensors writer for building good and bad checkpoints.
 #pragma once
+#include <algorithm>
+#include <functional>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -8,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "util/error.h"
 
 namespace coli::test {
 
@@ -84,6 +88,26 @@ inline int run_command(const std::string& cmd, std::string* out) {
     if (out) out->append(buf, n);
   const int st = ::pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// The names in a directory, sorted, joined by spaces ("" when empty).
+inline std::string listing(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  std::string s;
+  for (const auto& n : v) s += (s.empty() ? "" : " ") + n;
+  return s;
+}
+
+// What fn throws as a coli::Error ("(no error)" when it returns).
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const coli::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace coli::test
