@@ -14,6 +14,7 @@
 #include "cpu_backend.h"
 #include "cpu_expert_host.h"
 #include "cuda_backend.h"
+#include "cuda_device.h"
 #include "env_options.h"
 #include "placement/heat.h"
 #include "util/error.h"
@@ -160,7 +161,7 @@ int run(int argc, char** argv) {
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
         // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
-        if (vram_budget && device != "cpu")
+        if (vram_budget && device != "cpu" && coli::cuda::device_count() > 0)
           c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads >= static_cast<int>(std::thread::hardware_concurrency()) ? 0 : threads);
         if (auto b = coli::cuda::make_device_backend(device, m, c, &why)) return b;
         return std::make_unique<coli::cpu::CpuBackend>(m, coli::cpu::CpuOptions{threads, fast});

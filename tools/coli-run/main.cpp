@@ -250,7 +250,7 @@ int run(int argc, char** argv) {
     co.vram_budget = coli::parse_size(f.get<std::string>("vram-budget"), "--vram-budget");
     if (co.vram_budget == 0) throw coli::UsageError("--vram-budget must be more than 0");
     co.n_ctx = f.has("ctx-size") ? go.n_ctx : std::min(go.n_ctx > 0 ? go.n_ctx : 4096, 4096);
-    if (device != "cpu") co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
+    if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
     if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
   }
