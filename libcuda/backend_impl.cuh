@@ -106,6 +106,8 @@ class CudaBackend : public Backend {
     finish_chunk(state, logits);
   }
   void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) override;
+  // start_chunk's launches once the ids are on their way: the decode graph or a prompt chunk's kernels.
+  void launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start);
   void finish_chunk(BackendState& state, float* logits) override;
   // Routing heat of whole chunks: heat_, counted by the router's top-k kernel.
   bool read_heat(std::vector<uint64_t>& counts) override;

@@ -656,6 +656,21 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   }
   prof_tokens_ += T;
   if (handoff_) handoff_->begin();  // its host thread serves the chunk's posts from now on
+  try {
+    launch_chunk(st, T, logit_rows, t_start);
+  } catch (...) {
+    if (handoff_) {  // serve what was launched until it drains, then stop
+      cudaStreamSynchronize(stream_);
+      try {
+        handoff_->end();
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start) {
   {
     long long full = s_.num_layers;
     if (handoff_) full = std::count(layer_full_.begin(), layer_full_.end(), char{1});

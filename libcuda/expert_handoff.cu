@@ -159,7 +159,7 @@ void ExpertHandoff::serve() {
   const float* rows = reinterpret_cast<const float*>(base + rows_at(max_T_, K_));
   float* part = reinterpret_cast<float*>(base + rows_at(max_T_, K_) + std::size_t(max_T_) * H_ * sizeof(float));
   unsigned last = 0;
-  while (true) {
+  while (!stop_) {  // also while a chunk is active: a backend destroyed mid-chunk must not hang here
     if (!active_) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return active_ || stop_; });
