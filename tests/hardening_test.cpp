@@ -124,6 +124,15 @@ TEST(Hardening, NonFiniteLogitsNameTheStep) {
   EXPECT_EQ(run(bin("coli-run") + " -m " + d / "m" + " --prompt-ids 1,2 -n 2 --json", &out), 1);
   EXPECT_NE(out.find("the prompt's forward pass: the logits are not finite"), std::string::npos) << out;
   EXPECT_EQ(out.find("null"), std::string::npos) << out;
+  // Without --json no log-softmax is computed: the scan alone catches it.
+  EXPECT_EQ(run(bin("coli-run") + " -m " + d / "m" + " --prompt-ids 1,2 -n 2 --temp 0", &out), 1);
+  EXPECT_NE(out.find("the prompt's forward pass: the logits are not finite (id 0 is nan)"), std::string::npos) << out;
+  std::vector<float> ok = {1.f, -std::numeric_limits<float>::infinity(), 3.f};
+  EXPECT_NO_THROW(coli::check_logits_finite(ok, "x"));
+  ok[2] = std::numeric_limits<float>::infinity();
+  EXPECT_NE(error_of([&] { coli::check_logits_finite(ok, "decode step 9"); }).find("decode step 9: the logits are not finite (id 2 is inf)"),
+            std::string::npos);
+  EXPECT_THROW(coli::check_logits_finite({-std::numeric_limits<float>::infinity()}, "x"), coli::Error) << "all -inf";
 }
 
 // Item 7: NaN, infinite and negative sampler settings are usage errors.

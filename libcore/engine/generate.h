@@ -21,6 +21,10 @@ struct GenerateOptions {
   int n_predict = 16;
   SamplingParams sampling;
   int top_logprobs = 0;  // report this many most likely ids per step
+  // Report each token's logprob (a log-softmax over the whole vocabulary
+  // per step: 248,320 exponentials at the real size). Off: TokenEvent's
+  // logprob is 0 and only a scan checks that the logits are finite.
+  bool logprobs = true;
   bool ignore_eos = false;
   std::vector<int> stop_ids;  // in addition to the model's eos ids
   int n_ctx = 0;              // context size in tokens (session + prompt + generated); 0: no limit
@@ -28,7 +32,7 @@ struct GenerateOptions {
 
 struct TokenEvent {
   int id = 0;
-  float logprob = 0;                       // of the chosen id, under the raw logits
+  float logprob = 0;                       // of the chosen id, under the raw logits (when asked for)
   std::vector<std::pair<int, float>> top;  // (id, logprob), most likely first
   bool is_stop = false;                    // an end-of-sequence id that ends generation
 };
@@ -49,5 +53,8 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
 // log-softmax of logits (double accumulation). Throws coli::Error naming
 // `step` when a logit is NaN or +Inf (which make the normaliser non-finite).
 std::vector<float> log_softmax(const std::vector<float>& logits, const std::string& step);
+// The same check alone, one pass without exponentials: NaN or +Inf is a
+// coli::Error naming `step` and the first such id (-Inf is a legal "never").
+void check_logits_finite(const std::vector<float>& logits, const std::string& step);
 
 }  // namespace coli

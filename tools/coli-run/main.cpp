@@ -63,6 +63,7 @@ coli::GenerateOptions generate_options(const Flags& f) {
   s.seed = f.has("seed") ? f.get<uint64_t>("seed") : std::random_device{}();
   coli::check_sampling_params(s);
   g.top_logprobs = f.get<int>("top-logprobs");
+  g.logprobs = f.get<bool>("json");  // only --json prints them: a log-softmax per token otherwise costs decode speed
   if (g.top_logprobs < 0) throw coli::UsageError("--top-logprobs must be >= 0");
   g.ignore_eos = f.get<bool>("ignore-eos");
   g.n_ctx = f.get<int>("ctx-size");
