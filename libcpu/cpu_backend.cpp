@@ -278,12 +278,23 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
     else
       for (int gi = 0; gi < ng; ++gi) fn(gi);
   };
+  // One token (a decode step, a hybrid run's misses): every expert takes
+  // the same row, so its int8 codes are made once and copied (the same
+  // codes as quantizing it per expert; the serial part of a step shrinks).
+  QuantizedActs one_row;
+  const bool share_row = T == 1 && ng > 1 && std::all_of(groups.begin(), groups.end(), [](const Group& g) { return g.count == 1 && !g.amx; }) &&
+                         vnni_applies(moe.experts[groups[0].expert].gate, 1);
+  if (share_row) quantize_acts(hn, 1, H, &one_row);
   per_group([&](int gi) {
     Group& g = groups[gi];
     const Matrix& gate = moe.experts[g.expert].gate;
+    g.act.resize(static_cast<std::size_t>(g.count) * I);
+    if (share_row) {
+      g.qx = one_row;
+      return;
+    }
     g.x.resize(static_cast<std::size_t>(g.count) * H);
     for (int c = 0; c < g.count; ++c) std::copy_n(hn + static_cast<std::size_t>(pairs[order[g.begin + c]].token) * H, H, g.x.data() + c * H);
-    g.act.resize(static_cast<std::size_t>(g.count) * I);
     if (vnni_applies(gate, g.count)) {
       quantize_acts(g.x.data(), g.count, H, &g.qx);
       if (g.amx) prepare_amx_acts(g.qx, &g.ax);
