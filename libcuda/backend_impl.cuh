@@ -179,6 +179,8 @@ class CudaBackend : public Backend {
   std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
   std::unique_ptr<ExpertHandoff> handoff_;
   long long full_layer_pairs_ = 0;            // routed pairs of layers without handoff (counted per chunk)
+  long long tokens_ = 0;                      // tokens launched
+  uint64_t expert_bytes_ = 0;                 // one routed expert's gate + up + down bytes
   cudaStream_t stream_ = nullptr;
   WeightArena arena_;
   DevMatrix embed_, lm_head_;

@@ -249,6 +249,7 @@ void CudaBackend::build_tier(const Model& model) {
   const std::size_t pg = WeightArena::padded(m0.experts[0].gate.bytes()), pu = WeightArena::padded(m0.experts[0].up.bytes()),
                     pd = WeightArena::padded(m0.experts[0].down.bytes());
   const std::size_t slot = pg + pu + pd;
+  expert_bytes_ = m0.experts[0].gate.bytes() + m0.experts[0].up.bytes() + m0.experts[0].down.bytes();
   long long slots = opt_.expert_slots;
   const uint64_t avail = budget_->available(), reserve = runtime_reserve();
   // What the run will charge later (KV cache, state, scratch, logits) and
@@ -316,7 +317,9 @@ TierStats CudaBackend::tier_stats() const {
     const ExpertHandoff::Stats h = handoff_->stats();
     t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs;
     t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms;
+    t.host_expert_bytes = static_cast<uint64_t>(h.misses) * expert_bytes_;
   }
+  t.tokens = tokens_;
   t.vram_budget = opt_.vram_budget;
   t.vram_peak = budget_->peak();
   return t;
@@ -675,6 +678,7 @@ void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono
     long long full = s_.num_layers;
     if (handoff_) full = std::count(layer_full_.begin(), layer_full_.end(), char{1});
     full_layer_pairs_ += full * T * s_.num_experts_per_tok;  // the handoff counts the other layers' pairs
+    tokens_ += T;
   }
   pdl_wanted() = T == 1 && opt_.pdl;  // decode: overlap each kernel's launch with the previous one's tail
   gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;

@@ -66,6 +66,9 @@ TEST(CudaTier, SameGreedyTokensAtEveryPlacement) {
       const TierStats ts = tier->tier_stats();
       EXPECT_TRUE(ts.tiered);
       EXPECT_EQ(ts.resident, slots);
+      const ExpertWeights& x = m->layer(0).moe.experts[0];
+      EXPECT_EQ(ts.host_expert_bytes, static_cast<uint64_t>(ts.misses) * (x.gate.bytes() + x.up.bytes() + x.down.bytes()));
+      EXPECT_EQ(ts.pairs, ts.tokens * m->spec().num_layers * m->spec().num_experts_per_tok) << "every routed pair of every token counted once";
       if (slots == all) {
         EXPECT_EQ(ts.misses, 0);
       } else if (slots == 0) {
