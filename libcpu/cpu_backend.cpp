@@ -287,12 +287,12 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
   if (share_row) quantize_acts(hn, 1, H, &one_row);
   per_group([&](int gi) {
     Group& g = groups[gi];
-    const Matrix& gate = moe.experts[g.expert].gate;
     g.act.resize(static_cast<std::size_t>(g.count) * I);
     if (share_row) {
       g.qx = one_row;
       return;
     }
+    const Matrix& gate = moe.experts[g.expert].gate;
     g.x.resize(static_cast<std::size_t>(g.count) * H);
     for (int c = 0; c < g.count; ++c) std::copy_n(hn + static_cast<std::size_t>(pairs[order[g.begin + c]].token) * H, H, g.x.data() + c * H);
     if (vnni_applies(gate, g.count)) {

@@ -177,6 +177,7 @@ class CudaBackend : public Backend {
   DeviceArray<uint8_t> slots_;                // slot 0: the zero expert; then one slot per resident expert
   std::vector<DeviceArray<uint8_t>> resident_;  // per layer [E] flags
   std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
+  int full_layers_ = 0;                       // how many such layers
   std::unique_ptr<ExpertHandoff> handoff_;
   long long full_layer_pairs_ = 0;            // routed pairs of layers without handoff (counted per chunk)
   long long tokens_ = 0;                      // tokens launched

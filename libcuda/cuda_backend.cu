@@ -78,9 +78,9 @@ const float** dev_vector(DevLayer& d, const TensorDesc& t) {
 }
 
 // The device pointer tables of a layer's experts: entry e -> its gate / up
-// / down bytes (entry E: the shared expert, when it folds in).
-void set_expert_pointers(DevLayer& d, const std::vector<const uint8_t*>& gp, const std::vector<const uint8_t*>& upp,
-                         const std::vector<const uint8_t*>& dp) {
+// / down bytes, then entry E: the shared expert, when it folds in.
+void set_expert_pointers(DevLayer& d, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp) {
+  if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
   const std::size_t np = gp.size();
   d.experts.gate_ptrs.resize(np), d.experts.up_ptrs.resize(np), d.experts.down_ptrs.resize(np);
   check(cudaMemcpy(d.experts.gate_ptrs.get(), gp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
@@ -173,15 +173,10 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
         *dev_vector(d, t) = put_floats(vector_of(model, t));
         continue;
       }
-      if (tiered_ && t.expert >= 0) {  // described here, placed by build_tier
-        const bool gate = t.role == TensorRole::kExpertGate, up = t.role == TensorRole::kExpertUp;
-        DevMatrix& first = gate ? d.experts.table.gate : up ? d.experts.table.up : d.experts.table.down;
-        const DevMatrix m = describe(matrix_of(model, t), nullptr, t.name.c_str());
-        if (t.expert == 0) first = m;
-        else if (m.kind != first.kind) throw Error("CUDA backend: " + t.name + " differs in format from expert 0");
-        continue;
-      }
-      const DevMatrix m = put_matrix(matrix_of(model, t), t.name);
+      // A tiered run's routed experts are only described here; build_tier
+      // places them in slots.
+      const bool slotted = tiered_ && t.expert >= 0;
+      const DevMatrix m = slotted ? describe(matrix_of(model, t), nullptr, t.name.c_str()) : put_matrix(matrix_of(model, t), t.name);
       if (t.expert < 0) {
         *dev_matrix(d, t) = m;
         continue;
@@ -199,9 +194,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     const ExpertTable& et = d.experts.table;
     d.experts.shared_at_E = E > 0 && E <= 512 && same_layout(d.sh_gate, et.gate) && same_layout(d.sh_up, et.up) && same_layout(d.sh_down, et.down) &&
                             takes_int8_x(et.gate) && takes_int8_x(et.down) && d.sh_gate_proj.rows == 1 && !takes_int8_x(d.sh_gate_proj);
-    if (tiered_) continue;  // build_tier fills the pointer tables
-    if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
-    set_expert_pointers(d, gp, upp, dp);
+    if (!tiered_) set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));  // else build_tier's
   }
   if (tiered_) build_tier(model);
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
@@ -240,10 +233,7 @@ std::size_t CudaBackend::runtime_reserve() const {
 
 void CudaBackend::build_tier(const Model& model) {
   const int L = s_.num_layers, E = s_.num_experts;
-  {
-    BudgetScope scope(budget_.get(), "the activations of a chunk (--prefill-chunk / -ub)");
-    ensure_buffers(std::max(1, opt_.max_chunk));
-  }
+  ensure_buffers(std::max(1, opt_.max_chunk));  // charged before the slots take the rest
   // A slot holds one expert's gate, up and down, each 256-byte aligned.
   const MoeWeights& m0 = model.layer(0).moe;
   const std::size_t pg = WeightArena::padded(m0.experts[0].gate.bytes()), pu = WeightArena::padded(m0.experts[0].up.bytes()),
@@ -296,12 +286,12 @@ void CudaBackend::build_tier(const Model& model) {
       next += slot;
     }
     layer_full_[l] = plan_.resident_in_layer(l) == E;
+    full_layers_ += layer_full_[l];
     {
       BudgetScope scope(budget_.get(), "the expert tables");
       resident_[l].resize(E);
       check(cudaMemcpy(resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
-      if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
-      set_expert_pointers(d, gp, upp, dp);
+      set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));
     }
   }
   if (!plan_.all()) handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E);
@@ -674,12 +664,8 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
 }
 
 void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start) {
-  {
-    long long full = s_.num_layers;
-    if (handoff_) full = std::count(layer_full_.begin(), layer_full_.end(), char{1});
-    full_layer_pairs_ += full * T * s_.num_experts_per_tok;  // the handoff counts the other layers' pairs
-    tokens_ += T;
-  }
+  full_layer_pairs_ += static_cast<long long>(handoff_ ? full_layers_ : s_.num_layers) * T * s_.num_experts_per_tok;  // the handoff counts the others
+  tokens_ += T;
   pdl_wanted() = T == 1 && opt_.pdl;  // decode: overlap each kernel's launch with the previous one's tail
   gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
   launch_tuning() = opt_.tuning;

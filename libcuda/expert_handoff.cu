@@ -102,8 +102,8 @@ ExpertHandoff::ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E) :
   std::memset(p, 0, bytes);
   box_ = static_cast<Box*>(p);
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_box_), p, 0), "cudaHostGetDevicePointer");
-  DeviceBudget* none = nullptr;
-  d_seq_ = static_cast<unsigned*>(budgeted_malloc(sizeof(unsigned) + sizeof(unsigned long long) + 8, &none));
+  h_ = arrays_at(box_), d_ = arrays_at(d_box_);
+  check(cudaMalloc(&d_seq_, 16), "cudaMalloc (expert handoff counters)");  // the sequence number, then the wait in ns
   d_wait_ns_ = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_seq_) + 8);
   check(cudaMemset(d_seq_, 0, 16), "cudaMemset");
   worker_ = std::thread([this] { serve(); });
@@ -120,19 +120,21 @@ ExpertHandoff::~ExpertHandoff() {
   if (box_) cudaFreeHost(box_);
 }
 
+ExpertHandoff::Arrays ExpertHandoff::arrays_at(Box* base) const {
+  auto* b = reinterpret_cast<char*>(base);
+  const std::size_t rows = rows_at(max_T_, K_), row_bytes = std::size_t(max_T_) * H_ * sizeof(float);
+  return {reinterpret_cast<ExpertPair*>(b + kPairsAt), reinterpret_cast<float*>(b + rows), reinterpret_cast<float*>(b + rows + row_bytes)};
+}
+
 void ExpertHandoff::post(int layer, const int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s) {
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
-  auto* base = reinterpret_cast<char*>(d_box_);
-  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, hn, H_, d_box_,
-         reinterpret_cast<ExpertPair*>(base + kPairsAt), reinterpret_cast<float*>(base + rows_at(max_T_, K_)), d_seq_);
+  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, hn, H_, d_box_, d_.pairs, d_.rows, d_seq_);
 }
 
 void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {
-  auto* base = reinterpret_cast<char*>(d_box_);
-  const float* part = reinterpret_cast<const float*>(base + rows_at(max_T_, K_) + std::size_t(max_T_) * H_ * sizeof(float));
   const long long n = static_cast<long long>(T) * H_;
   const int blocks = static_cast<int>(std::min<long long>((n + 1023) / 1024, 264));
-  launch(join_kernel, blocks, 256, 0, s, d_box_, part, d_seq_, routed, n, d_wait_ns_);
+  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_seq_, routed, n, d_wait_ns_);
 }
 
 void ExpertHandoff::begin() {
@@ -154,10 +156,6 @@ void ExpertHandoff::end() {
 }
 
 void ExpertHandoff::serve() {
-  auto* base = reinterpret_cast<char*>(box_);
-  const auto* pairs = reinterpret_cast<const ExpertPair*>(base + kPairsAt);
-  const float* rows = reinterpret_cast<const float*>(base + rows_at(max_T_, K_));
-  float* part = reinterpret_cast<float*>(base + rows_at(max_T_, K_) + std::size_t(max_T_) * H_ * sizeof(float));
   unsigned last = 0;
   while (!stop_) {  // also while a chunk is active: a backend destroyed mid-chunk must not hang here
     if (!active_) {
@@ -176,10 +174,10 @@ void ExpertHandoff::serve() {
     const int n = box_->n, T = box_->T, layer = box_->layer;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      host_.compute(layer, pairs, n, rows, T, part);
+      host_.compute(layer, h_.pairs, n, h_.rows, T, h_.part);
     } catch (...) {
       // The device must not wait forever: it gets zeros, and end() throws.
-      std::memset(part, 0, std::size_t(T) * H_ * sizeof(float));
+      std::memset(h_.part, 0, std::size_t(T) * H_ * sizeof(float));
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_) error_ = std::current_exception();
     }

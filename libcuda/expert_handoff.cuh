@@ -74,8 +74,16 @@ class ExpertHandoff {
   using Box = HandoffBox;
   ExpertHost& host_;
   const int max_T_, K_, H_, E_;
+  // The box's arrays after the flags, at its host and its device address.
+  struct Arrays {
+    ExpertPair* pairs = nullptr;  // [max_T * K] the misses
+    float* rows = nullptr;        // [max_T, H] the normed rows
+    float* part = nullptr;        // [max_T, H] the host's partial sums
+  };
+  Arrays arrays_at(Box* base) const;
   Box* box_ = nullptr;        // host address
   Box* d_box_ = nullptr;      // the same memory, device address
+  Arrays h_, d_;
   unsigned* d_seq_ = nullptr; // device: the last sequence number posted
   unsigned long long* d_wait_ns_ = nullptr;  // device: join kernels' wait
   std::thread worker_;

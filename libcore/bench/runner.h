@@ -46,7 +46,8 @@ struct BenchOptions {
   std::function<std::string(uint64_t fingerprint)> heat_path;
 };
 
-// Makes the backend a configuration runs on.
+// Makes the backend a configuration runs on: threads as -t asked (0: the
+// backend's default), the VRAM budget in bytes (0: none).
 using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int threads, uint64_t vram_budget)>;
 
 // Runs everything, writing records; progress lines go to `log` (may be null).

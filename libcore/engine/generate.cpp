@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <string>
 #include <numeric>
+#include <string>
 
 #include "util/error.h"
 
@@ -20,9 +20,7 @@ double log_sum_exp(const std::vector<float>& logits) {
   for (float v : logits) sum += std::exp(double(v) - m);
   return m + std::log(sum);
 }
-}  // namespace
 
-namespace {
 [[noreturn]] void not_finite(const std::vector<float>& logits, const std::string& step) {
   std::size_t bad = 0;
   while (bad < logits.size() && (std::isfinite(logits[bad]) || logits[bad] == -std::numeric_limits<float>::infinity())) ++bad;

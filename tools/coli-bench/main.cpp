@@ -7,7 +7,6 @@
 #include <cstring>
 #include <iostream>
 #include <map>
-#include <thread>
 
 #include "bench/record_writer.h"
 #include "bench/runner.h"
@@ -161,8 +160,7 @@ int run(int argc, char** argv) {
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
         // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
-        if (vram_budget && device != "cpu" && coli::cuda::device_count() > 0)
-          c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads >= static_cast<int>(std::thread::hardware_concurrency()) ? 0 : threads);
+        if (vram_budget && device != "cpu" && coli::cuda::device_count() > 0) c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads);
         if (auto b = coli::cuda::make_device_backend(device, m, c, &why)) return b;
         return std::make_unique<coli::cpu::CpuBackend>(m, coli::cpu::CpuOptions{threads, fast});
       },

@@ -20,12 +20,12 @@
 #include "model/fingerprint.h"
 #include "model/weights.h"
 #include "placement/heat_recorder.h"
+#include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/tool_main.h"
 #include "util/io.h"
 #include "util/parse.h"
-#include "sampling/sampler.h"
 
 namespace po = boost::program_options;
 
@@ -253,7 +253,7 @@ int run(int argc, char** argv) {
     // others while the GPU computes the rest.
     co.vram_budget = coli::parse_size(f.get<std::string>("vram-budget"), "--vram-budget");
     if (co.vram_budget == 0) throw coli::UsageError("--vram-budget must be more than 0");
-    co.n_ctx = f.has("ctx-size") ? go.n_ctx : std::min(go.n_ctx > 0 ? go.n_ctx : 4096, 4096);
+    co.n_ctx = f.has("ctx-size") ? go.n_ctx : std::min(go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
     if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
     if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
