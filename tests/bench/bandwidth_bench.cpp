@@ -39,6 +39,6 @@ void BM_ReadBandwidth(benchmark::State& st) {
   }
   st.SetBytesProcessed(static_cast<int64_t>(n * sizeof(float)) * st.iterations());
 }
-BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Arg(8)->Arg(15)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

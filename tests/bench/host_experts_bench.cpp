@@ -1,0 +1,225 @@
+// The CPU side of hybrid decode: one layer's routed experts for one token
+// (k distinct experts, as many as the model routes), computed by the CPU
+// backend from host memory, layers taken in turn so the weights come from
+// DRAM, not the caches. bytes_per_second counts the experts' blob bytes,
+// the roofline quantity (host bytes per token over the host read rate).
+//
+// Needs a container: COLI_BENCH_MODEL=PATH (e.g. coli-convert synth -o).
+// Two sources of the same bytes: the container's file mapping (page cache,
+// 4 KiB pages) and a private anonymous copy that asked for transparent huge
+// pages (MADV_HUGEPAGE), so the cost of the mapping's page walks shows.
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "cpu_backend.h"
+#include "kernels_vnni.h"
+#include "thread_pool.h"
+#include "formats/container.h"
+#include "model/model_spec.h"
+#include "model/weights.h"
+
+namespace {
+
+using namespace coli;
+
+// A container's tensors copied into one anonymous huge-page arena.
+class AnonCopySource : public TensorSource {
+ public:
+  explicit AnonCopySource(std::shared_ptr<Container> c) : c_(std::move(c)) {
+    size_ = 0;
+    for (const std::string& n : c_->names()) size_ += (c_->find(n)->nbytes + 4095) / 4096 * 4096;
+    size_ = (size_ + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap");
+    madvise(p, size_, MADV_HUGEPAGE);
+    arena_ = static_cast<uint8_t*>(p);
+  }
+  ~AnonCopySource() override { munmap(arena_, size_); }
+  const SourceTensor* find(const std::string& name) override {
+    auto it = copies_.find(name);
+    if (it != copies_.end()) return &it->second;
+    const SourceTensor* t = c_->find(name);
+    if (!t) return nullptr;
+    SourceTensor copy = *t;
+    std::memcpy(arena_ + used_, t->data, t->nbytes);
+    copy.data = arena_ + used_;
+    used_ += (t->nbytes + 4095) / 4096 * 4096;
+    return &copies_.emplace(name, copy).first->second;
+  }
+  std::vector<std::string> names() const override { return c_->names(); }
+  std::string where() const override { return c_->where(); }
+
+ private:
+  std::shared_ptr<Container> c_;
+  uint8_t* arena_ = nullptr;
+  std::size_t size_ = 0, used_ = 0;
+  std::map<std::string, SourceTensor> copies_;
+};
+
+std::unique_ptr<Model> load_model(bool anon) {
+  const char* path = std::getenv("COLI_BENCH_MODEL");
+  if (!path) return nullptr;
+  auto c = std::make_shared<Container>(path);
+  ModelSpec spec = parse_model_spec(c->config_json(), std::string(path) + ": config");
+  spec.tensor_prefix = "model.";
+  if (!anon) return Model::bind(spec, c, path);
+  return Model::bind(spec, std::make_shared<AnonCopySource>(c), path);
+}
+
+void BM_HostExperts(benchmark::State& st) {
+  const bool anon = st.range(0) != 0;
+  const int threads = static_cast<int>(st.range(1));
+  static std::unique_ptr<Model> models[2];
+  if (!models[anon]) models[anon] = load_model(anon);
+  if (!models[anon]) {
+    st.SkipWithError("set COLI_BENCH_MODEL to a container");
+    return;
+  }
+  const Model& m = *models[anon];
+  const ModelSpec& s = m.spec();
+  cpu::CpuBackend cpu(m, cpu::CpuOptions{threads, true});
+  std::mt19937 rng(7);
+  std::vector<float> hn(s.hidden_size), out(s.hidden_size);
+  std::normal_distribution<float> nd;
+  for (float& v : hn) v = nd(rng);
+  const int k = s.num_experts_per_tok;
+  std::vector<ExpertPair> pairs(k);
+  std::size_t bytes = 0;
+  int layer = 0;
+  for (auto _ : st) {
+    std::vector<int> picked;
+    for (int i = 0; i < k;) {
+      const int e = static_cast<int>(rng() % s.num_experts);
+      if (std::find(picked.begin(), picked.end(), e) != picked.end()) continue;
+      picked.push_back(e);
+      pairs[i] = ExpertPair{0, e, 1.0f / k};
+      const ExpertWeights& w = m.layer(layer).moe.experts[e];
+      bytes += w.gate.bytes() + w.up.bytes() + w.down.bytes();
+      ++i;
+    }
+    cpu.routed_experts(layer, pairs.data(), k, hn.data(), out.data());
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % s.num_layers;
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(bytes));
+  st.SetLabel(anon ? "anon-hugepage-copy" : "container-mapping");
+}
+BENCHMARK(BM_HostExperts)->ArgsProduct({{0, 1}, {8, 14, 15, 16}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The same experts' bytes only read (64-byte loads summed), split like the
+// expert kernels' jobs: the bound the access pattern allows.
+__attribute__((target("avx512f"))) float sum512(const uint8_t* p, std::size_t n) {
+  __m512 a = _mm512_setzero_ps(), b = a;
+  for (std::size_t i = 0; i + 128 <= n; i += 128) {
+    a = _mm512_add_ps(a, _mm512_loadu_ps(reinterpret_cast<const float*>(p + i)));
+    b = _mm512_add_ps(b, _mm512_loadu_ps(reinterpret_cast<const float*>(p + i + 64)));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+}
+
+void BM_HostExpertsStream(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(1));
+  const int64_t chunk = st.range(0);
+  static std::unique_ptr<Model> model;
+  if (!model) model = load_model(false);
+  if (!model) {
+    st.SkipWithError("set COLI_BENCH_MODEL to a container");
+    return;
+  }
+  const ModelSpec& s = model->spec();
+  cpu::ThreadPool pool(threads);
+  std::mt19937 rng(7);
+  std::size_t bytes = 0;
+  int layer = 0;
+  std::vector<float> sums(4096);
+  for (auto _ : st) {
+    std::vector<std::pair<const uint8_t*, std::size_t>> jobs;
+    std::vector<int> picked;
+    while (static_cast<int>(picked.size()) < s.num_experts_per_tok) {
+      const int e = static_cast<int>(rng() % s.num_experts);
+      if (std::find(picked.begin(), picked.end(), e) != picked.end()) continue;
+      picked.push_back(e);
+      const ExpertWeights& w = model->layer(layer).moe.experts[e];
+      for (const Matrix* m : {&w.gate, &w.up, &w.down}) {
+        for (std::size_t o = 0; o < m->bytes(); o += chunk) jobs.push_back({m->data + o, std::min<std::size_t>(chunk, m->bytes() - o)});
+        bytes += m->bytes();
+      }
+    }
+    pool.run(static_cast<int>(jobs.size()), [&](int j) { sums[j % 4096] += sum512(jobs[j].first, jobs[j].second); });
+    benchmark::DoNotOptimize(sums.data());
+    layer = (layer + 1) % s.num_layers;
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+BENCHMARK(BM_HostExpertsStream)->ArgsProduct({{16384, 65536}, {15, 16}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The expert kernels' two jobs alone, on 8 random experts of a layer:
+// 0: gate+up in 64-row blocks (64 jobs); 1: down in 32-output-row blocks
+// over all 8 experts (64 jobs); 2: down per expert in 256-row blocks.
+void BM_VnniPhase(benchmark::State& st) {
+  const int phase = static_cast<int>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  static std::unique_ptr<Model> model;
+  if (!model) model = load_model(false);
+  if (!model) {
+    st.SkipWithError("set COLI_BENCH_MODEL to a container");
+    return;
+  }
+  const ModelSpec& s = model->spec();
+  const int H = s.hidden_size, I = s.moe_intermediate_size, k = s.num_experts_per_tok;
+  cpu::ThreadPool pool(threads);
+  std::mt19937 rng(7);
+  std::vector<float> x(H), act(I);
+  std::normal_distribution<float> nd;
+  for (float& v : x) v = nd(rng);
+  for (float& v : act) v = nd(rng);
+  cpu::QuantizedActs qx, qa;
+  cpu::quantize_acts(x.data(), 1, H, &qx);
+  cpu::quantize_acts(act.data(), 1, I, &qa);
+  std::vector<float> y(static_cast<std::size_t>(k) * 2 * std::max(H, I));
+  std::size_t bytes = 0;
+  int layer = 0;
+  for (auto _ : st) {
+    std::vector<const ExpertWeights*> ex;
+    std::vector<int> picked;
+    while (static_cast<int>(picked.size()) < k) {
+      const int e = static_cast<int>(rng() % s.num_experts);
+      if (std::find(picked.begin(), picked.end(), e) != picked.end()) continue;
+      picked.push_back(e);
+      const ExpertWeights& w = model->layer(layer).moe.experts[e];
+      ex.push_back(&w);
+      bytes += phase == 0 ? w.gate.bytes() + w.up.bytes() : w.down.bytes();
+    }
+    if (phase == 0) {
+      const int ib = I / 64;
+      pool.run(k * ib, [&](int j) {
+        const ExpertWeights& w = *ex[j / ib];
+        const int64_t r0 = (j % ib) * 64;
+        cpu::matmul_rows_vnni(w.gate, qx, r0, r0 + 64, y.data() + (j / ib) * 2 * I, 1);
+        cpu::matmul_rows_vnni(w.up, qx, r0, r0 + 64, y.data() + (j / ib) * 2 * I + I, 1);
+      });
+    } else if (phase == 1) {
+      pool.run(H / 32, [&](int j) {
+        for (int e = 0; e < k; ++e) cpu::matmul_rows_vnni(ex[e]->down, qa, j * 32, j * 32 + 32, y.data() + e * H, 1);
+      });
+    } else {
+      const int db = H / 256;
+      pool.run(k * db, [&](int j) { cpu::matmul_rows_vnni(ex[j / db]->down, qa, (j % db) * 256, (j % db) * 256 + 256, y.data() + (j / db) * H, 1); });
+    }
+    benchmark::DoNotOptimize(y.data());
+    layer = (layer + 1) % s.num_layers;
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+BENCHMARK(BM_VnniPhase)->ArgsProduct({{0, 1, 2}, {15, 16}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace
