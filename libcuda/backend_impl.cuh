@@ -16,6 +16,7 @@
 #include "cuda_util.cuh"
 #include "expert_handoff.cuh"
 #include "kernels.cuh"
+#include "placement/swap_policy.h"
 #include "placement/tier_plan.h"
 
 namespace coli::cuda::detail {
@@ -168,6 +169,47 @@ class CudaBackend : public Backend {
   // workspaces of max_chunk tokens at the context size (charged later).
   std::size_t runtime_reserve() const;
   int context_tokens() const;  // CudaOptions::n_ctx, or 4096
+
+  // Background swaps of the tier (CudaOptions::swap; tier_swaps.cu). Every
+  // swap_window tokens the routing counts of the window come off the device
+  // (read_heat still sees them) into a SwapPolicy, which picks hot misses
+  // to replace cold residents. A swap then goes: staged (finish_chunk, while
+  // the device and the host experts run: the candidate's blob from host
+  // memory into a pinned buffer in the slot's layout), evicted (start_chunk:
+  // the victim's table entry to the zero expert on the compute stream, so
+  // later steps send it to the host), copied (the swap stream, after that
+  // eviction and the steps before it: nothing still reads the slot), and
+  // installed (a later start_chunk, once the copy's event is done: the
+  // candidate's entry to the slot). No step ever waits for a swap.
+  struct SwapJob {
+    enum State { kFree, kStaging, kStaged, kCopying } state = kFree;
+    int victim = -1, candidate = -1;  // (layer, expert) pair indices
+    long long slot = -1;              // the victim's slot, then the candidate's
+    uint8_t* staging = nullptr;       // pinned, one slot
+    cudaEvent_t evicted = nullptr, copied = nullptr;
+  };
+  void init_swaps(const Model& model);  // end of build_tier, when CudaOptions::swap
+  void swap_tick();                     // start_chunk, before the launch
+  void swap_stage();                    // finish_chunk, before waiting for the device
+  void drain_heat_window();             // the window's counts, once on the host: to heat_host_ and the policy
+  void free_swaps();
+  // Pair's entry in its layer's pointer tables and resident flags, on the compute stream.
+  void set_entry(int pair, const uint8_t* slot, bool resident);
+  uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
+  const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
+  std::unique_ptr<SwapPolicy> swap_policy_;
+  std::vector<SwapJob> swap_jobs_;
+  std::vector<long long> slot_of_;  // [layers * experts]: the pair's slot, -1 if not resident
+  std::vector<uint8_t> swap_busy_;  // [layers * experts]: in a swap in flight
+  std::size_t slot_bytes_ = 0, slot_up_ = 0, slot_down_ = 0;  // a slot's size; offsets of up and down in it
+  cudaStream_t swap_stream_ = nullptr;
+  unsigned long long* h_heat_ = nullptr;  // pinned: the last window's counts
+  cudaEvent_t heat_ev_ = nullptr;
+  bool heat_pending_ = false;
+  std::vector<uint64_t> heat_host_;  // counts taken off the device by the windows, not yet read_heat's
+  long long window_start_ = 0;       // tokens_ when the last window was read
+  long long swaps_done_ = 0;
+  uint64_t swap_bytes_ = 0;
 
   const ModelSpec& s_;
   CudaOptions opt_;

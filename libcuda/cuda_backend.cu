@@ -261,6 +261,8 @@ void CudaBackend::build_tier(const Model& model) {
   }
   uint8_t* next = slots_.get();
   const uint8_t* zero = nullptr;
+  slot_bytes_ = slot, slot_up_ = pg, slot_down_ = pg + pu;
+  slot_of_.assign(static_cast<std::size_t>(L) * E, -1);
   if (!plan_.all()) {  // slot 0: the zero expert every miss reads on the device
     check(cudaMemset(next, 0, slot), "zero expert");
     zero = next, next += slot;
@@ -283,6 +285,7 @@ void CudaBackend::build_tier(const Model& model) {
       check(cudaMemcpy(next + pg, x.up.data, x.up.bytes(), cudaMemcpyHostToDevice), "upload expert");
       check(cudaMemcpy(next + pg + pu, x.down.data, x.down.bytes(), cudaMemcpyHostToDevice), "upload expert");
       gp[e] = next, upp[e] = next + pg, dp[e] = next + pg + pu;
+      slot_of_[static_cast<std::size_t>(l) * E + e] = (next - slots_.get()) / static_cast<std::ptrdiff_t>(slot);
       next += slot;
     }
     layer_full_[l] = plan_.resident_in_layer(l) == E;
@@ -295,6 +298,7 @@ void CudaBackend::build_tier(const Model& model) {
     }
   }
   if (!plan_.all()) handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E);
+  if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps(model);
 }
 
 TierStats CudaBackend::tier_stats() const {
@@ -310,6 +314,7 @@ TierStats CudaBackend::tier_stats() const {
     t.host_expert_bytes = static_cast<uint64_t>(h.misses) * expert_bytes_;
   }
   t.tokens = tokens_;
+  t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
   t.vram_budget = opt_.vram_budget;
   t.vram_peak = budget_->peak();
   return t;
@@ -343,6 +348,7 @@ CudaBackend::~CudaBackend() {
     for (const auto& [name, row] : prof_)
       std::fprintf(stderr, "%-14s %10.3f %8ld %6.1f%%\n", name.c_str(), row.ms, row.calls, 100.0 * row.ms / total);
   }
+  free_swaps();
   if (h_io_) cudaFreeHost(h_io_);
   for (int i = 0; i < kMaxLogitParts; ++i) {
     if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);
@@ -648,6 +654,7 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
     copy_call_ms_ += ms_d(std::chrono::steady_clock::now() - t_copy).count();
   }
   prof_tokens_ += T;
+  swap_tick();  // swaps' table updates go before this chunk's kernels
   if (handoff_) handoff_->begin();  // its host thread serves the chunk's posts from now on
   try {
     launch_chunk(st, T, logit_rows, t_start);
@@ -715,6 +722,7 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
   const Pending p = pending_;
   pending_.active = false;
   const int V = s_.vocab_size;
+  swap_stage();  // while the device runs the chunk
   // Each column range as soon as it is on the host.
   auto t_last = std::chrono::steady_clock::now();
   for (int i = 0; p.logit_rows && i < logit_parts_; ++i) {
@@ -751,6 +759,11 @@ bool CudaBackend::read_heat(std::vector<uint64_t>& counts) {
   check(cudaMemcpyAsync(counts.data(), heat_.get(), bytes, cudaMemcpyDeviceToHost, stream_), "copy routing heat");
   check(cudaMemsetAsync(heat_.get(), 0, bytes, stream_), "cudaMemset");
   check(cudaStreamSynchronize(stream_), "routing heat");
+  if (swap_policy_) {  // what the swaps' windows took off the device
+    drain_heat_window();
+    for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += heat_host_[i];
+    std::fill(heat_host_.begin(), heat_host_.end(), 0);
+  }
   return true;
 }
 

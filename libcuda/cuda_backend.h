@@ -19,6 +19,7 @@
 #include "engine/backend.h"
 #include "engine/expert_host.h"
 #include "model/weights.h"
+#include "placement/swap_policy.h"
 #include "util/error.h"
 
 namespace coli::cuda {
@@ -78,6 +79,14 @@ struct CudaOptions {
   // Routing counts [layers * experts] (layer-major) for the initial fill,
   // hottest first; empty: spread evenly over the layers.
   std::vector<uint64_t> heat;
+  // Background swaps: every swap_window tokens the window's routing counts
+  // (decayed) let a hot non-resident expert replace a cold resident one,
+  // copied from pinned staging on a stream of its own, never blocking a
+  // step; budget-neutral (slot for slot). Off by default here (results then
+  // depend only on the inputs); the tools turn it on unless --no-swap.
+  bool swap = false;
+  int swap_window = 32;
+  SwapPolicyOptions swap_policy;  // its max_swaps: at most 2 in flight
   // Computes the experts the tier does not hold, on the host, while the
   // device computes the rest (hybrid decode). Required when the tier holds
   // fewer than all experts; the backend keeps it alive.

@@ -160,3 +160,56 @@ TEST(CudaTier, TheBudgetIsNeverExceeded) {
   EXPECT_GT(partial, 0);
   EXPECT_GT(full, 0);
 }
+
+// Background swaps (CudaOptions::swap): hot misses take cold residents'
+// slots while the run decodes, and the tokens stay those of every expert
+// resident. A window of 2 tokens and a low bar make the tiny fixture swap
+// often; the counts the windows take off the device still reach read_heat.
+TEST(CudaTier, SwapsDoNotChangeTokens) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
+    test::TempDir d;
+    auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", f);
+    const ModelSpec& s = m->spec();
+    const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+    auto whole = cuda::make_cuda_backend(*m);
+    Engine ew(s, *whole, 64);
+    cuda::CudaOptions o = tier_options(*m, all / 4);
+    o.swap = true;
+    o.swap_window = 2;
+    o.swap_policy.hysteresis = 0.25;
+    o.swap_policy.min_gain = 0.5;
+    auto tier = cuda::make_cuda_backend(*m, o);
+    Engine et(s, *tier, 64);
+    const float tol = 2 * cpu_quantization_error(*m);
+    float worst = 0;
+    for (const auto& p : test::tiny_goldens()["prompts"]) {
+      const std::vector<int> ids = p["ids"];
+      EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids)) << format_name(f) << " prompt " << ids.size();
+      // 48 steps of the all-resident run's greedy continuation, fed to both
+      // one token at a time: every step's logits within the CPU kernels'
+      // error, whatever the tier held at that step (a long greedy run can
+      // meet a near-tie that this error flips).
+      const std::vector<int> cont = test::greedy_tokens(ew, ids, 48);
+      Session sw = ew.new_session(), st = et.new_session();
+      float err = max_abs_diff(ew.forward(sw, ids), et.forward(st, ids));
+      for (int tok : cont) err = std::max(err, max_abs_diff(ew.forward(sw, std::vector<int>{tok}), et.forward(st, std::vector<int>{tok})));
+      EXPECT_LT(err, tol) << format_name(f) << " prompt " << ids.size();
+      worst = std::max(worst, err);
+    }
+    const TierStats ts = tier->tier_stats();
+    const ExpertWeights& x = m->layer(0).moe.experts[0];
+    std::printf("[ info     ] %s, %lld of %lld resident: %lld swaps, hit rate %.3f over %lld tokens, max |dlogit| %.2e (bound %.2e)\n", format_name(f),
+                ts.resident, ts.experts, ts.swaps, ts.hit_rate(), ts.tokens, worst, tol);
+    EXPECT_GT(ts.swaps, 0) << "the low bar makes the tier swap";
+    EXPECT_EQ(ts.swap_bytes, static_cast<uint64_t>(ts.swaps) * (x.gate.bytes() + x.up.bytes() + x.down.bytes()));
+    EXPECT_EQ(ts.resident, all / 4) << "slot for slot";
+    EXPECT_EQ(ts.pairs, ts.tokens * s.num_layers * s.num_experts_per_tok);
+    std::vector<uint64_t> heat;
+    ASSERT_TRUE(tier->read_heat(heat));
+    uint64_t total = 0;
+    for (uint64_t c : heat) total += c;
+    EXPECT_EQ(total, static_cast<uint64_t>(ts.tokens) * s.num_layers * s.num_experts_per_tok) << "every routing counted once";
+  }
+}

@@ -74,6 +74,7 @@ int run(int argc, char** argv) {
       ("batch-size", po::value<std::string>()->default_value("2048"), "logical batch size (recorded)")
       ("ubatch-size", po::value<std::string>()->default_value("512"), "tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time")
+      ("no-swap", po::bool_switch(), "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)")
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
       ("prompt-file", po::value<std::string>(), "take token ids from this text (model's tokenizer) instead")
@@ -147,6 +148,7 @@ int run(int argc, char** argv) {
   if (device != "cpu" && device != "cuda" && device != "auto") throw coli::UsageError("--device must be cuda, cpu or auto, not '" + device + "'");
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   co.max_chunk = *std::max_element(o.n_ubatch.begin(), o.n_ubatch.end());
+  co.swap = !vm["no-swap"].as<bool>();
   // Under a budget the KV cache is made for the longest test at once.
   for (int d : o.n_depth) {
     for (int p : o.n_prompt) co.n_ctx = std::max(co.n_ctx, d + p + 1);

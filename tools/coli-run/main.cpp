@@ -80,6 +80,7 @@ void print_tier(const coli::TierStats& t) {
                t.resident, t.experts, 100 * t.hit_rate(), t.pairs, t.host_experts_ms, t.tokens ? t.host_expert_bytes / 1e6 / t.tokens : 0.0,
                t.device_wait_ms, t.handoffs, t.vram_peak / double(1 << 30));
   if (t.vram_budget) std::fprintf(stderr, " of %.2f GiB", t.vram_budget / double(1 << 30));
+  if (t.swaps) std::fprintf(stderr, ", %lld swaps (%.1f MB copied)", t.swaps, t.swap_bytes / 1e6);
   std::fprintf(stderr, "\n");
 }
 
@@ -190,6 +191,7 @@ int run(int argc, char** argv) {
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
+      ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
       ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
@@ -254,6 +256,7 @@ int run(int argc, char** argv) {
     co.vram_budget = coli::parse_size(f.get<std::string>("vram-budget"), "--vram-budget");
     if (co.vram_budget == 0) throw coli::UsageError("--vram-budget must be more than 0");
     co.n_ctx = f.has("ctx-size") ? go.n_ctx : std::min(go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
+    co.swap = !f.get<bool>("no-swap");
     if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
     if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
