@@ -47,6 +47,10 @@ CpuBackend::CpuBackend(const Model& model, CpuOptions opt) : m_(model), s_(model
 
 CpuBackend::~CpuBackend() = default;
 
+void CpuBackend::hold_threads(bool on) {
+  if (pool_) pool_->set_hot(on);
+}
+
 int CpuBackend::num_threads() const { return pool_ ? pool_->size() : 1; }
 
 void CpuBackend::parallel(int n, const std::function<void(int)>& fn, bool fixed) {

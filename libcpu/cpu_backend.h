@@ -47,6 +47,8 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return fast_ ? "cpu" : "cpu-ref"; }
   int num_threads() const override;
+  // The pool's workers spin between jobs while on (ThreadPool::set_hot).
+  void hold_threads(bool on);
   std::unique_ptr<BackendState> new_state() const override;
   void embed(const int* ids, int T, float* x) override;
   void trunk_step(int layer, BackendState& state, int pos0, int T, float* x) override;

@@ -30,6 +30,7 @@ class CpuExpertHost : public ExpertHost {
     std::fill(out, out + static_cast<std::size_t>(T) * hidden_, 0.0f);
     if (n > 0) cpu_.routed_experts(layer, pairs, n, hn, out);
   }
+  void hold(bool on) override { cpu_.hold_threads(on); }
   int num_threads() const { return cpu_.num_threads(); }
 
  private:

@@ -53,20 +53,28 @@ void ThreadPool::launch(int n, const std::function<void(int)>& fn, bool fixed) {
   while (active_.load(std::memory_order_acquire) > 0) _mm_pause();
 }
 
+void ThreadPool::set_hot(bool on) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hot_.store(on, std::memory_order_relaxed);
+  }
+  if (on) cv_.notify_all();  // sleepers spin again
+}
+
 void ThreadPool::worker_loop(int id) {
   uint64_t seen = 0;
   while (true) {
-    // Spin for a while for the next job, then sleep.
-    const auto t0 = std::chrono::steady_clock::now();
+    // Spin for a while for the next job, then sleep (unless hot).
+    auto t0 = std::chrono::steady_clock::now();
     int spins = 0;
     while (generation_.load(std::memory_order_acquire) == seen) {
       _mm_pause();
-      if (++spins % 1024 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(200)) {
+      if (++spins % 1024 == 0 && !hot_.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(200)) {
         std::unique_lock<std::mutex> lock(mu_);
         sleepers_.fetch_add(1);
-        cv_.wait(lock, [&] { return generation_.load() != seen; });
+        cv_.wait(lock, [&] { return generation_.load() != seen || hot_.load(); });
         sleepers_.fetch_sub(1);
-        break;
+        t0 = std::chrono::steady_clock::now();
       }
     }
     seen = generation_.load(std::memory_order_acquire);

@@ -27,6 +27,12 @@ class ThreadPool {
   // Jobs that touch per-job state (a head's recurrent state) then find it in
   // the same core's cache on every call.
   void run_static(int n, const std::function<void(int)>& fn);
+  // Hot: the workers spin between runs instead of sleeping after a while
+  // (and sleeping ones wake up), for a caller whose runs come every few
+  // tens of microseconds for a known stretch (a hybrid chunk's layers:
+  // waking 14 sleeping workers costs more than a layer's expert work when
+  // few of its experts miss). Cold again: they sleep after the usual spin.
+  void set_hot(bool on);
 
  private:
   void worker_loop(int id);
@@ -44,6 +50,7 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<int> sleepers_{0};
+  std::atomic<bool> hot_{false};
 };
 
 }  // namespace coli::cpu

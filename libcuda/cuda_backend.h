@@ -85,8 +85,8 @@ struct CudaOptions {
   // step; budget-neutral (slot for slot). Off by default here (results then
   // depend only on the inputs); the tools turn it on unless --no-swap.
   bool swap = false;
-  int swap_window = 32;
-  SwapPolicyOptions swap_policy;  // its max_swaps: at most 2 in flight
+  int swap_window = 16;
+  SwapPolicyOptions swap_policy;  // its max_swaps: at most 8 in flight
   // Computes the experts the tier does not hold, on the host, while the
   // device computes the rest (hybrid decode). Required when the tier holds
   // fewer than all experts; the backend keeps it alive.

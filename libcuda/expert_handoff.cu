@@ -157,7 +157,9 @@ void ExpertHandoff::end() {
 
 void ExpertHandoff::serve() {
   unsigned last = 0;
+  bool held = false;  // the host's threads kept spinning for this chunk
   while (!stop_) {  // also while a chunk is active: a backend destroyed mid-chunk must not hang here
+    if (const bool a = active_; a != held) host_.hold(held = a);
     if (!active_) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return active_ || stop_; });

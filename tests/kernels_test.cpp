@@ -97,6 +97,24 @@ TEST(ThreadPool, RunsEveryJobOnceAcrossManyRuns) {
   EXPECT_EQ(n.load(), 64);
 }
 
+// Hot (set_hot) keeps workers spinning past the sleep time and wakes
+// sleeping ones; every run still does every job once, hot or cold, with
+// the workers asleep or awake when it starts, and the pool stops cleanly
+// while hot.
+TEST(ThreadPool, HotAndColdRunsDoEveryJob) {
+  auto pool = std::make_unique<ThreadPool>(4);
+  std::atomic<int> n{0};
+  int expect = 0;
+  for (bool hot : {true, false, true, true, false}) {
+    pool->set_hot(hot);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past the 200 us spin
+    for (int r = 0; r < 50; ++r) pool->run(37, [&](int) { n.fetch_add(1); }), expect += 37;
+    EXPECT_EQ(n.load(), expect) << (hot ? "hot" : "cold");
+  }
+  pool->set_hot(true);
+  pool.reset();  // joins hot workers
+}
+
 #include "kernels_vnni.h"
 
 TEST(Kernels, VnniInt4AndInt8MatchTheSameMathInFloat) {

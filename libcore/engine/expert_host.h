@@ -22,6 +22,10 @@ class ExpertHost {
  public:
   virtual ~ExpertHost() = default;
   virtual void compute(int layer, const ExpertPair* pairs, int n, const float* hn, int T, float* out) = 0;
+  // hold(true) .. hold(false) brackets a chunk (the same caller): compute()
+  // calls come every few tens of microseconds, so the implementation may
+  // keep its threads spinning in between instead of letting them sleep.
+  virtual void hold(bool on) { (void)on; }
 };
 
 }  // namespace coli

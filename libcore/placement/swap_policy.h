@@ -21,7 +21,7 @@ struct SwapPolicyOptions {
   double decay = 0.5;       // weight of the previous windows' score
   double hysteresis = 1.0;  // the candidate must score (1 + h) times the victim ...
   double min_gain = 4.0;    // ... plus this many decayed routings
-  int max_swaps = 2;        // per choose()
+  int max_swaps = 8;        // per choose()
 };
 
 struct ExpertSwap {
