@@ -310,7 +310,7 @@ TierStats CudaBackend::tier_stats() const {
   if (handoff_) {
     const ExpertHandoff::Stats h = handoff_->stats();
     t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs;
-    t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms;
+    t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms, t.device_experts_ms = h.device_work_ms;
     t.host_expert_bytes = static_cast<uint64_t>(h.misses) * expert_bytes_;
   }
   t.tokens = tokens_;

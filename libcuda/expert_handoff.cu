@@ -35,7 +35,8 @@ __device__ __forceinline__ unsigned long long global_ns() {
 // One block: the misses in pair order (a per-thread count, an exclusive
 // scan, then each thread writes its own range), the rows, then the flag.
 __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, const int* idx, const float* w, int ks, int K, int T, const uint8_t* resident, int E,
-                                                           const float* hn, int H, HandoffBox* box, ExpertPair* pairs, float* rows, unsigned* seq) {
+                                                           const float* hn, int H, HandoffBox* box, ExpertPair* pairs, float* rows, unsigned* seq,
+                                                           unsigned long long* post_ns) {
   griddep_wait();
   __shared__ int start[kPostThreads + 1];
   const int n = T * K, tid = threadIdx.x;
@@ -64,18 +65,21 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, const int
     *seq = s;
     __threadfence_system();  // the pairs, rows and header before the flag
     box->posted = s;
+    *post_ns = global_ns();
   }
 }
 
 // Waits for the host's done flag to reach the last posted number, then adds
 // the host's partial sums (read past every cache: the same addresses carry
 // a new layer's sums each time).
-__global__ void join_kernel(HandoffBox* box, const float* part, const unsigned* seq, float* routed, long long n, unsigned long long* wait_ns) {
+__global__ void join_kernel(HandoffBox* box, const float* part, const unsigned* seq, float* routed, long long n, unsigned long long* wait_ns,
+                            const unsigned long long* post_ns, unsigned long long* work_ns) {
   griddep_wait();
   __shared__ int any;
   if (threadIdx.x == 0) {
     const unsigned s = *seq;
     const unsigned long long t0 = global_ns();
+    if (blockIdx.x == 0) atomicAdd(work_ns, t0 - *post_ns);  // the device's own work since the post
     while (box->done != s) __nanosleep(100);
     if (blockIdx.x == 0) atomicAdd(wait_ns, global_ns() - t0);
     any = box->n > 0;
@@ -103,9 +107,11 @@ ExpertHandoff::ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E) :
   box_ = static_cast<Box*>(p);
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_box_), p, 0), "cudaHostGetDevicePointer");
   h_ = arrays_at(box_), d_ = arrays_at(d_box_);
-  check(cudaMalloc(&d_seq_, 16), "cudaMalloc (expert handoff counters)");  // the sequence number, then the wait in ns
+  // The sequence number, then the wait, the last post's time and the work, in ns.
+  check(cudaMalloc(&d_seq_, 32), "cudaMalloc (expert handoff counters)");
   d_wait_ns_ = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_seq_) + 8);
-  check(cudaMemset(d_seq_, 0, 16), "cudaMemset");
+  d_post_ns_ = d_wait_ns_ + 1, d_work_ns_ = d_wait_ns_ + 2;
+  check(cudaMemset(d_seq_, 0, 32), "cudaMemset");
   worker_ = std::thread([this] { serve(); });
 }
 
@@ -128,13 +134,13 @@ ExpertHandoff::Arrays ExpertHandoff::arrays_at(Box* base) const {
 
 void ExpertHandoff::post(int layer, const int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s) {
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
-  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, hn, H_, d_box_, d_.pairs, d_.rows, d_seq_);
+  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, hn, H_, d_box_, d_.pairs, d_.rows, d_seq_, d_post_ns_);
 }
 
 void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {
   const long long n = static_cast<long long>(T) * H_;
   const int blocks = static_cast<int>(std::min<long long>((n + 1023) / 1024, 264));
-  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_seq_, routed, n, d_wait_ns_);
+  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_seq_, routed, n, d_wait_ns_, d_post_ns_, d_work_ns_);
 }
 
 void ExpertHandoff::begin() {
@@ -196,6 +202,7 @@ ExpertHandoff::Stats ExpertHandoff::stats() const {
   s.host_ms = host_ns_ / 1e6;
   unsigned long long ns = 0;
   if (cudaMemcpy(&ns, d_wait_ns_, sizeof ns, cudaMemcpyDeviceToHost) == cudaSuccess) s.device_wait_ms = ns / 1e6;
+  if (cudaMemcpy(&ns, d_work_ns_, sizeof ns, cudaMemcpyDeviceToHost) == cudaSuccess) s.device_work_ms = ns / 1e6;
   return s;
 }
 

@@ -66,6 +66,7 @@ class ExpertHandoff {
     long misses = 0;          // of them, computed on the host
     double host_ms = 0;       // in ExpertHost::compute
     double device_wait_ms = 0;  // the device's join kernels waiting for the host
+    double device_work_ms = 0;  // the device's own work from each post to its join (shared and resident experts)
   };
   Stats stats() const;
 
@@ -86,6 +87,8 @@ class ExpertHandoff {
   Arrays h_, d_;
   unsigned* d_seq_ = nullptr; // device: the last sequence number posted
   unsigned long long* d_wait_ns_ = nullptr;  // device: join kernels' wait
+  unsigned long long* d_post_ns_ = nullptr;  // device: when the last post flagged the host
+  unsigned long long* d_work_ns_ = nullptr;  // device: post-to-join time summed
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -69,6 +69,11 @@ TEST(CudaTier, SameGreedyTokensAtEveryPlacement) {
       const ExpertWeights& x = m->layer(0).moe.experts[0];
       EXPECT_EQ(ts.host_expert_bytes, static_cast<uint64_t>(ts.misses) * (x.gate.bytes() + x.up.bytes() + x.down.bytes()));
       EXPECT_EQ(ts.pairs, ts.tokens * m->spec().num_layers * m->spec().num_experts_per_tok) << "every routed pair of every token counted once";
+      if (ts.handoffs > 0) {
+        EXPECT_GT(ts.device_experts_ms, 0.0) << "the device's expert kernels run between each post and its join";
+      } else {
+        EXPECT_EQ(ts.device_experts_ms, 0.0);
+      }
       if (slots == all) {
         EXPECT_EQ(ts.misses, 0);
       } else if (slots == 0) {

@@ -208,7 +208,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               StageTimes stages{};
               // The expert tier's counters over the timed parts only (not depth, not warm-up).
               long long tier_pairs = 0, tier_misses = 0;
-              double tier_host_ms = 0, tier_wait_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0;
+              double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0;
               const bool tiered = backend->tier_stats().tiered;
               for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) {
                 Session s = engine->new_session();
@@ -270,6 +270,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                   tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
                   tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
                   tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes);
+                  tier_gpu_ms += tier1.device_experts_ms - tier0.device_experts_ms;
                 }
                 const int n_tok = t.n_prompt + t.n_gen;
                 samples_ns.push_back(secs * 1e9);
@@ -319,6 +320,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                 rec["bytes_uploaded_per_token"] = tier_swap_bytes / tokens_for_bytes;  // the tier's swaps
                 rec["t_cpu_experts_ms"] = tier_host_ms / reps;
                 rec["t_wait_ms"] = tier_wait_ms / reps;
+                rec["t_gpu_experts_ms"] = tier_gpu_ms / reps;  // the layers with a handoff
               }
             } catch (const std::exception& e) {
               rec["error"] = e.what();

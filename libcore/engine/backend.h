@@ -40,6 +40,7 @@ struct TierStats {
   uint64_t host_expert_bytes = 0;       // expert weights the host read for the misses
   double host_experts_ms = 0;           // the host computing misses
   double device_wait_ms = 0;            // the device waiting for the host
+  double device_experts_ms = 0;         // the device's own expert work meanwhile (shared and resident experts, post to join)
   long long swaps = 0;                  // background swaps completed (a hot miss took a cold resident's slot)
   uint64_t swap_bytes = 0;              // expert bytes those swaps copied to the device
   uint64_t vram_budget = 0, vram_peak = 0;  // bytes: the limit (0: none) and the most charged at once

@@ -76,9 +76,9 @@ void print_tier(const coli::TierStats& t) {
   if (!t.tiered) return;
   std::fprintf(stderr,
                "coli-run: expert tier %lld of %lld experts in VRAM, hit rate %.1f %% of %lld routed pairs, CPU experts %.1f ms reading %.1f MB per "
-               "token, GPU waited %.1f ms in %lld handoffs, VRAM peak %.2f GiB",
+               "token, GPU experts %.1f ms, GPU waited %.1f ms in %lld handoffs, VRAM peak %.2f GiB",
                t.resident, t.experts, 100 * t.hit_rate(), t.pairs, t.host_experts_ms, t.tokens ? t.host_expert_bytes / 1e6 / t.tokens : 0.0,
-               t.device_wait_ms, t.handoffs, t.vram_peak / double(1 << 30));
+               t.device_experts_ms, t.device_wait_ms, t.handoffs, t.vram_peak / double(1 << 30));
   if (t.vram_budget) std::fprintf(stderr, " of %.2f GiB", t.vram_budget / double(1 << 30));
   if (t.swaps) std::fprintf(stderr, ", %lld swaps (%.1f MB copied)", t.swaps, t.swap_bytes / 1e6);
   std::fprintf(stderr, "\n");
