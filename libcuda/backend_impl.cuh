@@ -197,6 +197,8 @@ class CudaBackend : public Backend {
   void set_entry(int pair, const uint8_t* slot, bool resident);
   uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
+  std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
+  double register_ms_ = 0;
   std::unique_ptr<SwapPolicy> swap_policy_;
   std::vector<SwapJob> swap_jobs_;
   std::vector<long long> slot_of_;  // [layers * experts]: the pair's slot, -1 if not resident

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_tuning.h"
@@ -79,6 +80,12 @@ struct CudaOptions {
   // Routing counts [layers * experts] (layer-major) for the initial fill,
   // hottest first; empty: spread evenly over the layers.
   std::vector<uint64_t> heat;
+  // Host memory the weights are read from that may be registered with the
+  // device (a coli-pin mirror's mapping): registered in 1 GiB pieces before
+  // the uploads, so they and the tier's swaps copy at the pinned rate;
+  // unregistered when the backend goes. A piece the driver refuses is
+  // skipped (uploads from it then take the pageable path).
+  std::vector<std::pair<const void*, std::size_t>> host_regions;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,
   // copied from pinned staging on a stream of its own, never blocking a

@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "formats/container.h"
+#include "mirror/mirror_load.h"
 #include "model/fingerprint.h"
 #include "model/layer_tensors.h"
 #include "placement/heat_recorder.h"
@@ -90,6 +91,7 @@ double percentile(std::vector<double> v, double p) {
 
 struct Loaded {
   std::string path;
+  std::shared_ptr<MirrorAttachment> mirror;  // before the model: outlives it
   std::unique_ptr<Model> model;
   std::unique_ptr<WeightBytes> bytes;
   std::string fingerprint, type;
@@ -115,6 +117,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
   auto save_heat = [&] {
     if (!cur.heat) return;
     try {
+      if (cur.mirror && cur.heat->run()) cur.mirror->add_heat(std::vector<uint64_t>(cur.heat->run()->counts().begin(), cur.heat->run()->counts().end()));
       cur.heat->save();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "coli-bench: %s\n", e.what());
@@ -138,7 +141,9 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
             if (cur.path != model_path || !cur.model) {
               save_heat();
               cur = Loaded{};
-              cur.model = Model::load(model_path);
+              LoadedModel lm = load_model(model_path, opt.mirror);
+              cur.mirror = lm.mirror, cur.model = std::move(lm.model);
+              if (log && cur.mirror) std::fprintf(log, "coli-bench: %s: weights from mirror %s\n", model_path.c_str(), cur.mirror->name().c_str());
               cur.path = model_path;
               cur.bytes = std::make_unique<WeightBytes>(*cur.model);
               const uint64_t fp = model_fingerprint(model_path);
@@ -154,7 +159,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               }
             }
             if (n_ubatch < 1) throw Error("n_ubatch must be >= 1");
-            backend = make_backend(*cur.model, threads_req, vram_budget);
+            backend = make_backend(*cur.model, cur.mirror.get(), threads_req, vram_budget);
             engine = std::make_unique<Engine>(cur.model->spec(), *backend, n_ubatch);
             engine->set_heat(cur.heat->run());
             base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked

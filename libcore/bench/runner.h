@@ -24,6 +24,8 @@
 
 namespace coli {
 
+class MirrorAttachment;
+
 struct BenchOptions {
   std::vector<std::string> models;
   std::vector<int> n_prompt = {512};
@@ -38,6 +40,7 @@ struct BenchOptions {
   bool warmup = true;
   uint64_t seed = 0;
   std::string prompt_file;  // token source instead of random ids (needs a tokenizer)
+  std::string mirror = "auto";  // coli-pin mirror: auto, off or a segment name (mirror/mirror_load.h)
   // Routing heat (placement/heat_recorder.h): the heat file of the model
   // with this fingerprint, "" for none; every token run (warm-up and depth
   // included) is counted and merged into it when the runner moves to the
@@ -48,7 +51,8 @@ struct BenchOptions {
 
 // Makes the backend a configuration runs on: threads as -t asked (0: the
 // backend's default), the VRAM budget in bytes (0: none).
-using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, int threads, uint64_t vram_budget)>;
+// mirror: the shared-memory mirror the model's blobs come from, or null.
+using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, const MirrorAttachment* mirror, int threads, uint64_t vram_budget)>;
 
 // Runs everything, writing records; progress lines go to `log` (may be null).
 // Returns the number of records that carry an error.

@@ -15,6 +15,8 @@
 #include "cuda_backend.h"
 #include "cuda_device.h"
 #include "env_options.h"
+#include "mirror/mirror.h"
+#include "mirror/mirror_load.h"
 #include "placement/heat.h"
 #include "util/error.h"
 #include "util/parse.h"
@@ -74,6 +76,7 @@ int run(int argc, char** argv) {
       ("batch-size", po::value<std::string>()->default_value("2048"), "logical batch size (recorded)")
       ("ubatch-size", po::value<std::string>()->default_value("512"), "tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time")
+      ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME")
       ("no-swap", po::bool_switch(), "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)")
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
@@ -149,6 +152,8 @@ int run(int argc, char** argv) {
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   co.max_chunk = *std::max_element(o.n_ubatch.begin(), o.n_ubatch.end());
   co.swap = !vm["no-swap"].as<bool>();
+  o.mirror = vm["mirror"].as<std::string>();
+  coli::check_mirror_flag(o.mirror);
   // Under a budget the KV cache is made for the longest test at once.
   for (int d : o.n_depth) {
     for (int p : o.n_prompt) co.n_ctx = std::max(co.n_ctx, d + p + 1);
@@ -157,10 +162,11 @@ int run(int argc, char** argv) {
   }
   const int failures = coli::run_bench(
       o,
-      [&](const coli::Model& m, int threads, uint64_t vram_budget) -> std::unique_ptr<coli::Backend> {
+      [&](const coli::Model& m, const coli::MirrorAttachment* mirror, int threads, uint64_t vram_budget) -> std::unique_ptr<coli::Backend> {
         std::string why;
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
+        if (mirror) c.host_regions.push_back({mirror->base(), mirror->size()});
         // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
         if (vram_budget && device != "cpu" && coli::cuda::device_count() > 0) c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads);
         if (auto b = coli::cuda::make_device_backend(device, m, c, &why)) return b;

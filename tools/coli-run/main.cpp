@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "env_options.h"
+#include "mirror/mirror_load.h"
 #include "model/fingerprint.h"
 #include "model/weights.h"
 #include "placement/heat_recorder.h"
@@ -191,6 +192,7 @@ int run(int argc, char** argv) {
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
+      ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME")
       ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
@@ -225,10 +227,14 @@ int run(int argc, char** argv) {
   const bool chat = f.has("messages") || f.has("system") || f.get<bool>("chat") || f.get<bool>("interactive");
   if (chat && f.has("prompt-ids")) throw coli::UsageError("--prompt-ids cannot be combined with chat options");
 
+  coli::check_mirror_flag(f.get<std::string>("mirror"));
   std::vector<int> prompt;  // parsed before any file is read: usage errors first
   if (f.has("prompt-ids")) prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
   auto tok = load_tokenizer(f, !f.has("prompt-ids"));
-  auto model = coli::Model::load(f.get<std::string>("model"));
+  // The weights: from a coli-pin mirror when one is ready (--mirror), else the container.
+  const std::string mirror_flag = f.get<std::string>("mirror");
+  coli::LoadedModel loaded = coli::load_model(f.get<std::string>("model"), mirror_flag);
+  std::unique_ptr<coli::Model>& model = loaded.model;
   if (tok) coli::check_tokenizer_matches(*tok, f.has("tokenizer") ? f.get<std::string>("tokenizer") : f.get<std::string>("model"), model->spec().vocab_size,
                                          f.get<std::string>("model"));
   const int max_pos = model->spec().max_position_embeddings;
@@ -236,6 +242,11 @@ int run(int argc, char** argv) {
   else if (max_pos > 0 && go.n_ctx > max_pos)
     std::fprintf(stderr, "coli-run: warning: --ctx-size %d exceeds the model's max_position_embeddings %d\n", go.n_ctx, max_pos);
   const bool verbose = f.get<bool>("verbose");
+  if (verbose && loaded.mirror)
+    std::fprintf(stderr, "coli-run: mirror %s: %llu expert and %llu trunk blobs served from shared memory\n", loaded.mirror->name().c_str(),
+                 static_cast<unsigned long long>(loaded.mirror->header().expert_blobs), static_cast<unsigned long long>(loaded.mirror->header().trunk_blobs));
+  else if (verbose && !loaded.note.empty())
+    std::fprintf(stderr, "coli-run: no mirror used (%s)\n", loaded.note.c_str());
 
   // Routing heat (--heat): every token counted, merged into the file at exit.
   const std::string heat_flag = f.has("heat") ? f.get<std::string>("heat") : "";
@@ -260,7 +271,10 @@ int run(int argc, char** argv) {
     if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
     if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
+    else if (loaded.mirror) co.heat = loaded.mirror->heat();  // what the runs on this mirror routed to
   }
+  // The mirror's pages, registered with the device, upload at the pinned rate.
+  if (loaded.mirror) co.host_regions.push_back({loaded.mirror->base(), loaded.mirror->size()});
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
   if (!backend_ptr) {
     if (device == "auto" && coli::cuda::compiled_with_cuda() && verbose)
@@ -272,6 +286,7 @@ int run(int argc, char** argv) {
   engine.set_heat(heat.run());
   auto save_heat = [&] {
     engine.collect_heat();
+    if (loaded.mirror && heat.run()) loaded.mirror->add_heat(std::vector<uint64_t>(heat.run()->counts().begin(), heat.run()->counts().end()));
     heat.save();
   };
   const bool json = f.get<bool>("json");

@@ -1,0 +1,438 @@
+// coli-pin through the binary: start (detached and in the foreground),
+// status, stop, a keeper killed with -9, and usage. Every test pins its own
+// container, made from the tiny checkpoint with a config key naming the
+// process and test, so its segment (named by the container's fingerprint)
+// is its alone even while other suites or copies of this one run; a guard
+// stops the keeper and removes the segment whatever the test's outcome.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "convert/convert.h"
+#include "formats/container.h"
+#include "mirror/mirror.h"
+#include "placement/heat.h"
+#include "test_util.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using coli::test::run_command;
+using coli::test::TempDir;
+
+std::string pin() { return coli::test::bin_dir() + "/coli-pin"; }
+std::string text_model() { return coli::test::data_dir() + "/tiny-qwen35moe-text"; }
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+std::string shm(const std::string& name) { return "/dev/shm/" + name; }
+
+// coli-pin ARGS with stdout and stderr together; returns the exit status.
+int run_pin(const std::string& args, std::string* out) { return run_command(pin() + " " + args + " 2>&1", out); }
+
+// The tiny model as a container of this test's own.
+struct PinModel {
+  TempDir dir;
+  std::string path, name;
+  uint64_t fingerprint = 0;
+  explicit PinModel(const std::string& tag) {
+    const std::string ck = dir / "ck";
+    fs::create_directories(ck);
+    for (const auto& e : fs::directory_iterator(text_model())) fs::copy_file(e.path(), ck + "/" + e.path().filename().string());
+    auto config = nlohmann::json::parse(coli::test::read_file(ck + "/config.json"));
+    config["coli_test_tag"] = tag + "-" + std::to_string(::getpid());
+    coli::test::write_file(ck + "/config.json", config.dump(2));
+    coli::ConvertOptions o;
+    o.threads = 2;
+    path = dir / "m.coli";
+    fingerprint = coli::convert_checkpoint(ck, path, o).fingerprint;
+    name = coli::mirror_name(fingerprint);
+  }
+  std::size_t blobs(const char* kind) const {
+    coli::Container c(path);
+    std::size_t n = 0;
+    for (const auto& b : c.manifest().blobs) n += b.kind == kind;
+    return n;
+  }
+};
+
+// Whether pid is gone: no such process, or a zombie nobody has reaped yet.
+bool process_gone(int pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  const std::string stat = coli::test::read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+// Stops what a test started, pass or fail: SIGTERM to a live keeper (a
+// coli-pin that maps the segment), then the segment itself.
+struct Cleanup {
+  std::string name;
+  ~Cleanup() {
+    const coli::MirrorStatus s = coli::mirror_status(name);
+    if (s.owner_alive && s.owner_pid > 0 && has(coli::test::read_file("/proc/" + std::to_string(s.owner_pid) + "/cmdline"), "coli-pin")) {
+      ::kill(s.owner_pid, SIGTERM);
+      for (int i = 0; i < 500 && !coli::mirror_status(name).state.empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    coli::remove_mirror(name);
+  }
+};
+
+// status --json's entry for name (null when it is not listed).
+nlohmann::json status_of(const std::string& name) {
+  std::string out;
+  EXPECT_EQ(run_command(pin() + " status --json 2>/dev/null", &out), 0);
+  for (const auto& e : nlohmann::json::parse(out))
+    if (e["name"] == name) return e;
+  return nullptr;
+}
+
+// The pid at the end of start's line ("... pid N").
+int pid_of(const std::string& line) {
+  const auto at = line.rfind("pid ");
+  return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + 4);
+}
+
+// Starts argv with SIGINT and SIGTERM at their default actions and stdout
+// to out_file (stderr to /dev/null).
+pid_t spawn(const std::vector<std::string>& args, const std::string& out_file) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t def, none;
+  sigemptyset(&def);
+  sigaddset(&def, SIGINT);
+  sigaddset(&def, SIGTERM);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &def);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return rc == 0 ? pid : -1;
+}
+
+// `coli-pin start --foreground` as a child of this process, once its
+// segment is ready; -1 if it ended or took over a minute.
+pid_t start_foreground(const PinModel& m, const std::string& out_file) {
+  const pid_t pid = spawn({pin(), "start", "--model", m.path, "--foreground"}, out_file);
+  if (pid <= 0) return -1;
+  for (int i = 0; i < 6000; ++i) {
+    const coli::MirrorStatus s = coli::mirror_status(m.name);
+    if (s.state == "ready" && s.owner_pid == pid) return pid;
+    int st;
+    if (::waitpid(pid, &st, WNOHANG) == pid) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// Whether RLIMIT_MEMLOCK lets a keeper lock a mirror of the container
+// (every mirror of the tiny model is smaller than its file and 1 MiB).
+bool can_lock(const PinModel& m) {
+  rlimit rl{};
+  return ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= fs::file_size(m.path) + (1u << 20));
+}
+
+#define SKIP_UNLESS_LOCKABLE(m) \
+  if (!can_lock(m)) GTEST_SKIP() << "RLIMIT_MEMLOCK (ulimit -l) is too low to lock a " << fs::file_size((m).path) << "-byte model"
+
+}  // namespace
+
+TEST(PinTool, StartStatusStartAgainStop) {
+  PinModel m("start");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  std::string out;
+  ASSERT_EQ(run_command(pin() + " start --model " + m.path + " 2>/dev/null", &out), 0) << out;
+  EXPECT_TRUE(has(out, m.name + " ready: ")) << out;
+  EXPECT_TRUE(has(out, std::to_string(m.blobs("expert")) + " expert blobs, 0 trunk blobs, pid ")) << out;
+  const int pid = pid_of(out);
+  ASSERT_GT(pid, 0) << out;
+  EXPECT_TRUE(fs::exists(shm(m.name)));
+
+  const auto e = status_of(m.name);
+  ASSERT_FALSE(e.is_null());
+  EXPECT_EQ(e["state"], "ready");
+  EXPECT_EQ(e["owner_pid"], pid);
+  EXPECT_EQ(e["owner_alive"], true);
+  EXPECT_EQ(e["mode"], "0600");
+  EXPECT_EQ(e["model"], m.path);
+  EXPECT_EQ(e["fingerprint"], coli::hex64(m.fingerprint));
+  EXPECT_EQ(e["expert_blobs"], m.blobs("expert"));
+  EXPECT_EQ(e["trunk_blobs"], 0);
+  EXPECT_EQ(e["runs"], 0);
+  EXPECT_EQ(e["bytes"], fs::file_size(shm(m.name)));
+
+  ASSERT_EQ(run_command(pin() + " status", &out), 0);
+  EXPECT_TRUE(has(out, "NAME ")) << out;
+  EXPECT_TRUE(has(out, m.name + "  ready  ")) << out;
+  EXPECT_TRUE(has(out, std::to_string(pid) + " alive")) << out;
+
+  // Again: the keeper is left alone.
+  ASSERT_EQ(run_command(pin() + " start --model " + m.path + " 2>/dev/null", &out), 0) << out;
+  EXPECT_TRUE(has(out, m.name + " already running: ")) << out;
+  EXPECT_EQ(pid_of(out), pid) << out;
+  EXPECT_EQ(status_of(m.name)["owner_pid"], pid);
+
+  ASSERT_EQ(run_pin("stop --model " + m.path, &out), 0) << out;
+  EXPECT_TRUE(has(out, "stopped " + m.name)) << out;
+  EXPECT_TRUE(status_of(m.name).is_null());
+  EXPECT_FALSE(fs::exists(shm(m.name)));
+  for (int i = 0; i < 500 && !process_gone(pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(process_gone(pid));
+}
+
+TEST(PinTool, GroupModeTrunkAndStopByName) {
+  PinModel m("group");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  std::string out;
+  ASSERT_EQ(run_command(pin() + " start --model " + m.path + " --group --trunk 2>/dev/null", &out), 0) << out;
+  const auto e = status_of(m.name);
+  ASSERT_FALSE(e.is_null());
+  EXPECT_EQ(e["mode"], "0660");
+  EXPECT_EQ(e["trunk_blobs"], m.blobs("tensor"));
+  EXPECT_EQ(e["expert_blobs"], m.blobs("expert"));
+  ASSERT_EQ(run_pin("stop " + m.name, &out), 0) << out;
+  EXPECT_FALSE(fs::exists(shm(m.name)));
+}
+
+// --budget holds the hottest experts by --heat; with --heat none the first
+// in container order.
+TEST(PinTool, BudgetHoldsTheHottestExperts) {
+  PinModel m("budget");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  auto c = std::make_shared<coli::Container>(m.path);
+  int layers = 0, experts = 0;
+  uint32_t hot = 0, first = UINT32_MAX;
+  for (uint32_t i = 0; i < c->manifest().blobs.size(); ++i) {
+    const auto& b = c->manifest().blobs[i];
+    if (b.kind != "expert") continue;
+    layers = std::max(layers, b.layer + 1), experts = std::max(experts, b.expert + 1);
+    if (b.layer == 1 && b.expert == 5) hot = i;
+    if (first == UINT32_MAX) first = i;
+  }
+  ASSERT_GT(layers, 1);
+  ASSERT_GT(experts, 5);
+  coli::Heat h(layers, experts);
+  std::vector<uint64_t> counts(std::size_t(layers) * experts, 0);
+  counts[std::size_t(1) * experts + 5] = 7;
+  h.add_counts(counts);
+  h.add_tokens(7);
+  coli::save_heat(m.dir / "heat.txt", h, m.fingerprint);
+  const uint64_t one = (c->manifest().blobs[hot].bytes + 4095) / 4096 * 4096;  // one expert, 4 KiB aligned
+
+  std::string out;
+  for (const std::string& heat : {m.dir / "heat.txt", std::string("none")}) {
+    ASSERT_EQ(run_pin("start --model " + m.path + " --budget " + std::to_string(one) + " --heat " + heat, &out), 0) << out;
+    const auto e = status_of(m.name);
+    ASSERT_FALSE(e.is_null());
+    EXPECT_EQ(e["expert_blobs"], 1) << heat;
+    {
+      coli::MirrorAttachment a(m.name, *c);
+      EXPECT_NE(a.blob(heat == "none" ? first : hot), nullptr) << heat;
+      EXPECT_EQ(a.blob(heat == "none" ? hot : first), nullptr) << heat;
+    }
+    ASSERT_EQ(run_pin("stop --model " + m.path, &out), 0) << out;
+  }
+  // A heat file of another model is refused before anything is made.
+  coli::save_heat(m.dir / "other.txt", h, m.fingerprint + 1);
+  EXPECT_EQ(run_pin("start --model " + m.path + " --budget 1M --heat " + m.dir / "other.txt", &out), 1) << out;
+  EXPECT_TRUE(has(out, "other.txt")) << out;
+  EXPECT_EQ(run_pin("start --model " + m.path + " --heat " + m.dir / "missing.txt", &out), 1) << out;
+  EXPECT_TRUE(has(out, "missing.txt")) << out;
+  EXPECT_EQ(run_pin("start --model " + m.path + " --budget 1", &out), 1) << out;  // less than any expert
+  EXPECT_TRUE(has(out, "holds no expert")) << out;
+  EXPECT_FALSE(fs::exists(shm(m.name)));
+}
+
+TEST(PinTool, ForegroundStopsOnSigterm) {
+  PinModel m("foreground");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  const pid_t pid = start_foreground(m, m.dir / "out.txt");
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(status_of(m.name)["owner_alive"], true);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_FALSE(fs::exists(shm(m.name)));
+  EXPECT_TRUE(status_of(m.name).is_null());
+  const std::string out = coli::test::read_file(m.dir / "out.txt");
+  EXPECT_TRUE(has(out, m.name + " ready: ")) << out;
+  EXPECT_EQ(pid_of(out), pid) << out;
+}
+
+// A stop signal at any point of a start leaves either a ready keeper (it
+// came after the start was done) or nothing: in the foreground the keeper
+// abandons the load and removes the segment; detached, the parent passes
+// the signal on and exits 1.
+TEST(PinTool, InterruptedStartLeavesNoSegment) {
+  PinModel m("interrupt");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  for (const bool foreground : {true, false})
+    for (int delay_us : {0, 200, 1000, 3000, 10000, 30000}) {
+      const std::string what = std::string(foreground ? "foreground" : "detached") + ", signal after " + std::to_string(delay_us) + " us";
+      std::vector<std::string> args = {pin(), "start", "--model", m.path};
+      if (foreground) args.push_back("--foreground");
+      const pid_t pid = spawn(args, m.dir / "out.txt");
+      ASSERT_GT(pid, 0);
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      ::kill(pid, foreground ? SIGTERM : SIGINT);
+      int st = 0;
+      ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+      const coli::MirrorStatus s = coli::mirror_status(m.name);
+      if (!foreground && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        // Done before the signal: the keeper runs; stop it.
+        EXPECT_EQ(s.state, "ready") << what;
+        std::string out;
+        EXPECT_EQ(run_pin("stop " + m.name, &out), 0) << what << ": " << out;
+        continue;
+      }
+      EXPECT_TRUE(WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) == (foreground ? 0 : 1))) << what << ": status " << st;
+      EXPECT_EQ(s.state, "") << what;
+      EXPECT_FALSE(fs::exists(shm(m.name))) << what;
+    }
+}
+
+// kill -9 leaves the segment with a dead owner: status says stale, and
+// start replaces it.
+TEST(PinTool, StaleSegmentIsShownAndStartRecovers) {
+  PinModel m("stale");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  const pid_t pid = start_foreground(m, m.dir / "out.txt");
+  ASSERT_GT(pid, 0);
+  ::kill(pid, SIGKILL);
+  ASSERT_EQ(::waitpid(pid, nullptr, 0), pid);
+  EXPECT_TRUE(fs::exists(shm(m.name)));
+  const auto e = status_of(m.name);
+  ASSERT_FALSE(e.is_null());
+  EXPECT_EQ(e["state"], "stale");
+  EXPECT_EQ(e["owner_pid"], pid);
+  EXPECT_EQ(e["owner_alive"], false);
+  std::string out;
+  ASSERT_EQ(run_command(pin() + " status", &out), 0);
+  EXPECT_TRUE(has(out, m.name + "  stale  ")) << out;
+  EXPECT_TRUE(has(out, std::to_string(pid) + " gone")) << out;
+
+  ASSERT_EQ(run_pin("start --model " + m.path, &out), 0) << out;
+  EXPECT_TRUE(has(out, "replacing it (stale")) << out;
+  const int keeper = pid_of(out);
+  const auto r = status_of(m.name);
+  ASSERT_FALSE(r.is_null());
+  EXPECT_EQ(r["state"], "ready");
+  EXPECT_EQ(r["owner_pid"], keeper);
+  EXPECT_EQ(r["owner_alive"], true);
+  ASSERT_EQ(run_pin("stop --model " + m.path, &out), 0) << out;
+  EXPECT_FALSE(fs::exists(shm(m.name)));
+}
+
+TEST(PinTool, StopRemovesAStaleSegment) {
+  PinModel m("stalestop");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  const pid_t pid = start_foreground(m, m.dir / "out.txt");
+  ASSERT_GT(pid, 0);
+  ::kill(pid, SIGKILL);
+  ASSERT_EQ(::waitpid(pid, nullptr, 0), pid);
+  std::string out;
+  ASSERT_EQ(run_pin("stop --model " + m.path, &out), 0) << out;
+  EXPECT_TRUE(has(out, "removed " + m.name + " (stale")) << out;
+  EXPECT_FALSE(fs::exists(shm(m.name)));
+}
+
+// A segment that is not a mirror is listed as invalid, with the reason,
+// and stop removes it.
+TEST(PinTool, InvalidSegmentIsShownAndStopRemovesIt) {
+  const std::string name = "coli-pin-test-invalid-" + std::to_string(::getpid());
+  Cleanup guard{name};
+  coli::test::write_file(shm(name), std::string(8192, 'x'));
+  const auto e = status_of(name);
+  ASSERT_FALSE(e.is_null());
+  EXPECT_EQ(e["state"], "invalid");
+  EXPECT_TRUE(has(e["error"].get<std::string>(), "bad magic")) << e;
+  std::string out;
+  ASSERT_EQ(run_command(pin() + " status", &out), 0);
+  EXPECT_TRUE(has(out, name + "  invalid  ")) << out;
+  ASSERT_EQ(run_pin("stop " + name, &out), 0) << out;
+  EXPECT_TRUE(has(out, "removed " + name)) << out;
+  EXPECT_FALSE(fs::exists(shm(name)));
+}
+
+TEST(PinTool, StopOfAnAbsentMirrorExits1) {
+  PinModel m("absent");
+  std::string out;
+  ASSERT_TRUE(coli::mirror_status(m.name).state.empty());
+  EXPECT_EQ(run_pin("stop --model " + m.path, &out), 1) << out;
+  EXPECT_TRUE(has(out, "no mirror " + m.name + " of " + m.path)) << out;
+  EXPECT_EQ(run_pin("stop " + m.name, &out), 1) << out;
+  EXPECT_TRUE(has(out, "no mirror " + m.name)) << out;
+}
+
+// Too low a lock limit is the library's message, exit 1, and no segment.
+// Root locks past the limit (CAP_IPC_LOCK): it runs without that capability.
+TEST(PinTool, LowMemlockLimitIsAnError) {
+  PinModel m("memlock");
+  Cleanup guard{m.name};
+  std::string out;
+  std::string drop;
+  if (::geteuid() == 0) {
+    if (run_command("setpriv --bounding-set -ipc_lock true 2>&1", &out) != 0) GTEST_SKIP() << "root without setpriv to drop CAP_IPC_LOCK: " << out;
+    drop = "setpriv --bounding-set -ipc_lock ";
+  }
+  for (const char* mode : {"", " --foreground"}) {
+    EXPECT_EQ(run_command(drop + "sh -c 'ulimit -l 4 && exec " + pin() + " start --model " + m.path + mode + "' 2>&1", &out), 1) << out;
+    EXPECT_TRUE(has(out, "RLIMIT_MEMLOCK")) << out;
+    EXPECT_FALSE(fs::exists(shm(m.name))) << mode;
+  }
+}
+
+TEST(PinTool, NotAContainerIsAnError) {
+  TempDir d;
+  coli::test::write_file(d / "text.coli", "not a container");
+  std::string out;
+  EXPECT_EQ(run_pin("start --model " + text_model(), &out), 1) << out;
+  EXPECT_TRUE(has(out, "not a coli container")) << out;
+  EXPECT_EQ(run_pin("start --model " + d / "text.coli", &out), 1) << out;
+  EXPECT_TRUE(has(out, d / "text.coli")) << out;
+  EXPECT_EQ(run_pin("start --model " + d / "missing.coli", &out), 1) << out;
+  EXPECT_TRUE(has(out, d / "missing.coli")) << out;
+  EXPECT_EQ(run_pin("stop --model " + d / "text.coli", &out), 1) << out;
+}
+
+TEST(PinTool, UsageErrorsExit2AndHelpExits0) {
+  std::string out;
+  for (const char* args : {"", "frobnicate", "start", "start --model x --budget lots", "start --model x --budget 0", "start --model x --heat ''",
+                           "start --model x --bogus", "status --bogus", "status extra", "stop", "stop a b"}) {
+    EXPECT_EQ(run_pin(args, &out), 2) << args << ": " << out;
+    EXPECT_TRUE(has(out, "(see --help)")) << args << ": " << out;
+  }
+  for (const char* args : {"--help", "-h", "start --help", "status --help", "stop --help"}) {
+    EXPECT_EQ(run_pin(args, &out), 0) << args;
+    EXPECT_TRUE(has(out, "usage: coli-pin start")) << args << ": " << out;
+  }
+}

@@ -1,0 +1,394 @@
+// coli-pin: keeps a container's blobs in a shared-memory mirror
+// (mirror/mirror.h) that later runs attach zero-copy. Thin: flags, the
+// keeper's process life (fork, the ready handshake, stop signals) and the
+// status table; the segment itself is the library's.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "formats/container.h"
+#include "mirror/mirror.h"
+#include "model/model_spec.h"
+#include "placement/device_budget.h"
+#include "placement/heat.h"
+#include "util/error.h"
+#include "util/parse.h"
+#include "util/progress.h"
+#include "util/tool_main.h"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kUsage =
+    "usage: coli-pin start --model PATH [--budget SIZE] [--trunk] [--group] [--heat FILE|none] [--foreground]\n"
+    "       coli-pin status [--json]\n"
+    "       coli-pin stop --model PATH|NAME\n"
+    "\n"
+    "Keeps a coli container's routed experts (and with --trunk its other tensors)\n"
+    "in a shared-memory segment, /dev/shm/coli-FINGERPRINT, locked in RAM, which\n"
+    "coli-run and coli-bench attach instead of reading the container.\n";
+
+po::variables_map parse(int argc, char** argv, const po::options_description& opts, const po::positional_options_description& pos) {
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw coli::UsageError(e.what());
+  }
+  return vm;
+}
+
+// --model as a container file: a directory stands for its model.coli, as
+// in coli-run. Absolute, because status shows it from anywhere.
+std::string container_path(const std::string& m) {
+  std::error_code ec;
+  if (fs::is_directory(m, ec)) {
+    if (!fs::exists(fs::path(m) / "model.coli", ec))
+      throw coli::Error(m + ": a directory without model.coli, not a coli container (make one with coli-convert)");
+    return fs::absolute(fs::path(m) / "model.coli").lexically_normal().string();
+  }
+  return fs::absolute(m).lexically_normal().string();
+}
+
+std::string octal(unsigned mode) {
+  char s[8];
+  std::snprintf(s, sizeof s, "%04o", mode);
+  return s;
+}
+
+// What start prints: the name first, so `coli-pin start ... | cut -d' ' -f1`
+// is the segment.
+std::string describe(const std::string& name, const char* what, uint64_t bytes, uint64_t experts, uint64_t trunk, int pid) {
+  return name + " " + what + ": " + std::to_string(bytes) + " bytes, " + std::to_string(experts) + " expert blobs, " + std::to_string(trunk) +
+         " trunk blobs, pid " + std::to_string(pid);
+}
+
+// ---- start -----------------------------------------------------------------
+
+// The signals that stop the keeper. They stay blocked for its whole life:
+// one that comes while the segment loads abandons the copy (see
+// LoadProgress) instead of killing the process before the builder's
+// destructor can remove the segment; after that, sigwait takes it.
+sigset_t stop_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&s, sig);
+  return s;
+}
+
+bool stop_pending() {
+  sigset_t pending;
+  sigpending(&pending);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP})
+    if (sigismember(&pending, sig)) return true;
+  return false;
+}
+
+// Thrown from the progress callback (fill() rethrows what a copy job throws)
+// when a stop signal is pending.
+struct Stopped {};
+
+// fill()'s progress callback: the bar, and the check for a stop signal.
+// Called from the copy threads, with totals that can arrive out of order.
+struct LoadProgress {
+  std::mutex mu;
+  std::unique_ptr<coli::Progress> bar;
+  uint64_t shown = 0;
+  void operator()(uint64_t done, uint64_t total) {
+    if (stop_pending()) throw Stopped{};
+    std::lock_guard<std::mutex> lock(mu);
+    if (!bar) bar = std::make_unique<coli::Progress>("pin", total, coli::stderr_is_tty());
+    if (done > shown) bar->add(done - shown), shown = done;
+  }
+};
+
+// The routed experts' heat that orders them under --budget: --heat FILE,
+// else the file coli-run keeps for this model when there is one.
+std::vector<uint64_t> heat_counts(const po::variables_map& vm, const coli::Container& c, const std::string& path) {
+  const std::string flag = vm.count("heat") ? vm["heat"].as<std::string>() : "";
+  const std::string file = coli::heat_path_for(flag, c.fingerprint(), std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"));
+  std::error_code ec;
+  if (file.empty() || (flag.empty() && !fs::exists(file, ec))) return {};
+  const coli::ModelSpec spec = coli::parse_model_spec(c.config_json(), path);
+  const coli::Heat h = coli::load_heat(file, c.fingerprint(), spec.num_layers, spec.num_experts);
+  if (vm.count("budget")) std::fprintf(stderr, "coli-pin: hottest experts first, by %s (%llu tokens)\n", file.c_str(), (unsigned long long)h.tokens());
+  return {h.counts().begin(), h.counts().end()};
+}
+
+// Makes, locks and fills the mirror, calls ready(line) once it is ready,
+// then keeps it until a stop signal. Returns the exit status; the builder's
+// destructor removes the segment.
+int keep(const coli::Container& c, const std::string& path, coli::MirrorBuildOptions o, const std::function<void(const std::string&)>& ready) {
+  auto progress = std::make_shared<LoadProgress>();
+  o.progress = [progress](uint64_t done, uint64_t total) { (*progress)(done, total); };
+  coli::MirrorBuilder b(c, path, o);
+  const coli::MirrorHeader& h = b.header();
+  if (h.expert_blobs + h.trunk_blobs == 0) throw coli::Error(b.name() + ": --budget of " + std::to_string(o.budget) + " bytes holds no expert");
+  // Locked before the copy: a too-low RLIMIT_MEMLOCK fails at once, not
+  // after gigabytes are copied.
+  b.lock_pages();
+  try {
+    b.fill();
+    if (progress->bar) progress->bar->finish();
+    if (stop_pending()) throw Stopped{};
+  } catch (const Stopped&) {
+    std::fprintf(stderr, "coli-pin: %s: stopped by a signal while loading\n", b.name().c_str());
+    return 0;
+  }
+  b.set_owner(::getpid());  // this process keeps it (a daemon forked before building)
+  ready(describe(b.name(), "ready", b.bytes(), h.expert_blobs, h.trunk_blobs, ::getpid()));
+  const sigset_t stop = stop_signals();
+  int sig = SIGTERM;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "coli-pin: %s: %s, removing it\n", b.name().c_str(), strsignal(sig));
+  return 0;
+}
+
+void write_all(int fd, const std::string& s) {
+  for (std::size_t at = 0; at < s.size();) {
+    const ssize_t n = ::write(fd, s.data() + at, s.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the parent is gone: nobody to tell
+    at += std::size_t(n);
+  }
+}
+
+void to_dev_null(std::initializer_list<int> fds) {
+  const int null = ::open("/dev/null", O_RDWR);
+  if (null < 0) return;
+  for (int fd : fds) ::dup2(null, fd);
+  if (null > 2) ::close(null);
+}
+
+// The parent's side while the daemon loads: a stop signal to it (Ctrl-C on
+// start) is passed on, so the load is abandoned rather than left running.
+volatile sig_atomic_t g_daemon = 0, g_interrupted = 0;
+void forward_stop(int) {
+  g_interrupted = 1;
+  if (g_daemon > 0) ::kill(g_daemon, SIGTERM);
+}
+
+// Forks the keeper first (mlock is not inherited across fork), waits for
+// its "ready" line on a pipe, prints it and returns. The keeper leaves the
+// session, reports errors on the inherited stderr until it is ready, then
+// lets go of the terminal.
+int start_daemon(const coli::Container& c, const std::string& path, const coli::MirrorBuildOptions& o) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw coli::Error(std::string("pipe: ") + std::strerror(errno));
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw coli::Error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::setsid();
+    ::signal(SIGPIPE, SIG_IGN);  // the parent may be gone by the time it is ready
+    to_dev_null({0, 1});
+    if (::chdir("/") != 0) throw coli::Error(std::string("chdir /: ") + std::strerror(errno));  // hold no mount busy
+    return keep(c, path, o, [&](const std::string& line) {
+      to_dev_null({2});
+      write_all(fds[1], line + "\n");
+      ::close(fds[1]);
+    });
+  }
+  ::close(fds[1]);
+  g_daemon = pid;
+  struct sigaction sa {};
+  sa.sa_handler = forward_stop;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  const sigset_t stop = stop_signals();
+  ::sigprocmask(SIG_UNBLOCK, &stop, nullptr);
+  std::string line;
+  bool whole = false;  // the line ended: the keeper is ready
+  for (char ch;;) {
+    const ssize_t n = ::read(fds[0], &ch, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (ch == '\n') {
+      whole = true;
+      break;
+    }
+    line += ch;
+  }
+  ::close(fds[0]);
+  if (whole && !g_interrupted) {
+    std::printf("%s\n", line.c_str());
+    return 0;
+  }
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  // A keeper that failed said why on stderr; one that exited 0 was stopped.
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) throw coli::Error("stopped before the mirror was ready");
+  return 1;
+}
+
+int cmd_start(int argc, char** argv) {
+  po::options_description opts("start options");
+  opts.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "coli container (or a directory holding model.coli)")
+      ("budget", po::value<std::string>(), "bytes of blobs to hold, e.g. 12G (default: every routed expert); the hottest experts first")
+      ("trunk", po::bool_switch(), "hold the non-expert tensors too (they count against --budget)")
+      ("group", po::bool_switch(), "mode 0660 (the owner's group may attach) instead of 0600")
+      ("heat", po::value<std::string>(), "routing heat that orders the experts under --budget ('none': container order; default: "
+                                          "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt when it exists)")
+      ("foreground", po::bool_switch(), "stay in the foreground (systemd Type=simple) instead of detaching");
+  auto vm = parse(argc, argv, opts, {});
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << "\nStops on SIGTERM, SIGINT or SIGHUP, removing the segment (coli-pin stop sends SIGTERM).\n";
+    return 0;
+  }
+  if (!vm.count("model")) throw coli::UsageError("--model PATH is required");
+  coli::MirrorBuildOptions o;
+  if (vm.count("budget")) o.budget = coli::parse_size(vm["budget"].as<std::string>(), "--budget");
+  if (vm.count("budget") && o.budget == 0) throw coli::UsageError("--budget must be more than 0 (leave it out for every expert)");
+  o.trunk = vm["trunk"].as<bool>();
+  o.group = vm["group"].as<bool>();
+  if (vm.count("heat") && vm["heat"].as<std::string>().empty()) throw coli::UsageError("--heat needs a FILE or 'none'");
+  const std::string path = container_path(vm["model"].as<std::string>());
+  const coli::Container c(path);
+  o.heat = heat_counts(vm, c, path);
+  const std::string name = coli::mirror_name(c.fingerprint());
+  // Another keeper: wait while it loads, then leave it be.
+  for (coli::MirrorStatus s;; std::this_thread::sleep_for(std::chrono::milliseconds(100))) {
+    s = coli::mirror_status(name);
+    if (s.state == "loading") continue;
+    if (s.state == "ready") {
+      std::printf("%s\n", describe(name, "already running", s.bytes, s.expert_blobs, s.trunk_blobs, s.owner_pid).c_str());
+      return 0;
+    }
+    if (s.state == "stale") std::fprintf(stderr, "coli-pin: %s: replacing it (stale: its owner, pid %d, is gone)\n", name.c_str(), s.owner_pid);
+    break;
+  }
+  // Blocked before the fork, so the keeper never runs without its mask.
+  const sigset_t stop = stop_signals();
+  ::sigprocmask(SIG_BLOCK, &stop, nullptr);
+  if (vm["foreground"].as<bool>())
+    return keep(c, path, o, [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    });
+  return start_daemon(c, path, o);
+}
+
+// ---- status ----------------------------------------------------------------
+
+int cmd_status(int argc, char** argv) {
+  po::options_description opts("status options");
+  opts.add_options()("help,h", "show this help")("json", po::bool_switch(), "one JSON array instead of the table");
+  auto vm = parse(argc, argv, opts, {});
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << std::endl;
+    return 0;
+  }
+  const auto mirrors = coli::list_mirrors();
+  if (vm["json"].as<bool>()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& s : mirrors)
+      a.push_back({{"name", s.name}, {"state", s.state}, {"model", s.model}, {"error", s.error}, {"fingerprint", coli::hex64(s.fingerprint)},
+                   {"bytes", s.bytes}, {"owner_pid", s.owner_pid}, {"owner_alive", s.owner_alive}, {"runs", s.runs},
+                   {"expert_blobs", s.expert_blobs}, {"trunk_blobs", s.trunk_blobs}, {"heat_total", s.heat_total}, {"mode", octal(s.mode)}});
+    std::printf("%s\n", a.dump().c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {{"NAME", "STATE", "SIZE", "OWNER", "RUNS", "EXPERTS", "TRUNK", "HEAT", "MODE", "MODEL"}};
+  for (const auto& s : mirrors) {
+    const std::string owner = s.owner_pid ? std::to_string(s.owner_pid) + (s.owner_alive ? " alive" : " gone") : "-";
+    rows.push_back({s.name, s.state, coli::format_bytes(s.bytes), owner, std::to_string(s.runs), std::to_string(s.expert_blobs), std::to_string(s.trunk_blobs),
+                    std::to_string(s.heat_total), octal(s.mode), s.error.empty() ? s.model : s.error});
+  }
+  std::vector<std::size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < r.size(); ++i) line += i + 1 < r.size() ? r[i] + std::string(width[i] - r[i].size() + 2, ' ') : r[i];
+    std::printf("%s\n", line.c_str());
+  }
+  return 0;
+}
+
+// ---- stop ------------------------------------------------------------------
+
+// Whether process pid maps segment name: the owner pid of a keeper that
+// died may since belong to another process, which must not get SIGTERM.
+// Unknown (no /proc, another user's process): assumed so.
+bool maps_segment(int pid, const std::string& name) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  if (!maps) return true;
+  for (std::string l; std::getline(maps, l);)
+    if (l.find("/dev/shm/" + name) != std::string::npos) return true;
+  return false;
+}
+
+int cmd_stop(int argc, char** argv) {
+  po::options_description opts("stop options");
+  opts.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "the container (or its directory), or the segment's name coli-...");
+  po::positional_options_description pos;
+  pos.add("model", 1);
+  auto vm = parse(argc, argv, opts, pos);
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << std::endl;
+    return 0;
+  }
+  if (!vm.count("model")) throw coli::UsageError("--model PATH|NAME is required");
+  const std::string arg = vm["model"].as<std::string>();
+  std::error_code ec;
+  const bool is_name = arg.rfind("coli-", 0) == 0 && arg.find('/') == std::string::npos && !fs::exists(arg, ec);
+  const std::string name = is_name ? arg : coli::mirror_name(coli::Container(container_path(arg)).fingerprint());
+  const coli::MirrorStatus s = coli::mirror_status(name);
+  if (s.state.empty()) throw coli::Error("no mirror " + name + (is_name ? "" : " of " + arg));
+  if (s.state != "invalid" && s.owner_alive && maps_segment(s.owner_pid, name)) {
+    if (::kill(s.owner_pid, SIGTERM) != 0)
+      throw coli::Error(name + ": cannot signal its owner, pid " + std::to_string(s.owner_pid) + ": " + std::strerror(errno));
+    // The keeper removes the segment as it exits.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!coli::mirror_status(name).state.empty()) {
+      if (std::chrono::steady_clock::now() > until)
+        throw coli::Error(name + ": its owner, pid " + std::to_string(s.owner_pid) + ", got SIGTERM but has not removed it after 10 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::fprintf(stderr, "coli-pin: stopped %s (pid %d)\n", name.c_str(), s.owner_pid);
+    return 0;
+  }
+  coli::remove_mirror(name);
+  std::fprintf(stderr, "coli-pin: removed %s (%s)\n", name.c_str(), s.state == "invalid" ? s.error.c_str() : "stale: its owner is gone");
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2) throw coli::UsageError("nothing to do: start, status or stop");
+  const std::string cmd = argv[1];
+  if (cmd == "start") return cmd_start(argc - 1, argv + 1);
+  if (cmd == "status") return cmd_status(argc - 1, argv + 1);
+  if (cmd == "stop") return cmd_stop(argc - 1, argv + 1);
+  if (cmd == "-h" || cmd == "--help") {
+    std::cout << kUsage << "\nRun 'coli-pin SUBCOMMAND --help' for the options of each.\n";
+    return 0;
+  }
+  throw coli::UsageError("unknown subcommand '" + cmd + "' (start, status or stop)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return coli::tool_main("coli-pin", [&] { return run(argc, argv); }); }
