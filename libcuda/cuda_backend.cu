@@ -139,7 +139,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   if (profile_) opt_.graphs = false;
   {
     const auto t0 = std::chrono::steady_clock::now();
-    constexpr std::size_t kPiece = std::size_t(1) << 30;
+    // One registration per region where the driver allows (512 GiB per call):
+    // a copy whose source spans two registrations is refused.
+    constexpr std::size_t kPiece = std::size_t(256) << 30;
     for (auto [p, n] : opt_.host_regions)
       for (std::size_t o = 0; o < n; o += kPiece) {
         void* piece = const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + o;

@@ -81,8 +81,8 @@ struct CudaOptions {
   // hottest first; empty: spread evenly over the layers.
   std::vector<uint64_t> heat;
   // Host memory the weights are read from that may be registered with the
-  // device (a coli-pin mirror's mapping): registered in 1 GiB pieces before
-  // the uploads, so they and the tier's swaps copy at the pinned rate;
+  // device (a coli-pin mirror's mapping): registered whole (256 GiB pieces)
+  // before the uploads, so they and the tier's swaps copy at the pinned rate;
   // unregistered when the backend goes. A piece the driver refuses is
   // skipped (uploads from it then take the pageable path).
   std::vector<std::pair<const void*, std::size_t>> host_regions;

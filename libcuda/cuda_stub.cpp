@@ -1,6 +1,7 @@
 // Built instead of the .cu files when the toolkit is built without CUDA.
 #include "cuda_backend.h"
 #include "cuda_device.h"
+#include "copy_probe.h"
 #include "graph_probe.h"
 #include "util/error.h"
 
@@ -28,5 +29,7 @@ std::unique_ptr<Backend> make_cuda_backend(const Model&, const CudaOptions&) {
 const char* probe_name(ProbeNodes) { return "none"; }
 
 GraphLaunchCost measure_graph_launch(ProbeNodes, int, int) { throw Error("CUDA: no usable device for the graph probe: built without CUDA"); }
+
+CopyRate measure_h2d(HostMemory, void*, std::size_t, int) { throw Error("CUDA: no usable device for the copy probe: built without CUDA"); }
 
 }  // namespace coli::cuda
