@@ -436,3 +436,42 @@ TEST(PinTool, UsageErrorsExit2AndHelpExits0) {
     EXPECT_TRUE(has(out, "usage: coli-pin start")) << args << ": " << out;
   }
 }
+
+// Two runs attached at once; kill -9 of one leaves the keeper and the
+// other run unaffected (it finishes with exit 0 and the same tokens as
+// without the mirror), and status stops counting the dead run.
+TEST(PinTool, AKilledRunLeavesTheKeeperAndTheOtherRun) {
+  PinModel m("killrun");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  std::string out;
+  ASSERT_EQ(run_pin("start --model " + m.path + " --heat none", &out), 0) << out;
+  TempDir d;
+  const std::string run = coli::test::bin_dir() + "/coli-run";
+  // The scalar reference backend: a few seconds for 4000 tokens, long
+  // enough to be seen attached.
+  auto args = [&](int n) { return std::vector<std::string>{run, "-m", m.path, "--reference", "--heat", "none", "--prompt-ids", "1,2", "-n", std::to_string(n), "--ignore-eos", "--temp", "0"}; };
+  const pid_t a = spawn(args(4000), d / "a.txt"), b = spawn(args(4000), d / "b.txt");
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  int runs = 0;
+  for (int i = 0; i < 1000 && runs < 2; ++i) {
+    runs = coli::mirror_status(m.name).runs;
+    if (runs < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(runs, 2) << "both runs attached";
+  ::kill(a, SIGKILL);
+  ::waitpid(a, nullptr, 0);
+  EXPECT_FALSE(process_gone(b)) << "the other run goes on";
+  const coli::MirrorStatus s = coli::mirror_status(m.name);
+  EXPECT_EQ(s.state, "ready");
+  EXPECT_TRUE(s.owner_alive);
+  EXPECT_LE(s.runs, 1) << "the killed run is not counted";
+  int st = 0;
+  ASSERT_EQ(::waitpid(b, &st, 0), b);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  std::string off;
+  ASSERT_EQ(run_command(run + " -m " + m.path + " --reference --heat none --prompt-ids 1,2 -n 4000 --ignore-eos --temp 0 --mirror off 2>/dev/null", &off), 0);
+  EXPECT_EQ(coli::test::read_file(d / "b.txt"), off) << "the same tokens as without the mirror";
+  EXPECT_EQ(coli::mirror_status(m.name).runs, 0);
+}
