@@ -1,0 +1,48 @@
+#include "placement/prefill_split.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "util/error.h"
+
+namespace coli {
+
+PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::vector<uint8_t>& resident, const PrefillCosts& c) {
+  if (tokens.size() != resident.size()) throw Error("prefill split: token counts and residency flags differ in size (internal)");
+  if (!(c.upload_s >= 0 && c.gpu_token_s >= 0 && c.cpu_read_s >= 0 && c.cpu_token_s >= 0) || c.staging < 0)
+    throw Error("prefill split: costs must be non-negative");
+  const int E = static_cast<int>(tokens.size());
+  PrefillLayerPlan p;
+  p.place.assign(E, ExpertPlace::kNone);
+  long long gpu_pairs = 0;
+  std::vector<int> misses;  // routed, not resident: most tokens first
+  for (int e = 0; e < E; ++e) {
+    if (tokens[e] < 0) throw Error("prefill split: negative token count (internal)");
+    if (tokens[e] == 0) continue;
+    if (resident[e]) {
+      p.place[e] = ExpertPlace::kResident, ++p.resident, gpu_pairs += tokens[e];
+    } else {
+      misses.push_back(e);
+    }
+  }
+  std::stable_sort(misses.begin(), misses.end(), [&](int a, int b) { return tokens[a] > tokens[b]; });
+  // Suffix sums of the CPU's cost: CPU takes misses[k..].
+  const int n = static_cast<int>(misses.size());
+  std::vector<double> cpu_from(n + 1, 0.0);
+  for (int i = n - 1; i >= 0; --i) cpu_from[i] = cpu_from[i + 1] + c.cpu_read_s + tokens[misses[i]] * c.cpu_token_s;
+  int best = 0;
+  double best_span = -1, best_gpu = 0;
+  long long pairs = gpu_pairs;
+  for (int k = 0; k <= std::min(n, c.staging); ++k) {
+    if (k > 0) pairs += tokens[misses[k - 1]];
+    const double gpu = std::max(k * c.upload_s, pairs * c.gpu_token_s);
+    const double span = std::max(gpu, cpu_from[k]);
+    if (best_span < 0 || span < best_span) best = k, best_span = span, best_gpu = gpu;
+  }
+  for (int i = 0; i < n; ++i) p.place[misses[i]] = i < best ? ExpertPlace::kUpload : ExpertPlace::kCpu;
+  p.uploads = best, p.cpu = n - best;
+  p.gpu_s = best_gpu, p.cpu_s = cpu_from[best];
+  return p;
+}
+
+}  // namespace coli

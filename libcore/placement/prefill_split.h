@@ -1,0 +1,46 @@
+// PrefillSplit: where a prompt chunk's routed experts of one layer run
+// under a VRAM budget (hybrid prefill, issue 18). Pure arithmetic over the
+// chunk's routing counts and measured rates, so CPU-only tests reach it;
+// the device backend applies it.
+//
+// Every expert the chunk routes to runs in one of three places:
+//   resident  in a tier slot already: the GPU computes it;
+//   upload    copied from pinned host memory to a staging slot on the copy
+//             stream (one expert blob each), then the GPU computes it;
+//   cpu       the host computes it from host memory, meanwhile.
+// The GPU side (residents, then uploads as they arrive) and the CPU side
+// run at the same time, so a layer takes about the longer of the two:
+//   gpu = max(uploads * upload_s, compute of residents and uploads)
+//   cpu = sum over cpu experts of (read_s + tokens * cpu_token_s)
+// plan_prefill_layer() sends the experts with the most tokens to the GPU
+// (an upload costs the same for 1 token or 500; the CPU's cost grows with
+// the tokens) and picks the split that minimises that longer side. At most
+// `staging` experts upload per layer (the staging slots); ties go to the
+// lower expert index. Deterministic.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace coli {
+
+struct PrefillCosts {
+  double upload_s = 0;      // one expert blob over PCIe from pinned memory
+  double gpu_token_s = 0;   // the GPU's time per (token, expert) pair
+  double cpu_read_s = 0;    // the CPU reading one expert's weights once
+  double cpu_token_s = 0;   // the CPU's time per (token, expert) pair beyond the read
+  int staging = 0;          // staging slots: at most this many uploads per layer
+};
+
+enum class ExpertPlace : uint8_t { kNone, kResident, kUpload, kCpu };
+
+struct PrefillLayerPlan {
+  std::vector<ExpertPlace> place;  // [experts]; kNone: no token routed to it
+  int uploads = 0, cpu = 0, resident = 0;
+  double gpu_s = 0, cpu_s = 0;     // the model's two sides
+  double makespan_s() const { return gpu_s > cpu_s ? gpu_s : cpu_s; }
+};
+
+// tokens[e]: the chunk's tokens routed to expert e; resident[e]: in a slot.
+PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::vector<uint8_t>& resident, const PrefillCosts& c);
+
+}  // namespace coli

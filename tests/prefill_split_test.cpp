@@ -1,0 +1,86 @@
+// plan_prefill_layer (placement/prefill_split.h): where a prompt chunk's
+// experts run under a budget. Cases worked by hand.
+#include <gtest/gtest.h>
+
+#include "placement/prefill_split.h"
+#include "util/error.h"
+
+namespace {
+
+using coli::ExpertPlace;
+using coli::PrefillCosts;
+using coli::plan_prefill_layer;
+
+}  // namespace
+
+TEST(PrefillSplit, ResidentsStayAndUnroutedExpertsAreNone) {
+  const auto p = plan_prefill_layer({3, 0, 5, 0}, {1, 1, 1, 0}, PrefillCosts{1, 0, 1, 0, 4});
+  EXPECT_EQ(p.place[0], ExpertPlace::kResident);
+  EXPECT_EQ(p.place[1], ExpertPlace::kNone);
+  EXPECT_EQ(p.place[2], ExpertPlace::kResident);
+  EXPECT_EQ(p.place[3], ExpertPlace::kNone);
+  EXPECT_EQ(p.uploads + p.cpu, 0);
+  EXPECT_EQ(p.resident, 2);
+}
+
+// upload 1 s each, CPU 1 s per expert read + 0.5 s per token, GPU free.
+// Misses by tokens: e1 (8), e3 (4), e0 (1), e2 (1).
+//   k=0: cpu = (1+4)+(1+2)+(1+.5)+(1+.5) = 11     -> 11
+//   k=1: gpu 1, cpu 6                             -> 6
+//   k=2: gpu 2, cpu 3                             -> 3
+//   k=3: gpu 3, cpu 1.5                           -> 3 (not better: keep k=2)
+//   k=4: gpu 4                                    -> 4
+TEST(PrefillSplit, MostTokensUploadFewestGoToTheCpu) {
+  const auto p = plan_prefill_layer({1, 8, 1, 4}, {0, 0, 0, 0}, PrefillCosts{1.0, 0.0, 1.0, 0.5, 8});
+  EXPECT_EQ(p.uploads, 2);
+  EXPECT_EQ(p.cpu, 2);
+  EXPECT_EQ(p.place[1], ExpertPlace::kUpload);
+  EXPECT_EQ(p.place[3], ExpertPlace::kUpload);
+  EXPECT_EQ(p.place[0], ExpertPlace::kCpu);
+  EXPECT_EQ(p.place[2], ExpertPlace::kCpu);
+  EXPECT_DOUBLE_EQ(p.gpu_s, 2.0);
+  EXPECT_DOUBLE_EQ(p.cpu_s, 3.0);
+  EXPECT_DOUBLE_EQ(p.makespan_s(), 3.0);
+}
+
+TEST(PrefillSplit, StagingSlotsCapTheUploads) {
+  const auto p = plan_prefill_layer({1, 8, 1, 4}, {0, 0, 0, 0}, PrefillCosts{1.0, 0.0, 1.0, 0.5, 1});
+  EXPECT_EQ(p.uploads, 1);
+  EXPECT_EQ(p.place[1], ExpertPlace::kUpload);
+  EXPECT_DOUBLE_EQ(p.makespan_s(), 6.0);
+}
+
+TEST(PrefillSplit, APromptOfManyTokensUploadsEveryMiss) {
+  // 512 tokens x 8 over 16 experts, 4 resident; PCIe fast, the CPU slow per token.
+  std::vector<int> tokens(16, 256);
+  std::vector<uint8_t> resident(16, 0);
+  for (int e = 0; e < 4; ++e) resident[e] = 1;
+  const auto p = plan_prefill_layer(tokens, resident, PrefillCosts{32e-6, 2e-8, 20e-6, 2e-6, 16});
+  EXPECT_EQ(p.uploads, 12);
+  EXPECT_EQ(p.cpu, 0);
+  EXPECT_EQ(p.resident, 4);
+}
+
+TEST(PrefillSplit, OneTokenPerExpertBalancesBothSides) {
+  // Upload 32 us; the CPU 20 us per read + 0.1 us per token; GPU compute ~0.
+  // Four misses: k=0 cpu 80.4; k=1 max(32, 60.3) = 60.3; k=2 max(64, 40.2)
+  // = 64; k=3 96: one upload, three on the CPU.
+  const auto p = plan_prefill_layer({1, 1, 1, 1}, {0, 0, 0, 0}, PrefillCosts{32e-6, 1e-8, 20e-6, 1e-7, 4});
+  EXPECT_EQ(p.uploads, 1);
+  EXPECT_EQ(p.cpu, 3);
+  EXPECT_NEAR(p.makespan_s(), 60.3e-6, 1e-12);
+  // One miss: the CPU (20.1 us) beats the upload (32 us).
+  const auto q = plan_prefill_layer({1}, {0}, PrefillCosts{32e-6, 1e-8, 20e-6, 1e-7, 4});
+  EXPECT_EQ(q.uploads, 0);
+  EXPECT_EQ(q.cpu, 1);
+}
+
+TEST(PrefillSplit, DeterministicTiesAndBadInput) {
+  const auto a = plan_prefill_layer({2, 2, 2, 2}, {0, 0, 0, 0}, PrefillCosts{1.0, 0.0, 1.0, 0.0, 2});
+  const auto b = plan_prefill_layer({2, 2, 2, 2}, {0, 0, 0, 0}, PrefillCosts{1.0, 0.0, 1.0, 0.0, 2});
+  EXPECT_EQ(a.place, b.place);
+  EXPECT_EQ(a.place[0], ExpertPlace::kUpload) << "ties: the lower index uploads";
+  EXPECT_THROW(plan_prefill_layer({1, 2}, {0}, PrefillCosts{}), coli::Error);
+  EXPECT_THROW(plan_prefill_layer({1}, {0}, PrefillCosts{-1, 0, 0, 0, 1}), coli::Error);
+  EXPECT_THROW(plan_prefill_layer({-1}, {0}, PrefillCosts{}), coli::Error);
+}
