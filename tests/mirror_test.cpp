@@ -68,10 +68,10 @@ TEST(Mirror, ARunThroughTheMirrorComputesTheSameLogits) {
   b.fill();
   EXPECT_EQ(last, total) << "progress reaches the total";
   auto m = std::make_shared<MirrorAttachment>(seg.name, *fx.c);
-  const ModelSpec& s = Model::load(fx.path)->spec();
+  auto plain = Model::load(fx.path);
+  const ModelSpec& s = plain->spec();
   EXPECT_EQ(m->header().expert_blobs, static_cast<uint64_t>(s.num_layers) * s.num_experts);
   EXPECT_GT(m->header().trunk_blobs, 0u);
-  auto plain = Model::load(fx.path);
   auto mirrored = bind_through(fx, m);
   EXPECT_TRUE(inside(mirrored->layer(1).moe.experts[3].down.data, *m)) << "experts are read from the segment";
   EXPECT_TRUE(inside(mirrored->embed().data, *m)) << "--trunk: the trunk too";
