@@ -182,10 +182,15 @@ void to_dev_null(std::initializer_list<int> fds) {
 
 // The parent's side while the daemon loads: a stop signal to it (Ctrl-C on
 // start) is passed on, so the load is abandoned rather than left running.
-volatile sig_atomic_t g_daemon = 0, g_interrupted = 0;
+// Once the keeper is ready g_daemon is cleared: a signal after that no
+// longer stops it (the start succeeded), and g_forwarded tells whether one
+// before did.
+volatile sig_atomic_t g_daemon = 0, g_forwarded = 0;
 void forward_stop(int) {
-  g_interrupted = 1;
-  if (g_daemon > 0) ::kill(g_daemon, SIGTERM);
+  if (g_daemon > 0) {
+    ::kill(g_daemon, SIGTERM);
+    g_forwarded = 1;
+  }
 }
 
 // Forks the keeper first (mlock is not inherited across fork), waits for
@@ -232,7 +237,8 @@ int start_daemon(const coli::Container& c, const std::string& path, const coli::
     line += ch;
   }
   ::close(fds[0]);
-  if (whole && !g_interrupted) {
+  if (whole) g_daemon = 0;
+  if (whole && !g_forwarded) {
     std::printf("%s\n", line.c_str());
     return 0;
   }
