@@ -68,9 +68,9 @@ void CudaBackend::drain_heat_window() {
   if (!heat_pending_) return;
   check(cudaEventSynchronize(heat_ev_), "routing heat window");
   heat_pending_ = false;
-  std::vector<uint64_t> counts(heat_host_.size());
-  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = h_heat_[i], heat_host_[i] += h_heat_[i];
-  swap_policy_->observe(counts.data());
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  for (std::size_t i = 0; i < heat_host_.size(); ++i) heat_host_[i] += h_heat_[i];
+  swap_policy_->observe(reinterpret_cast<const uint64_t*>(h_heat_));
 }
 
 void CudaBackend::swap_tick() {

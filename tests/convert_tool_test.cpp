@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,13 +17,12 @@
 
 #include "test_util.h"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
 using coli::test::run_command;
 using coli::test::TempDir;
+using coli::test::spawn;
 
 std::string cc() { return coli::test::bin_dir() + "/coli-convert"; }
 std::string text_model() { return coli::test::data_dir() + "/tiny-qwen35moe-text"; }
@@ -54,33 +52,6 @@ bool small_tmpfs_available() {
   std::string out;
   return run_command("unshare -rm sh -c 'mount -t tmpfs -o size=200k coli " + d.path() + " && echo mounted' 2>/dev/null", &out) == 0 &&
          out == "mounted\n";
-}
-
-// Starts argv with SIGINT and SIGTERM at their default actions (a shell
-// would start a background job with SIGINT ignored) and no output.
-pid_t spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t def, none;
-  sigemptyset(&def);
-  sigaddset(&def, SIGINT);
-  sigaddset(&def, SIGTERM);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attr, &def);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  return rc == 0 ? pid : -1;
 }
 
 // A process id that no process has: a child that has exited and been reaped.

@@ -38,9 +38,7 @@ struct Fixture {
 };
 
 std::unique_ptr<Model> bind_through(const Fixture& fx, std::shared_ptr<MirrorAttachment> m) {
-  ModelSpec spec = parse_model_spec(fx.c->config_json(), fx.path);
-  spec.tensor_prefix = "model.";
-  return Model::bind(spec, mirrored_source(fx.c, std::move(m)), fx.path);
+  return Model::bind_container(*fx.c, mirrored_source(fx.c, std::move(m)), fx.path);
 }
 
 bool inside(const void* p, const MirrorAttachment& m) {

@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,13 +22,12 @@
 #include "placement/heat.h"
 #include "test_util.h"
 
-extern char** environ;
-
 namespace {
 
 namespace fs = std::filesystem;
 using coli::test::run_command;
 using coli::test::TempDir;
+using coli::test::spawn;
 
 std::string pin() { return coli::test::bin_dir() + "/coli-pin"; }
 std::string text_model() { return coli::test::data_dir() + "/tiny-qwen35moe-text"; }
@@ -100,33 +98,6 @@ nlohmann::json status_of(const std::string& name) {
 int pid_of(const std::string& line) {
   const auto at = line.rfind("pid ");
   return at == std::string::npos ? -1 : std::atoi(line.c_str() + at + 4);
-}
-
-// Starts argv with SIGINT and SIGTERM at their default actions and stdout
-// to out_file (stderr to /dev/null).
-pid_t spawn(const std::vector<std::string>& args, const std::string& out_file) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t def, none;
-  sigemptyset(&def);
-  sigaddset(&def, SIGINT);
-  sigaddset(&def, SIGTERM);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attr, &def);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  return rc == 0 ? pid : -1;
 }
 
 // `coli-pin start --foreground` as a child of this process, once its

@@ -1,6 +1,11 @@
 // Helpers shared by the test suites: where the data is, scratch folders,
 // and a safetensors writer for building good and bad checkpoints.
 #pragma once
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <functional>
 #include <cstdint>
@@ -12,6 +17,8 @@
 #include <vector>
 
 #include "util/error.h"
+
+extern char** environ;
 
 namespace coli::test {
 
@@ -88,6 +95,35 @@ inline int run_command(const std::string& cmd, std::string* out) {
     if (out) out->append(buf, n);
   const int st = ::pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Starts argv (argv[0] a path) with SIGINT and SIGTERM at their default
+// actions (a shell would start a background job with SIGINT ignored),
+// stdout to out_file (created or truncated) and stderr to /dev/null.
+// Returns the pid, or -1.
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& out_file = "/dev/null") {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t def, none;
+  sigemptyset(&def);
+  sigaddset(&def, SIGINT);
+  sigaddset(&def, SIGTERM);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &def);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return rc == 0 ? pid : -1;
 }
 
 // The names in a directory, sorted, joined by spaces ("" when empty).

@@ -395,6 +395,7 @@ std::vector<MirrorStatus> list_mirrors() {
   ::closedir(d);
   std::sort(names.begin(), names.end());
   for (const std::string& n : names) {
+    if (n.size() > 200) continue;  // not a name a mirror gets (check_name)
     MirrorStatus s = mirror_status(n);
     if (!s.state.empty()) out.push_back(std::move(s));
   }

@@ -1,8 +1,5 @@
 #include "mirror/mirror_load.h"
 
-#include <filesystem>
-
-#include "model/model_spec.h"
 #include "util/error.h"
 
 namespace coli {
@@ -15,10 +12,7 @@ void check_mirror_flag(const std::string& mirror) {
 
 LoadedModel load_model(const std::string& path, const std::string& mirror) {
   check_mirror_flag(mirror);
-  namespace fs = std::filesystem;
-  std::string file;
-  if (fs::is_regular_file(path)) file = path;
-  else if (fs::is_directory(path) && fs::exists(fs::path(path) / "model.coli")) file = (fs::path(path) / "model.coli").string();
+  const std::string file = container_file_of(path);
   LoadedModel out;
   if (file.empty() || mirror == "off") {
     if (file.empty() && mirror != "auto" && mirror != "off") throw Error("--mirror " + mirror + ": " + path + " is not a coli container (mirrors hold containers)");
@@ -26,8 +20,6 @@ LoadedModel load_model(const std::string& path, const std::string& mirror) {
     return out;
   }
   auto c = std::make_shared<Container>(file);
-  ModelSpec spec = parse_model_spec(c->config_json(), file + ": config");
-  spec.tensor_prefix = "model.";
   const std::string name = mirror == "auto" ? mirror_name(c->fingerprint()) : mirror;
   if (mirror == "auto") {
     const MirrorStatus st = mirror_status(name);
@@ -42,7 +34,7 @@ LoadedModel load_model(const std::string& path, const std::string& mirror) {
       out.note = e.what();
     }
   }
-  out.model = Model::bind(spec, out.mirror ? mirrored_source(c, out.mirror) : std::shared_ptr<TensorSource>(c), file);
+  out.model = Model::bind_container(*c, out.mirror ? mirrored_source(c, out.mirror) : std::shared_ptr<TensorSource>(c), file);
   return out;
 }
 

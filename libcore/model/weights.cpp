@@ -75,16 +75,23 @@ class Binder {
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::string container_file_of(const std::string& path) {
   namespace fs = std::filesystem;
-  std::string file;
-  if (fs::is_regular_file(path)) file = path;
-  else if (fs::is_directory(path) && fs::exists(fs::path(path) / "model.coli")) file = (fs::path(path) / "model.coli").string();
-  if (!file.empty()) {
+  if (fs::is_regular_file(path)) return path;
+  if (fs::is_directory(path) && fs::exists(fs::path(path) / "model.coli")) return (fs::path(path) / "model.coli").string();
+  return "";
+}
+
+std::unique_ptr<Model> Model::bind_container(const Container& c, std::shared_ptr<TensorSource> source, const std::string& file) {
+  ModelSpec spec = parse_model_spec(c.config_json(), file + ": config");
+  spec.tensor_prefix = "model.";  // containers store canonical names
+  return bind(spec, std::move(source), file);
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  if (const std::string file = container_file_of(path); !file.empty()) {
     auto c = std::make_shared<Container>(file);
-    ModelSpec spec = parse_model_spec(c->config_json(), file + ": config");
-    spec.tensor_prefix = "model.";  // containers store canonical names
-    return bind(spec, c, file);
+    return bind_container(*c, c, file);
   }
   ModelSpec spec = load_model_spec(path);
   return bind(spec, std::make_shared<CheckpointSource>(path, spec.tensor_prefix), path);

@@ -20,6 +20,8 @@
 
 namespace coli {
 
+class Container;
+
 // A [rows, cols] matrix inside the mapped file, in one of the weight formats.
 struct Matrix {
   QuantFormat format = QuantFormat::F32;
@@ -83,6 +85,10 @@ class Model {
   static std::unique_ptr<Model> load(const std::string& path);
   // Binds spec's tensors from any source (the source must outlive the model).
   static std::unique_ptr<Model> bind(const ModelSpec& spec, std::shared_ptr<TensorSource> source, const std::string& where);
+  // A container's model with its tensors from `source` (the container
+  // itself, or a source serving the same names, e.g. a mirror); file names
+  // the container in messages.
+  static std::unique_ptr<Model> bind_container(const Container& c, std::shared_ptr<TensorSource> source, const std::string& file);
 
   const ModelSpec& spec() const { return spec_; }
   const std::string& dir() const { return dir_; }
@@ -100,6 +106,10 @@ class Model {
   OuterWeights outer_;
   std::vector<LayerWeights> layers_;
 };
+
+// The container file PATH names: PATH itself when it is a file, DIR/model.coli
+// for a directory holding one, else "" (a checkpoint directory, or nothing).
+std::string container_file_of(const std::string& path);
 
 // True for checkpoint tensors the text model deliberately ignores
 // (vision tower, multi-token-prediction head).

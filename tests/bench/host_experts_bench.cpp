@@ -69,10 +69,18 @@ std::unique_ptr<Model> load_model(bool anon) {
   const char* path = std::getenv("COLI_BENCH_MODEL");
   if (!path) return nullptr;
   auto c = std::make_shared<Container>(path);
-  ModelSpec spec = parse_model_spec(c->config_json(), std::string(path) + ": config");
-  spec.tensor_prefix = "model.";
-  if (!anon) return Model::bind(spec, c, path);
-  return Model::bind(spec, std::make_shared<AnonCopySource>(c), path);
+  if (!anon) return Model::bind_container(*c, c, path);
+  return Model::bind_container(*c, std::make_shared<AnonCopySource>(c), path);
+}
+
+// k distinct experts of E, drawn uniformly (a layer's routing for one token).
+std::vector<int> pick_experts(std::mt19937& rng, int k, int E) {
+  std::vector<int> picked;
+  while (static_cast<int>(picked.size()) < k) {
+    const int e = static_cast<int>(rng() % E);
+    if (std::find(picked.begin(), picked.end(), e) == picked.end()) picked.push_back(e);
+  }
+  return picked;
 }
 
 void BM_HostExperts(benchmark::State& st) {
@@ -96,15 +104,11 @@ void BM_HostExperts(benchmark::State& st) {
   std::size_t bytes = 0;
   int layer = 0;
   for (auto _ : st) {
-    std::vector<int> picked;
-    for (int i = 0; i < k;) {
-      const int e = static_cast<int>(rng() % s.num_experts);
-      if (std::find(picked.begin(), picked.end(), e) != picked.end()) continue;
-      picked.push_back(e);
-      pairs[i] = ExpertPair{0, e, 1.0f / k};
-      const ExpertWeights& w = m.layer(layer).moe.experts[e];
+    const std::vector<int> picked = pick_experts(rng, k, s.num_experts);
+    for (int i = 0; i < k; ++i) {
+      pairs[i] = ExpertPair{0, picked[i], 1.0f / k};
+      const ExpertWeights& w = m.layer(layer).moe.experts[picked[i]];
       bytes += w.gate.bytes() + w.up.bytes() + w.down.bytes();
-      ++i;
     }
     cpu.routed_experts(layer, pairs.data(), k, hn.data(), out.data());
     benchmark::DoNotOptimize(out.data());
@@ -143,11 +147,7 @@ void BM_HostExpertsStream(benchmark::State& st) {
   std::vector<float> sums(4096);
   for (auto _ : st) {
     std::vector<std::pair<const uint8_t*, std::size_t>> jobs;
-    std::vector<int> picked;
-    while (static_cast<int>(picked.size()) < s.num_experts_per_tok) {
-      const int e = static_cast<int>(rng() % s.num_experts);
-      if (std::find(picked.begin(), picked.end(), e) != picked.end()) continue;
-      picked.push_back(e);
+    for (int e : pick_experts(rng, s.num_experts_per_tok, s.num_experts)) {
       const ExpertWeights& w = model->layer(layer).moe.experts[e];
       for (const Matrix* m : {&w.gate, &w.up, &w.down}) {
         for (std::size_t o = 0; o < m->bytes(); o += chunk) jobs.push_back({m->data + o, std::min<std::size_t>(chunk, m->bytes() - o)});
@@ -190,11 +190,7 @@ void BM_VnniPhase(benchmark::State& st) {
   int layer = 0;
   for (auto _ : st) {
     std::vector<const ExpertWeights*> ex;
-    std::vector<int> picked;
-    while (static_cast<int>(picked.size()) < k) {
-      const int e = static_cast<int>(rng() % s.num_experts);
-      if (std::find(picked.begin(), picked.end(), e) != picked.end()) continue;
-      picked.push_back(e);
+    for (int e : pick_experts(rng, k, s.num_experts)) {
       const ExpertWeights& w = model->layer(layer).moe.experts[e];
       ex.push_back(&w);
       bytes += phase == 0 ? w.gate.bytes() + w.up.bytes() : w.down.bytes();

@@ -13,6 +13,7 @@
 #include "model/weights.h"
 #include "convert/synth.h"
 #include "formats/container.h"
+#include "parse_options.h"
 #include "util/error.h"
 #include "util/parse.h"
 #include "util/tool_main.h"
@@ -33,17 +34,6 @@ const char* kUsage =
     "\n"
     "Converts a Hugging Face qwen3_5_moe checkpoint (bf16, f16, f32 or block-scaled\n"
     "fp8) into a coli container with one 4 KiB-aligned blob per routed expert.\n";
-
-po::variables_map parse(int argc, char** argv, const po::options_description& opts, const po::positional_options_description& pos) {
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw coli::UsageError(e.what());
-  }
-  return vm;
-}
 
 coli::QuantFormat fmt(const po::variables_map& vm, const char* key, coli::QuantFormat def) {
   if (!vm.count(key)) return def;
@@ -95,7 +85,7 @@ int cmd_convert(int argc, char** argv) {
   opts.add(format_options());
   po::positional_options_description pos;
   pos.add("source", 1);
-  auto vm = parse(argc, argv, opts, pos);
+  auto vm = coli::parse_options(argc, argv, opts, pos);
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << "\nformats: " << coli::container_format_names() << std::endl;
     return 0;
@@ -124,7 +114,7 @@ int cmd_synth(int argc, char** argv) {
       ("force", po::bool_switch(), "overwrite an existing output");
   po::options_description formats = format_options();
   opts.add(formats);
-  auto vm = parse(argc, argv, opts, {});
+  auto vm = coli::parse_options(argc, argv, opts, {});
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << "\nformats: " << coli::container_format_names() << "\n"
               << "\nWith a container output the bf16 checkpoint is never written: each tensor is\n"
@@ -174,7 +164,7 @@ int cmd_verify(int argc, char** argv, bool info) {
       ("fingerprint", po::value<std::string>(), "expected fingerprint (16 hex digits)");
   po::positional_options_description pos;
   pos.add("file", 1);
-  auto vm = parse(argc, argv, opts, pos);
+  auto vm = coli::parse_options(argc, argv, opts, pos);
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << std::endl;
     return 0;
@@ -219,7 +209,7 @@ int cmd_compare(int argc, char** argv) {
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the sequences");
   po::positional_options_description pos;
   pos.add("reference", 1).add("model", 1);
-  auto vm = parse(argc, argv, opts, pos);
+  auto vm = coli::parse_options(argc, argv, opts, pos);
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << std::endl;
     return 0;

@@ -26,8 +26,10 @@
 #include "formats/container.h"
 #include "mirror/mirror.h"
 #include "model/model_spec.h"
+#include "model/weights.h"
 #include "placement/device_budget.h"
 #include "placement/heat.h"
+#include "parse_options.h"
 #include "util/error.h"
 #include "util/parse.h"
 #include "util/progress.h"
@@ -47,27 +49,15 @@ const char* kUsage =
     "in a shared-memory segment, /dev/shm/coli-FINGERPRINT, locked in RAM, which\n"
     "coli-run and coli-bench attach instead of reading the container.\n";
 
-po::variables_map parse(int argc, char** argv, const po::options_description& opts, const po::positional_options_description& pos) {
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw coli::UsageError(e.what());
-  }
-  return vm;
-}
-
 // --model as a container file: a directory stands for its model.coli, as
 // in coli-run. Absolute, because status shows it from anywhere.
 std::string container_path(const std::string& m) {
+  std::string file = coli::container_file_of(m);
   std::error_code ec;
-  if (fs::is_directory(m, ec)) {
-    if (!fs::exists(fs::path(m) / "model.coli", ec))
-      throw coli::Error(m + ": a directory without model.coli, not a coli container (make one with coli-convert)");
-    return fs::absolute(fs::path(m) / "model.coli").lexically_normal().string();
-  }
-  return fs::absolute(m).lexically_normal().string();
+  if (file.empty() && fs::is_directory(m, ec))
+    throw coli::Error(m + ": a directory without model.coli, not a coli container (make one with coli-convert)");
+  if (file.empty()) file = m;  // missing: the container's own error names it
+  return fs::absolute(file).lexically_normal().string();
 }
 
 std::string octal(unsigned mode) {
@@ -259,7 +249,7 @@ int cmd_start(int argc, char** argv) {
       ("heat", po::value<std::string>(), "routing heat that orders the experts under --budget ('none': container order; default: "
                                           "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt when it exists)")
       ("foreground", po::bool_switch(), "stay in the foreground (systemd Type=simple) instead of detaching");
-  auto vm = parse(argc, argv, opts, {});
+  auto vm = coli::parse_options(argc, argv, opts, {});
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << "\nStops on SIGTERM, SIGINT or SIGHUP, removing the segment (coli-pin stop sends SIGTERM).\n";
     return 0;
@@ -302,7 +292,7 @@ int cmd_start(int argc, char** argv) {
 int cmd_status(int argc, char** argv) {
   po::options_description opts("status options");
   opts.add_options()("help,h", "show this help")("json", po::bool_switch(), "one JSON array instead of the table");
-  auto vm = parse(argc, argv, opts, {});
+  auto vm = coli::parse_options(argc, argv, opts, {});
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << std::endl;
     return 0;
@@ -352,7 +342,7 @@ int cmd_stop(int argc, char** argv) {
   opts.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "the container (or its directory), or the segment's name coli-...");
   po::positional_options_description pos;
   pos.add("model", 1);
-  auto vm = parse(argc, argv, opts, pos);
+  auto vm = coli::parse_options(argc, argv, opts, pos);
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << std::endl;
     return 0;
