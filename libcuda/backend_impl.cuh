@@ -196,6 +196,32 @@ class CudaBackend : public Backend {
   // Pair's entry in its layer's pointer tables and resident flags, on the compute stream.
   void set_entry(int pair, const uint8_t* slot, bool resident);
   uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
+  // Decode misses over PCIe (CudaOptions::decode_upload_max; decode_upload.cu).
+  class DecodeUpload : public ExpertHandoff::DevicePart {
+   public:
+    DecodeUpload(CudaBackend& b, const Model& model);
+    ~DecodeUpload() override;
+    int take(int layer, ExpertPair* misses, int n) override;
+    void wait() override;
+    const float* out() const { return out_.get(); }
+
+   private:
+    CudaBackend& b_;
+    const Model& model_;
+    int k_ = 0;                      // slots
+    std::vector<uint8_t> pinned_;    // [layers * experts]: the expert's parts are in pinned host memory
+    DeviceArray<uint8_t> stage_;     // k slots
+    DeviceArray<const uint8_t*> gate_, up_, down_;  // slot i's parts
+    DeviceArray<int> idx_;           // 0 .. k-1
+    DeviceArray<float> w_, act_, out_;
+    DeviceArray<int8_t> codes_;
+    DeviceArray<float> scale_;
+    DeviceArray<int> sum_;
+    float* h_w_ = nullptr;           // pinned weights of the taken misses
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t done_ = nullptr;
+  };
+  std::unique_ptr<DecodeUpload> decode_upload_;
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;

@@ -254,7 +254,11 @@ void CudaBackend::build_tier(const Model& model) {
   const std::size_t slot = pg + pu + pd;
   expert_bytes_ = m0.experts[0].gate.bytes() + m0.experts[0].up.bytes() + m0.experts[0].down.bytes();
   long long slots = opt_.expert_slots;
-  const uint64_t avail = budget_->available(), reserve = runtime_reserve();
+  const uint64_t avail = budget_->available();
+  // What the decode upload's slots and buffers will take (DecodeUpload).
+  const std::size_t up_k = std::max(0, opt_.decode_upload_max);
+  const uint64_t reserve = runtime_reserve() +
+                           (up_k ? up_k * slot + (up_k * s_.moe_intermediate_size + s_.hidden_size + up_k) * 4 * 3 + (2u << 20) : 0);
   // What the run will charge later (KV cache, state, scratch, logits) and
   // the zero expert must fit now, or the run would fail part-way.
   if (avail != UINT64_MAX && avail < reserve + slot)
@@ -310,7 +314,13 @@ void CudaBackend::build_tier(const Model& model) {
       set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));
     }
   }
-  if (!plan_.all()) handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E);
+  if (!plan_.all()) {
+    handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E);
+    if (opt_.decode_upload_max > 0) {
+      decode_upload_ = std::make_unique<DecodeUpload>(*this, model);
+      handoff_->set_device_part(decode_upload_.get(), decode_upload_->out());
+    }
+  }
   if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps(model);
 }
 
@@ -322,9 +332,9 @@ TierStats CudaBackend::tier_stats() const {
   t.pairs = full_layer_pairs_;
   if (handoff_) {
     const ExpertHandoff::Stats h = handoff_->stats();
-    t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs;
+    t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs, t.device_misses = h.device_misses;
     t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms, t.device_experts_ms = h.device_work_ms;
-    t.host_expert_bytes = static_cast<uint64_t>(h.misses) * expert_bytes_;
+    t.host_expert_bytes = static_cast<uint64_t>(h.misses - h.device_misses) * expert_bytes_;
   }
   t.tokens = tokens_;
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
@@ -362,6 +372,8 @@ CudaBackend::~CudaBackend() {
       std::fprintf(stderr, "%-14s %10.3f %8ld %6.1f%%\n", name.c_str(), row.ms, row.calls, 100.0 * row.ms / total);
   }
   free_swaps();
+  handoff_.reset();  // its thread calls the decode upload
+  decode_upload_.reset();
   if (stream_) cudaStreamSynchronize(stream_);
   for (void* p : registered_) cudaHostUnregister(p);
   if (h_io_) cudaFreeHost(h_io_);

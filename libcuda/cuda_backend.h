@@ -86,6 +86,15 @@ struct CudaOptions {
   // unregistered when the backend goes. A piece the driver refuses is
   // skipped (uploads from it then take the pageable path).
   std::vector<std::pair<const void*, std::size_t>> host_regions;
+  // Decode misses over PCIe (issue 16's lever): in a one-token step, up to
+  // decode_upload_max of a layer's misses (about decode_upload_share of
+  // them) are uploaded from pinned host memory (a registered mirror:
+  // host_regions) and computed on the device while the CPU computes the
+  // rest; misses whose weights are not in pinned memory stay on the CPU.
+  // 0: off. Same kernels as resident experts: the results do not change
+  // beyond the CPU kernels' own error, as for any placement.
+  int decode_upload_max = 0;
+  double decode_upload_share = 0.4;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,
   // copied from pinned staging on a stream of its own, never blocking a

@@ -17,6 +17,7 @@ struct HandoffBox {
   volatile unsigned done;
   unsigned pad1[31];
   volatile int layer, n, T;
+  volatile int n_dev;  // misses the device part computed: join adds its row too
 };
 
 namespace {
@@ -73,9 +74,9 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, const int
 // the host's partial sums (read past every cache: the same addresses carry
 // a new layer's sums each time).
 __global__ void join_kernel(HandoffBox* box, const float* part, const unsigned* seq, float* routed, long long n, unsigned long long* wait_ns,
-                            const unsigned long long* post_ns, unsigned long long* work_ns) {
+                            const unsigned long long* post_ns, unsigned long long* work_ns, const float* dpart) {
   griddep_wait();
-  __shared__ int any;
+  __shared__ int any, dev;
   if (threadIdx.x == 0) {
     const unsigned s = *seq;
     const unsigned long long t0 = global_ns();
@@ -83,11 +84,12 @@ __global__ void join_kernel(HandoffBox* box, const float* part, const unsigned* 
     while (box->done != s) __nanosleep(100);
     if (blockIdx.x == 0) atomicAdd(wait_ns, global_ns() - t0);
     any = box->n > 0;
+    dev = dpart && box->n_dev > 0;
   }
   __syncthreads();
   if (!any) return;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long long>(gridDim.x) * blockDim.x)
-    routed[i] += __ldcv(part + i);
+    routed[i] += __ldcv(part + i) + (dev ? __ldcv(dpart + i) : 0.0f);
 }
 
 inline void cpu_relax() {
@@ -140,7 +142,7 @@ void ExpertHandoff::post(int layer, const int* idx, const float* w, int ks, int 
 void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {
   const long long n = static_cast<long long>(T) * H_;
   const int blocks = static_cast<int>(std::min<long long>((n + 1023) / 1024, 264));
-  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_seq_, routed, n, d_wait_ns_, d_post_ns_, d_work_ns_);
+  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_seq_, routed, n, d_wait_ns_, d_post_ns_, d_work_ns_, dpart_);
 }
 
 void ExpertHandoff::begin() {
@@ -181,16 +183,21 @@ void ExpertHandoff::serve() {
     std::atomic_thread_fence(std::memory_order_acquire);
     const int n = box_->n, T = box_->T, layer = box_->layer;
     const auto t0 = std::chrono::steady_clock::now();
+    int g = 0;  // misses the device part took
     try {
-      host_.compute(layer, h_.pairs, n, h_.rows, T, h_.part);
+      if (dev_ && T == 1 && n > 0) g = dev_->take(layer, h_.pairs, n);
+      box_->n_dev = g;
+      host_.compute(layer, h_.pairs + g, n - g, h_.rows, T, h_.part);
+      if (g) dev_->wait();
     } catch (...) {
       // The device must not wait forever: it gets zeros, and end() throws.
       std::memset(h_.part, 0, std::size_t(T) * H_ * sizeof(float));
+      box_->n_dev = 0;
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_) error_ = std::current_exception();
     }
     host_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    handoffs_ += 1, pairs_ += static_cast<long>(T) * K_, misses_ += n;
+    handoffs_ += 1, pairs_ += static_cast<long>(T) * K_, misses_ += n, device_misses_ += g;
     std::atomic_thread_fence(std::memory_order_release);
     box_->done = p;
   }
@@ -198,7 +205,7 @@ void ExpertHandoff::serve() {
 
 ExpertHandoff::Stats ExpertHandoff::stats() const {
   Stats s;
-  s.handoffs = handoffs_, s.pairs = pairs_, s.misses = misses_;
+  s.handoffs = handoffs_, s.pairs = pairs_, s.misses = misses_, s.device_misses = device_misses_;
   s.host_ms = host_ns_ / 1e6;
   unsigned long long ns = 0;
   if (cudaMemcpy(&ns, d_wait_ns_, sizeof ns, cudaMemcpyDeviceToHost) == cudaSuccess) s.device_wait_ms = ns / 1e6;

@@ -60,10 +60,26 @@ class ExpertHandoff {
   void begin();
   void end();
 
+  // A part of a one-token post's misses computed on the device instead,
+  // their weights uploaded over PCIe while the host computes the others
+  // (CudaOptions::decode_upload_max). Called on the host thread: take()
+  // moves the misses it takes to the front (the rest keep their order),
+  // enqueues their copies and kernels on a stream of its own, which write
+  // dpart [H], and returns how many; wait() returns once they are done.
+  class DevicePart {
+   public:
+    virtual ~DevicePart() = default;
+    virtual int take(int layer, ExpertPair* misses, int n) = 0;
+    virtual void wait() = 0;
+  };
+  // Before the first begin(); dpart: the device part's output row.
+  void set_device_part(DevicePart* part, const float* dpart) { dev_ = part, dpart_ = dpart; }
+
   struct Stats {
     long handoffs = 0;        // posts served
     long pairs = 0;           // routed pairs of the posted layers
-    long misses = 0;          // of them, computed on the host
+    long misses = 0;          // of them, not resident (the host's and the device part's)
+    long device_misses = 0;   // of those, uploaded and computed by the device part
     double host_ms = 0;       // in ExpertHost::compute
     double device_wait_ms = 0;  // the device's join kernels waiting for the host
     double device_work_ms = 0;  // the device's own work from each post to its join (shared and resident experts)
@@ -93,7 +109,9 @@ class ExpertHandoff {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> active_{false}, stop_{false};
-  std::atomic<long> handoffs_{0}, pairs_{0}, misses_{0};
+  std::atomic<long> handoffs_{0}, pairs_{0}, misses_{0}, device_misses_{0};
+  DevicePart* dev_ = nullptr;
+  const float* dpart_ = nullptr;
   std::atomic<long long> host_ns_{0};
   std::exception_ptr error_;  // from the ExpertHost, handed over by end()
 };

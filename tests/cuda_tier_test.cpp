@@ -10,6 +10,8 @@
 #include "cuda_device.h"
 #include "engine/engine.h"
 #include "engine_util.h"
+#include "mirror/mirror.h"
+#include "mirror/mirror_load.h"
 #include "model/weights.h"
 #include "test_util.h"
 
@@ -217,4 +219,50 @@ TEST(CudaTier, SwapsDoNotChangeTokens) {
     for (uint64_t c : heat) total += c;
     EXPECT_EQ(total, static_cast<uint64_t>(ts.tokens) * s.num_layers * s.num_experts_per_tok) << "every routing counted once";
   }
+}
+
+// Decode misses over PCIe (CudaOptions::decode_upload_max): with the
+// experts in a registered mirror, part of each decode layer's misses is
+// uploaded and computed on the device; the tokens stay those of every
+// expert resident and each step's logits within the CPU kernels' error.
+TEST(CudaTier, DecodeMissesOverPcieKeepTokens) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
+  Container c(d / "m.coli");
+  MirrorBuildOptions mo;
+  mo.name = "coli-test-pcie-" + std::to_string(::getpid());
+  MirrorBuilder mirror(c, d / "m.coli", mo);
+  mirror.fill();
+  LoadedModel lm = load_model(d / "m.coli", mo.name);
+  ASSERT_NE(lm.mirror, nullptr);
+  const Model& m = *lm.model;
+  const ModelSpec& s = m.spec();
+  const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+  auto whole = cuda::make_cuda_backend(m);
+  Engine ew(s, *whole, 64);
+  cuda::CudaOptions o = tier_options(m, all / 4);
+  o.decode_upload_max = 4, o.decode_upload_share = 0.5;
+  o.host_regions.push_back({lm.mirror->base(), lm.mirror->size()});
+  auto tier = cuda::make_cuda_backend(m, o);
+  Engine et(s, *tier, 64);
+  const float tol = 2 * cpu_quantization_error(m);
+  float worst = 0;
+  for (const auto& p : test::tiny_goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids)) << "prompt " << ids.size();
+    const std::vector<int> cont = test::greedy_tokens(ew, ids, 24);
+    Session sw = ew.new_session(), st = et.new_session();
+    float err = max_abs_diff(ew.forward(sw, ids), et.forward(st, ids));
+    for (int tok : cont) err = std::max(err, max_abs_diff(ew.forward(sw, std::vector<int>{tok}), et.forward(st, std::vector<int>{tok})));
+    EXPECT_LT(err, tol) << "prompt " << ids.size();
+    worst = std::max(worst, err);
+  }
+  const TierStats ts = tier->tier_stats();
+  const ExpertWeights& x = m.layer(0).moe.experts[0];
+  std::printf("[ info     ] %lld of %lld misses over PCIe, max |dlogit| %.2e (bound %.2e)\n", ts.device_misses, ts.misses, worst, tol);
+  EXPECT_GT(ts.device_misses, 0);
+  EXPECT_LT(ts.device_misses, ts.misses) << "the CPU keeps a share";
+  EXPECT_EQ(ts.host_expert_bytes, static_cast<uint64_t>(ts.misses - ts.device_misses) * (x.gate.bytes() + x.up.bytes() + x.down.bytes()));
 }
