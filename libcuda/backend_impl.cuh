@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <initializer_list>
 #include <memory>
@@ -204,6 +205,7 @@ class CudaBackend : public Backend {
     int take(int layer, ExpertPair* misses, int n) override;
     void wait() override;
     const float* out() const { return out_.get(); }
+    bool any_pinned() const { return std::find(pinned_.begin(), pinned_.end(), uint8_t{1}) != pinned_.end(); }
 
    private:
     CudaBackend& b_;
@@ -221,7 +223,6 @@ class CudaBackend : public Backend {
     cudaStream_t stream_ = nullptr;
     cudaEvent_t done_ = nullptr;
   };
-  std::unique_ptr<DecodeUpload> decode_upload_;
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;
@@ -248,6 +249,7 @@ class CudaBackend : public Backend {
   std::vector<DeviceArray<uint8_t>> resident_;  // per layer [E] flags
   std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
   int full_layers_ = 0;                       // how many such layers
+  std::unique_ptr<DecodeUpload> decode_upload_;  // after budget_ (its arrays are charged to it), before handoff_ (whose thread calls it)
   std::unique_ptr<ExpertHandoff> handoff_;
   long long full_layer_pairs_ = 0;            // routed pairs of layers without handoff (counted per chunk)
   long long tokens_ = 0;                      // tokens launched

@@ -318,7 +318,8 @@ void CudaBackend::build_tier(const Model& model) {
     handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E);
     if (opt_.decode_upload_max > 0) {
       decode_upload_ = std::make_unique<DecodeUpload>(*this, model);
-      handoff_->set_device_part(decode_upload_.get(), decode_upload_->out());
+      if (decode_upload_->any_pinned()) handoff_->set_device_part(decode_upload_.get(), decode_upload_->out());
+      else decode_upload_.reset();  // no expert in pinned memory (no registered mirror): nothing to upload from
     }
   }
   if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps(model);
@@ -372,9 +373,9 @@ CudaBackend::~CudaBackend() {
       std::fprintf(stderr, "%-14s %10.3f %8ld %6.1f%%\n", name.c_str(), row.ms, row.calls, 100.0 * row.ms / total);
   }
   free_swaps();
+  if (stream_) cudaStreamSynchronize(stream_);  // a pending chunk's joins need the handoff's thread
   handoff_.reset();  // its thread calls the decode upload
   decode_upload_.reset();
-  if (stream_) cudaStreamSynchronize(stream_);
   for (void* p : registered_) cudaHostUnregister(p);
   if (h_io_) cudaFreeHost(h_io_);
   for (int i = 0; i < kMaxLogitParts; ++i) {

@@ -63,16 +63,22 @@ CudaBackend::DecodeUpload::~DecodeUpload() {
 
 int CudaBackend::DecodeUpload::take(int layer, ExpertPair* misses, int n) {
   const int E = b_.s_.num_experts;
-  const int want = std::min(k_, static_cast<int>(std::lround(n * b_.opt_.decode_upload_share)));
+  const int want = std::min(k_, static_cast<int>(std::lround(n * std::clamp(b_.opt_.decode_upload_share, 0.0, 1.0))));
   if (want <= 0) return 0;
-  // The first `want` misses with pinned weights go to the front, the rest keep their order.
-  const auto mid = std::stable_partition(misses, misses + n, [&, taken = 0](const ExpertPair& p) mutable {
-    const bool t = taken < want && pinned_[static_cast<std::size_t>(layer) * E + p.expert];
-    taken += t;
-    return t;
-  });
-  const int g = static_cast<int>(mid - misses);
+  // The first `want` misses with pinned weights go to the front, the rest
+  // keep their order (by hand: a stateful predicate is copied by the
+  // standard algorithms).
+  thread_local std::vector<ExpertPair> rest;
+  rest.clear();
+  int g = 0;
+  for (int i = 0; i < n; ++i) {
+    const ExpertPair p = misses[i];
+    if (g < want && pinned_[static_cast<std::size_t>(layer) * E + p.expert]) misses[g++] = p;
+    else rest.push_back(p);
+  }
+  std::copy(rest.begin(), rest.end(), misses + g);
   if (g == 0) return 0;
+  if (g > k_) throw Error("CUDA backend: decode upload took " + std::to_string(g) + " of " + std::to_string(k_) + " slots (internal)");
   check(cudaSetDevice(b_.opt_.device), "cudaSetDevice");  // the handoff's own thread
   for (int i = 0; i < g; ++i) {
     const ExpertWeights& x = model_.layer(layer).moe.experts[misses[i].expert];
