@@ -196,6 +196,31 @@ class CudaBackend : public Backend {
   // Pair's entry in its layer's pointer tables and resident flags, on the compute stream.
   void set_entry(int pair, const uint8_t* slot, bool resident);
   uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
+  // Hybrid prefill's uploads (CudaOptions::prefill_upload; prefill_upload.cu).
+  struct PrefillUpload {
+    bool on = false;
+    std::size_t stage_slot = 0;       // one staged expert: gate | up | down as in the tier's slots
+    int stage_slots = 0;              // per staging area
+    DeviceArray<uint8_t> stage;       // two areas of stage_slots
+    // Per layer, pointer tables for a chunk: residents -> their tier slot,
+    // the others -> their place in staging area l % 2 (entry E: the shared expert).
+    std::vector<DeviceArray<const uint8_t*>> gate, up, down;
+    long residency_gen = -1;          // the tier's residency the tables were made for
+    cudaStream_t stream = nullptr;
+    cudaEvent_t uploaded[2] = {}, used[2] = {};
+    uint64_t bytes = 0;               // uploaded since the backend was made
+    long long experts = 0;
+    std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
+  } pu_;
+  long residency_gen_ = 0;            // bumped by every residency change (swaps)
+  void init_prefill_upload(std::size_t avail_after_slots);
+  std::size_t prefill_stage_bytes(const TierPlan& plan) const;  // both areas, for a plan
+  void refresh_prefill_tables();
+  void upload_layer_experts(int l);   // enqueue layer l's non-residents into area l % 2
+  int next_upload_layer(int after) const;  // the next tiered, not full layer after `after`, or -1
+  bool prefill_uploads(int T) const { return pu_.on && T >= kGroupedMinTokens; }
+  bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
+  void free_prefill_upload();
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;

@@ -86,6 +86,16 @@ struct CudaOptions {
   // unregistered when the backend goes. A piece the driver refuses is
   // skipped (uploads from it then take the pageable path).
   std::vector<std::pair<const void*, std::size_t>> host_regions;
+  // Hybrid prefill (issue 18, v1): a prompt chunk's routed experts outside
+  // the tier are uploaded, a whole layer at a time, into one of two staging
+  // areas on a copy stream of their own, the next tiered layer's while the
+  // current one computes, and run on the device with the residents as one
+  // grouped GEMM (no host handoff for the chunk). The two areas (each as
+  // many slots as the layer with the fewest residents misses) are charged
+  // to the budget before the tier's slots. Fast when the experts' host
+  // memory is registered (a coli-pin mirror, host_regions); from pageable
+  // memory the copies run at the pageable rate. Decode steps are unchanged.
+  bool prefill_upload = false;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,
   // copied from pinned staging on a stream of its own, never blocking a

@@ -77,6 +77,7 @@ int run(int argc, char** argv) {
       ("ubatch-size", po::value<std::string>()->default_value("512"), "tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time")
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME")
+      ("prefill-upload", po::bool_switch(), "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)")
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
@@ -152,6 +153,7 @@ int run(int argc, char** argv) {
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   co.max_chunk = *std::max_element(o.n_ubatch.begin(), o.n_ubatch.end());
   co.swap = !vm["no-swap"].as<bool>();
+  co.prefill_upload = vm["prefill-upload"].as<bool>();
   o.mirror = vm["mirror"].as<std::string>();
   coli::check_mirror_flag(o.mirror);
   // Under a budget the KV cache is made for the longest test at once.
