@@ -267,14 +267,19 @@ void CudaBackend::build_tier(const Model& model) {
   plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
   slot_bytes_ = slot;
   // Hybrid prefill's two staging areas come out of what the slots would take.
-  bool prefill = opt_.prefill_upload && !plan_.all();
+  bool prefill = opt_.prefill_upload && !plan_.all() && experts_pinned(model);
   if (prefill && avail != UINT64_MAX) {
-    auto fits = [&] { return reserve + slot * (plan_.count + 1) + prefill_stage_bytes(plan_) <= avail; };
+    const TierPlan full = plan_;
+    const long long full_slots = slots;
+    // The tables: three pointer arrays of E + 1 per layer.
+    const uint64_t tables = uint64_t(L) * (E + 1) * sizeof(void*) * 3 + (1u << 20);
+    auto fits = [&] { return reserve + slot * (plan_.count + 1) + prefill_stage_bytes(plan_) + tables <= avail; };
     while (!fits() && opt_.expert_slots < 0 && plan_.count > 0) {
       slots = std::max(0LL, slots - std::max(1LL, slots / 64));
       plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
     }
-    prefill = fits();  // else prompts hand their misses to the host as decode steps do
+    prefill = fits();
+    if (!prefill) plan_ = full, slots = full_slots;  // prompts hand their misses to the host as decode steps do
   }
   if (!plan_.all() && !opt_.expert_host)
     throw Error("CUDA backend: the expert tier holds " + std::to_string(plan_.count) + " of " + std::to_string(L * E) +
@@ -332,7 +337,7 @@ TierStats CudaBackend::tier_stats() const {
   t.tiered = tiered_;
   t.experts = static_cast<long long>(s_.num_layers) * s_.num_experts;
   t.resident = tiered_ ? plan_.count : t.experts;
-  t.pairs = full_layer_pairs_;
+  t.pairs = full_layer_pairs_ + upload_pairs_;
   if (handoff_) {
     const ExpertHandoff::Stats h = handoff_->stats();
     t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs;
@@ -543,6 +548,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   // A prompt chunk's non-residents come uploaded (prefill_upload.cu); else
   // the host computes them, as in a decode step.
   const bool upload = uploads_layer(l, T);
+  if (upload) upload_pairs_ += static_cast<long long>(T) * K;
   const bool handoff = handoff_ && !layer_full_[l] && !upload;
   ExpertTable table = L.experts.table;
   if (upload) {
@@ -551,7 +557,6 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
     // area, else once this layer's kernels are enqueued (below).
     const int next = next_upload_layer(l);
     if (next >= 0 && next % 2 != l % 2) upload_layer_experts(next);
-    check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
   }
   if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident_[l].get(), hn_.get(), stream_); });
   const DevMatrix& eg = L.experts.table.gate;
@@ -576,6 +581,9 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   // per tile of its tokens); a decode step's pairs go straight.
   bool grouped = false;
   step("experts", [&] {
+    // This layer's uploads: only the routed experts need them (the shared
+    // expert above ran meanwhile).
+    if (upload) check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
     if (T >= kGroupedMinTokens)
       grouped = moe_grouped(table, hn_.get(), ridx_.get(), rw_.get(), T, K, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
                             routed_.get(), stream_, qx_, hn_in_q);

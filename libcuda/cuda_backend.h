@@ -92,9 +92,11 @@ struct CudaOptions {
   // current one computes, and run on the device with the residents as one
   // grouped GEMM (no host handoff for the chunk). The two areas (each as
   // many slots as the layer with the fewest residents misses) are charged
-  // to the budget before the tier's slots. Fast when the experts' host
-  // memory is registered (a coli-pin mirror, host_regions); from pageable
-  // memory the copies run at the pageable rate. Decode steps are unchanged.
+  // to the budget before the tier's slots (if they cannot fit, the option
+  // is dropped, not the tier). Needs every expert in registered host memory
+  // (a coli-pin mirror with host_regions): from pageable memory the copies
+  // would block the issuing thread, so the option is then dropped too.
+  // Decode steps are unchanged.
   bool prefill_upload = false;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,

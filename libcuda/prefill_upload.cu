@@ -8,6 +8,25 @@
 
 namespace coli::cuda::detail {
 
+// Asynchronous copies at the pinned rate need every expert's parts in
+// pinned (registered) host memory: a coli-pin mirror registered through
+// CudaOptions::host_regions. From pageable memory cudaMemcpyAsync would
+// block the issuing thread and the layer-ahead overlap would be gone.
+bool CudaBackend::experts_pinned(const Model& model) const {
+  auto pinned = [](const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  };
+  for (int l = 0; l < s_.num_layers; ++l)
+    for (const ExpertWeights& x : model.layer(l).moe.experts)
+      if (!pinned(x.gate.data) || !pinned(x.up.data) || !pinned(x.down.data)) return false;
+  return true;
+}
+
 std::size_t CudaBackend::prefill_stage_bytes(const TierPlan& plan) const {
   int most = 0;  // the most experts a layer leaves out
   for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
