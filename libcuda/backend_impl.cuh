@@ -223,6 +223,33 @@ class CudaBackend : public Backend {
     cudaStream_t stream_ = nullptr;
     cudaEvent_t done_ = nullptr;
   };
+  // Hybrid prefill's uploads (CudaOptions::prefill_upload; prefill_upload.cu).
+  struct PrefillUpload {
+    bool on = false;
+    std::size_t stage_slot = 0;       // one staged expert: gate | up | down as in the tier's slots
+    int stage_slots = 0;              // per staging area
+    DeviceArray<uint8_t> stage;       // two areas of stage_slots
+    // Per layer, pointer tables for a chunk: residents -> their tier slot,
+    // the others -> their place in staging area l % 2 (entry E: the shared expert).
+    std::vector<DeviceArray<const uint8_t*>> gate, up, down;
+    long residency_gen = -1;          // the tier's residency the tables were made for
+    cudaStream_t stream = nullptr;
+    cudaEvent_t uploaded[2] = {}, used[2] = {};
+    uint64_t bytes = 0;               // uploaded since the backend was made
+    long long experts = 0;
+    std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
+  };
+  long residency_gen_ = 0;            // bumped by every residency change (swaps)
+  void init_prefill_upload(std::size_t avail_after_slots);
+  std::size_t prefill_stage_bytes(const TierPlan& plan) const;  // both areas, for a plan
+  bool experts_pinned(const Model& model) const;
+  void refresh_prefill_tables();
+  void upload_layer_experts(int l);   // enqueue layer l's non-residents into area l % 2
+  long long upload_pairs_ = 0;        // routed pairs of uploaded layers (TierStats::pairs)
+  int next_upload_layer(int after) const;  // the next tiered, not full layer after `after`, or -1
+  bool prefill_uploads(int T) const { return pu_.on && T >= kGroupedMinTokens; }
+  bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
+  void free_prefill_upload();
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;
@@ -243,6 +270,7 @@ class CudaBackend : public Backend {
   const ModelSpec& s_;
   CudaOptions opt_;
   std::shared_ptr<DeviceBudget> budget_;  // declared first among device owners: destroyed after them (sessions share it)
+  PrefillUpload pu_;  // its arrays are charged to budget_
   bool tiered_ = false;
   TierPlan plan_;
   DeviceArray<uint8_t> slots_;                // slot 0: the zero expert; then one slot per resident expert

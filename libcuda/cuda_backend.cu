@@ -269,6 +269,22 @@ void CudaBackend::build_tier(const Model& model) {
   if (!opt_.heat.empty() && opt_.heat.size() != std::size_t(L) * E)
     throw Error("CUDA backend: the heat has " + std::to_string(opt_.heat.size()) + " counts, the model " + std::to_string(L * E) + " experts");
   plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
+  slot_bytes_ = slot;
+  // Hybrid prefill's two staging areas come out of what the slots would take.
+  bool prefill = opt_.prefill_upload && !plan_.all() && experts_pinned(model);
+  if (prefill && avail != UINT64_MAX) {
+    const TierPlan full = plan_;
+    const long long full_slots = slots;
+    // The tables: three pointer arrays of E + 1 per layer.
+    const uint64_t tables = uint64_t(L) * (E + 1) * sizeof(void*) * 3 + (1u << 20);
+    auto fits = [&] { return reserve + slot * (plan_.count + 1) + prefill_stage_bytes(plan_) + tables <= avail; };
+    while (!fits() && opt_.expert_slots < 0 && plan_.count > 0) {
+      slots = std::max(0LL, slots - std::max(1LL, slots / 64));
+      plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
+    }
+    prefill = fits();
+    if (!prefill) plan_ = full, slots = full_slots;  // prompts hand their misses to the host as decode steps do
+  }
   if (!plan_.all() && !opt_.expert_host)
     throw Error("CUDA backend: the expert tier holds " + std::to_string(plan_.count) + " of " + std::to_string(L * E) +
                 " experts and no host computes the others (CudaOptions::expert_host)");
@@ -323,6 +339,8 @@ void CudaBackend::build_tier(const Model& model) {
     }
   }
   if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps(model);
+  model_ = &model;
+  if (prefill) init_prefill_upload(0);
 }
 
 TierStats CudaBackend::tier_stats() const {
@@ -330,7 +348,7 @@ TierStats CudaBackend::tier_stats() const {
   t.tiered = tiered_;
   t.experts = static_cast<long long>(s_.num_layers) * s_.num_experts;
   t.resident = tiered_ ? plan_.count : t.experts;
-  t.pairs = full_layer_pairs_;
+  t.pairs = full_layer_pairs_ + upload_pairs_;
   if (handoff_) {
     const ExpertHandoff::Stats h = handoff_->stats();
     t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs, t.device_misses = h.device_misses;
@@ -339,6 +357,7 @@ TierStats CudaBackend::tier_stats() const {
   }
   t.tokens = tokens_;
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
+  t.prefill_upload_bytes = pu_.bytes;
   t.vram_budget = opt_.vram_budget;
   t.vram_peak = budget_->peak();
   return t;
@@ -376,6 +395,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);  // a pending chunk's joins need the handoff's thread
   handoff_.reset();  // its thread calls the decode upload
   decode_upload_.reset();
+  free_prefill_upload();
   for (void* p : registered_) cudaHostUnregister(p);
   if (h_io_) cudaFreeHost(h_io_);
   for (int i = 0; i < kMaxLogitParts; ++i) {
@@ -538,7 +558,19 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   // Hybrid: the misses go to the host now and come back as a partial sum
   // just before the combine; the device meanwhile computes everything else
   // (a miss reads the zero expert: exactly 0).
-  const bool handoff = handoff_ && !layer_full_[l];
+  // A prompt chunk's non-residents come uploaded (prefill_upload.cu); else
+  // the host computes them, as in a decode step.
+  const bool upload = uploads_layer(l, T);
+  if (upload) upload_pairs_ += static_cast<long long>(T) * K;
+  const bool handoff = handoff_ && !layer_full_[l] && !upload;
+  ExpertTable table = L.experts.table;
+  if (upload) {
+    table.gate_ptrs = pu_.gate[l].get(), table.up_ptrs = pu_.up[l].get(), table.down_ptrs = pu_.down[l].get();
+    // The next uploaded layer's copies start now when they go to the other
+    // area, else once this layer's kernels are enqueued (below).
+    const int next = next_upload_layer(l);
+    if (next >= 0 && next % 2 != l % 2) upload_layer_experts(next);
+  }
   if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident_[l].get(), hn_.get(), stream_); });
   const DevMatrix& eg = L.experts.table.gate;
   if (fold) {
@@ -562,19 +594,31 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   // per tile of its tokens); a decode step's pairs go straight.
   bool grouped = false;
   step("experts", [&] {
+    // This layer's uploads: only the routed experts need them (the shared
+    // expert above ran meanwhile).
+    if (upload) check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
     if (T >= kGroupedMinTokens)
-      grouped = moe_grouped(L.experts.table, hn_.get(), ridx_.get(), rw_.get(), T, K, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
+      grouped = moe_grouped(table, hn_.get(), ridx_.get(), rw_.get(), T, K, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
                             routed_.get(), stream_, qx_, hn_in_q);
-    if (!grouped) moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
+    if (!grouped) moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
   });
   step("shared expert", [&] { shared_down(L, T); });
-  if (!grouped) step("experts", [&] { moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
+  if (!grouped) step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
   if (handoff) step("handoff", [&] { handoff_->join(routed_.get(), T, stream_); });
+  if (upload) {
+    check(cudaEventRecord(pu_.used[l % 2], stream_), "event");
+    const int next = next_upload_layer(l);
+    if (next >= 0 && next % 2 == l % 2) upload_layer_experts(next);
+  }
 }
 
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
+  if (prefill_uploads(T)) {  // the first uploaded layer's experts, while the trunk starts
+    refresh_prefill_tables();
+    if (const int first = next_upload_layer(-1); first >= 0) upload_layer_experts(first);
+  }
   step("embed", [&] { embed_rows(embed_, d_ids(), T, x_.get(), stream_); });
   // Each residual add is fused with the norm that reads its result, and
   // the norm with the quantization of its output for the int8 matmuls.

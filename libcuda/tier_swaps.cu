@@ -83,6 +83,7 @@ void CudaBackend::swap_tick() {
     check(q, "expert swap copy");
     set_entry(j.candidate, slot_address(j.slot), true);
     plan_.resident[j.candidate] = 1, slot_of_[j.candidate] = j.slot;
+    ++residency_gen_;
     swap_busy_[j.victim] = swap_busy_[j.candidate] = 0;
     j.state = SwapJob::kFree;
     ++swaps_done_, swap_bytes_ += expert_bytes_;
@@ -93,6 +94,7 @@ void CudaBackend::swap_tick() {
     if (j.state != SwapJob::kStaged) continue;
     set_entry(j.victim, slot_address(0), false);
     plan_.resident[j.victim] = 0, slot_of_[j.victim] = -1;
+    ++residency_gen_;
     check(cudaEventRecord(j.evicted, stream_), "event");
     check(cudaStreamWaitEvent(swap_stream_, j.evicted), "wait event");
     check(cudaMemcpyAsync(slot_address(j.slot), j.staging, slot_bytes_, cudaMemcpyHostToDevice, swap_stream_), "expert swap copy");

@@ -294,3 +294,109 @@ TEST(CudaTier, DecodeMissesOverPcieKeepTokens) {
     }
   }
 }
+
+// Hybrid prefill (CudaOptions::prefill_upload): a prompt chunk's experts
+// outside the tier are uploaded (from a registered mirror) and run with the
+// same kernels as resident ones, so a chunk's logits are bit for bit those
+// of every expert resident; each chunk uploads every non-resident expert
+// once; decode steps still hand misses to the host (greedy tokens as at
+// every placement); a budget holds the staging areas too; and without
+// pinned experts the option is dropped (the host computes the misses).
+TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
+    test::TempDir d;
+    test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", f);
+    Container c(d / "m.coli");
+    MirrorBuildOptions mo;
+    mo.name = "coli-test-prefill-" + std::to_string(::getpid());
+    MirrorBuilder mirror(c, d / "m.coli", mo);
+    mirror.fill();
+    LoadedModel lm = load_model(d / "m.coli", mo.name);
+    ASSERT_NE(lm.mirror, nullptr);
+    const Model& m = *lm.model;
+    const ModelSpec& s = m.spec();
+    const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+    auto whole = cuda::make_cuda_backend(m);
+    Engine ew(s, *whole, 64);
+    for (long long slots : {0LL, all / 4, all / 2}) {
+      cuda::CudaOptions o = tier_options(m, slots);
+      o.prefill_upload = true;
+      o.host_regions.push_back({lm.mirror->base(), lm.mirror->size()});
+      auto tier = cuda::make_cuda_backend(m, o);
+      Engine et(s, *tier, 64);
+      long long chunks = 0;
+      for (const auto& p : test::tiny_goldens()["prompts"]) {
+        const std::vector<int> ids = p["ids"];
+        if (ids.size() < 4) continue;  // shorter prompts run as decode steps do
+        ++chunks;
+        Session sw = ew.new_session(), st = et.new_session();
+        EXPECT_EQ(max_abs_diff(ew.forward(sw, ids), et.forward(st, ids)), 0.0f) << format_name(f) << " slots " << slots << " prompt " << ids.size();
+      }
+      ASSERT_GT(chunks, 0);
+      const ExpertWeights& x = m.layer(0).moe.experts[0];
+      const uint64_t expert = x.gate.bytes() + x.up.bytes() + x.down.bytes();
+      const TierStats ts = tier->tier_stats();
+      EXPECT_EQ(ts.prefill_upload_bytes, static_cast<uint64_t>(chunks) * static_cast<uint64_t>(all - slots) * expert) << "each chunk: every non-resident once";
+      EXPECT_EQ(ts.misses, 0) << "no miss went to the host";
+      EXPECT_EQ(ts.pairs, ts.tokens * s.num_layers * s.num_experts_per_tok);
+      for (const auto& p : test::tiny_goldens()["prompts"])
+        EXPECT_EQ(test::greedy_tokens(et, p["ids"]), test::greedy_tokens(ew, p["ids"])) << format_name(f) << " slots " << slots;
+    }
+    // The container's pageable mapping: the option is dropped.
+    auto plain = Model::load(d / "m.coli");
+    cuda::CudaOptions o = tier_options(*plain, all / 4);
+    o.prefill_upload = true;
+    auto tier = cuda::make_cuda_backend(*plain, o);
+    Engine et(s, *tier, 64);
+    Session st = et.new_session();
+    et.forward(st, test::tiny_goldens()["prompts"][1]["ids"].get<std::vector<int>>());
+    EXPECT_EQ(tier->tier_stats().prefill_upload_bytes, 0u);
+    EXPECT_GT(tier->tier_stats().misses, 0);
+  }
+  // Under budgets (coarse steps to the first that works, then 32 KiB steps
+  // around it): the ledger's peak and the device's free memory stay within
+  // each, and some budget holds part of the tier and uploads.
+  test::TempDir d;
+  test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
+  Container c(d / "m.coli");
+  MirrorBuildOptions mo;
+  mo.name = "coli-test-prefill-b-" + std::to_string(::getpid());
+  MirrorBuilder mirror(c, d / "m.coli", mo);
+  mirror.fill();
+  LoadedModel lm = load_model(d / "m.coli", mo.name);
+  const Model& m = *lm.model;
+  int uploading = 0, ran = 0;
+  std::vector<uint64_t> budgets;
+  for (uint64_t b = 4 << 20; b <= (64u << 20); b += 1 << 20) budgets.push_back(b);
+  for (std::size_t i = 0; i < budgets.size(); ++i) {
+    const uint64_t budget = budgets[i];
+    cuda::CudaOptions o = tier_options(m, -1);
+    o.vram_budget = budget, o.n_ctx = 512, o.prefill_upload = true;
+    o.host_regions.push_back({lm.mirror->base(), lm.mirror->size()});
+    const std::size_t free0 = cuda::device_free_bytes();
+    std::size_t free_min = SIZE_MAX;
+    std::unique_ptr<Backend> tier;
+    try {
+      tier = cuda::make_cuda_backend(m, o);
+    } catch (const Error&) {
+      continue;
+    }
+    if (ran++ == 0) {
+      budgets.resize(i + 1);
+      for (uint64_t b = budget - (1 << 20) + (32 << 10); b < budget + (2 << 20); b += 32 << 10)
+        if (b != budget) budgets.push_back(b);
+    }
+    Engine e(m.spec(), *tier, 64);
+    for (const auto& p : test::tiny_goldens()["prompts"]) {
+      test::greedy_tokens(e, p["ids"]);
+      free_min = std::min(free_min, cuda::device_free_bytes());
+    }
+    const TierStats ts = tier->tier_stats();
+    uploading += ts.prefill_upload_bytes > 0 && ts.resident < ts.experts;
+    EXPECT_LE(ts.vram_peak, budget);
+    EXPECT_LE((double(free0) - double(free_min)) / (1 << 20), budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+  }
+  EXPECT_GT(uploading, 0) << "some budget held part of the tier and uploaded the rest";
+}

@@ -274,7 +274,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                   tier_pairs += tier1.pairs - tier0.pairs, tier_misses += tier1.misses - tier0.misses;
                   tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
                   tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
-                  tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes);
+                  tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes) + double(tier1.prefill_upload_bytes - tier0.prefill_upload_bytes);
                   tier_gpu_ms += tier1.device_experts_ms - tier0.device_experts_ms;
                 }
                 const int n_tok = t.n_prompt + t.n_gen;
@@ -322,7 +322,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                 rec["peak_vram_mb"] = static_cast<double>(ts.vram_peak) / (1 << 20);
                 rec["tier_hit_rate"] = tier_pairs ? 1.0 - double(tier_misses) / double(tier_pairs) : 1.0;
                 rec["host_bytes_per_token"] = tier_host_bytes / tokens_for_bytes;
-                rec["bytes_uploaded_per_token"] = tier_swap_bytes / tokens_for_bytes;  // the tier's swaps
+                rec["bytes_uploaded_per_token"] = tier_swap_bytes / tokens_for_bytes;  // the tier's swaps and prompt uploads
                 rec["t_cpu_experts_ms"] = tier_host_ms / reps;
                 rec["t_wait_ms"] = tier_wait_ms / reps;
                 rec["t_gpu_experts_ms"] = tier_gpu_ms / reps;  // the layers with a handoff

@@ -44,6 +44,7 @@ struct TierStats {
   double device_experts_ms = 0;         // the device's own expert work meanwhile (shared and resident experts, post to join)
   long long swaps = 0;                  // background swaps completed (a hot miss took a cold resident's slot)
   uint64_t swap_bytes = 0;              // expert bytes those swaps copied to the device
+  uint64_t prefill_upload_bytes = 0;    // expert bytes prompt chunks uploaded (CudaOptions::prefill_upload)
   uint64_t vram_budget = 0, vram_peak = 0;  // bytes: the limit (0: none) and the most charged at once
   double hit_rate() const { return pairs ? 1.0 - double(misses) / double(pairs) : 1.0; }
 };

@@ -78,6 +78,7 @@ int run(int argc, char** argv) {
       ("vram-budget", po::value<std::string>(), "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time")
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME")
       ("decode-upload", po::value<int>()->default_value(0), "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)")
+      ("prefill-upload", po::bool_switch(), "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)")
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
@@ -155,6 +156,7 @@ int run(int argc, char** argv) {
   co.swap = !vm["no-swap"].as<bool>();
   co.decode_upload_max = vm["decode-upload"].as<int>();
   if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
+  co.prefill_upload = vm["prefill-upload"].as<bool>();
   o.mirror = vm["mirror"].as<std::string>();
   coli::check_mirror_flag(o.mirror);
   // Under a budget the KV cache is made for the longest test at once.

@@ -82,6 +82,7 @@ void print_tier(const coli::TierStats& t) {
                t.device_experts_ms, t.device_wait_ms, t.handoffs, t.vram_peak / double(1 << 30));
   if (t.vram_budget) std::fprintf(stderr, " of %.2f GiB", t.vram_budget / double(1 << 30));
   if (t.swaps) std::fprintf(stderr, ", %lld swaps (%.1f MB copied)", t.swaps, t.swap_bytes / 1e6);
+  if (t.prefill_upload_bytes) std::fprintf(stderr, ", prompts uploaded %.1f MB of experts", t.prefill_upload_bytes / 1e6);
   std::fprintf(stderr, "\n");
 }
 
@@ -194,6 +195,7 @@ int run(int argc, char** argv) {
       ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME")
       ("decode-upload", po::value<int>()->default_value(0), "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)")
+      ("prefill-upload", po::bool_switch(), "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
       ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
@@ -271,6 +273,7 @@ int run(int argc, char** argv) {
     co.swap = !f.get<bool>("no-swap");
     co.decode_upload_max = f.get<int>("decode-upload");
     if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
+    co.prefill_upload = f.get<bool>("prefill-upload");
     if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
     if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());

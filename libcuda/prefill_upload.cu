@@ -1,0 +1,118 @@
+// Hybrid prefill's uploads (CudaOptions::prefill_upload; backend_impl.cuh:
+// PrefillUpload). A prompt chunk's experts outside the tier come to the
+// device a whole layer at a time, one layer ahead, into two alternating
+// staging areas, and run with the residents as one grouped GEMM.
+#include <algorithm>
+
+#include "backend_impl.cuh"
+
+namespace coli::cuda::detail {
+
+// Asynchronous copies at the pinned rate need every expert's parts in
+// pinned (registered) host memory: a coli-pin mirror registered through
+// CudaOptions::host_regions. From pageable memory cudaMemcpyAsync would
+// block the issuing thread and the layer-ahead overlap would be gone.
+bool CudaBackend::experts_pinned(const Model& model) const {
+  auto pinned = [](const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  };
+  for (int l = 0; l < s_.num_layers; ++l)
+    for (const ExpertWeights& x : model.layer(l).moe.experts)
+      if (!pinned(x.gate.data) || !pinned(x.up.data) || !pinned(x.down.data)) return false;
+  return true;
+}
+
+std::size_t CudaBackend::prefill_stage_bytes(const TierPlan& plan) const {
+  int most = 0;  // the most experts a layer leaves out
+  for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
+  return 2 * static_cast<std::size_t>(most) * slot_bytes_;
+}
+
+void CudaBackend::init_prefill_upload(std::size_t) {
+  const int L = s_.num_layers, E = s_.num_experts;
+  pu_.stage_slot = slot_bytes_;
+  int most = 0;
+  for (int l = 0; l < L; ++l) most = std::max(most, E - plan_.resident_in_layer(l));
+  pu_.stage_slots = most;
+  {
+    BudgetScope scope(budget_.get(), "the prefill staging areas");
+    pu_.stage.resize(2 * static_cast<std::size_t>(most) * pu_.stage_slot);
+  }
+  {
+    BudgetScope scope(budget_.get(), "the prefill expert tables");
+    pu_.gate.resize(L), pu_.up.resize(L), pu_.down.resize(L);
+    for (int l = 0; l < L; ++l) pu_.gate[l].resize(E + 1), pu_.up[l].resize(E + 1), pu_.down[l].resize(E + 1);
+  }
+  check(cudaStreamCreateWithFlags(&pu_.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (int b = 0; b < 2; ++b) {
+    check(cudaEventCreateWithFlags(&pu_.uploaded[b], cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&pu_.used[b], cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventRecord(pu_.used[b], stream_), "event");  // nothing uses an area yet
+    check(cudaEventRecord(pu_.uploaded[b], pu_.stream), "event");
+  }
+  pu_.on = true;
+}
+
+void CudaBackend::free_prefill_upload() {
+  if (pu_.stream) cudaStreamSynchronize(pu_.stream), cudaStreamDestroy(pu_.stream), pu_.stream = nullptr;
+  for (int b = 0; b < 2; ++b) {
+    if (pu_.uploaded[b]) cudaEventDestroy(pu_.uploaded[b]), pu_.uploaded[b] = nullptr;
+    if (pu_.used[b]) cudaEventDestroy(pu_.used[b]), pu_.used[b] = nullptr;
+  }
+}
+
+void CudaBackend::refresh_prefill_tables() {
+  if (pu_.residency_gen == residency_gen_) return;
+  const int L = s_.num_layers, E = s_.num_experts;
+  std::vector<const uint8_t*> g(E + 1), u(E + 1), d(E + 1);
+  pu_.layer_ok.assign(L, 0);
+  for (int l = 0; l < L; ++l) {
+    pu_.layer_ok[l] = E - plan_.resident_in_layer(l) <= pu_.stage_slots;
+    uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(l % 2) * pu_.stage_slots * pu_.stage_slot;
+    int rank = 0;
+    for (int e = 0; e < E; ++e) {
+      const long long slot = slot_of_[static_cast<std::size_t>(l) * E + e];
+      const bool res = plan_.is_resident(l, e) && slot >= 0;
+      const uint8_t* base = res ? slot_address(slot) : rank < pu_.stage_slots ? area + static_cast<std::size_t>(rank) * pu_.stage_slot : slot_address(0);
+      rank += !res;
+      g[e] = base, u[e] = base + slot_up_, d[e] = base + slot_down_;
+    }
+    const DevLayer& dl = layers_[l];
+    g[E] = dl.sh_gate.data, u[E] = dl.sh_up.data, d[E] = dl.sh_down.data;
+    check(cudaMemcpy(pu_.gate[l].get(), g.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
+    check(cudaMemcpy(pu_.up[l].get(), u.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
+    check(cudaMemcpy(pu_.down[l].get(), d.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
+  }
+  pu_.residency_gen = residency_gen_;
+}
+
+int CudaBackend::next_upload_layer(int after) const {
+  for (int l = after + 1; l < s_.num_layers; ++l)
+    if (!layer_full_[l] && pu_.layer_ok[l]) return l;
+  return -1;
+}
+
+void CudaBackend::upload_layer_experts(int l) {
+  const int E = s_.num_experts, b = l % 2;
+  uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(b) * pu_.stage_slots * pu_.stage_slot;
+  // After every kernel that read this area for an earlier layer.
+  check(cudaStreamWaitEvent(pu_.stream, pu_.used[b]), "wait event");
+  int rank = 0;
+  for (int e = 0; e < E; ++e) {
+    if (plan_.is_resident(l, e)) continue;
+    const ExpertWeights& x = model_->layer(l).moe.experts[e];
+    uint8_t* dst = area + static_cast<std::size_t>(rank++) * pu_.stage_slot;
+    check(cudaMemcpyAsync(dst, x.gate.data, x.gate.bytes(), cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
+    check(cudaMemcpyAsync(dst + slot_up_, x.up.data, x.up.bytes(), cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
+    check(cudaMemcpyAsync(dst + slot_down_, x.down.data, x.down.bytes(), cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
+    pu_.bytes += expert_bytes_, ++pu_.experts;
+  }
+  check(cudaEventRecord(pu_.uploaded[b], pu_.stream), "event");
+}
+
+}  // namespace coli::cuda::detail
