@@ -16,6 +16,7 @@
 #include "cuda_util.cuh"
 #include "expert_handoff.cuh"
 #include "kernels.cuh"
+#include "staged_upload.cuh"
 #include "placement/swap_policy.h"
 #include "placement/tier_plan.h"
 
@@ -27,12 +28,16 @@ constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their 
 class WeightArena {
  public:
   void reserve(std::size_t bytes) { base_.resize(bytes); }
+  // Large copies go through the uploader (done at its flush; their sources
+  // must outlive it: the model's tensors do), small ones at once.
+  void set_uploader(StagedUploader* u) { uploader_ = u; }
   // Copies n bytes from host; returns the device address (256-byte aligned).
   const uint8_t* put(const void* src, std::size_t n) {
     used_ = (used_ + 255) / 256 * 256;
     if (used_ + n > base_.size()) throw Error("CUDA: weight arena overflow (internal)");
     uint8_t* dst = base_.get() + used_;
-    check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "upload weights");
+    if (uploader_ && n >= (1u << 20)) uploader_->add(dst, src, n);
+    else check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "upload weights");
     used_ += n;
     return dst;
   }
@@ -41,6 +46,7 @@ class WeightArena {
  private:
   DeviceArray<uint8_t> base_;
   std::size_t used_ = 0;
+  StagedUploader* uploader_ = nullptr;
 };
 
 // A container matrix's device description (data: its bytes on the device);
@@ -197,6 +203,7 @@ class CudaBackend : public Backend {
   void set_entry(int pair, const uint8_t* slot, bool resident);
   uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
+  StagedUploader* uploader_ = nullptr;  // while the constructor uploads
   std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;
   std::unique_ptr<SwapPolicy> swap_policy_;
