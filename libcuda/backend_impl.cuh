@@ -30,13 +30,13 @@ class WeightArena {
   void reserve(std::size_t bytes) { base_.resize(bytes); }
   // Large copies go through the uploader (done at its flush; their sources
   // must outlive it: the model's tensors do), small ones at once.
-  void set_uploader(StagedUploader* u) { uploader_ = u; }
+  void set_uploader(StagedUploader* u, std::size_t min_bytes) { uploader_ = u, min_bytes_ = min_bytes; }
   // Copies n bytes from host; returns the device address (256-byte aligned).
   const uint8_t* put(const void* src, std::size_t n) {
     used_ = (used_ + 255) / 256 * 256;
     if (used_ + n > base_.size()) throw Error("CUDA: weight arena overflow (internal)");
     uint8_t* dst = base_.get() + used_;
-    if (uploader_ && n >= (1u << 20)) uploader_->add(dst, src, n);
+    if (uploader_ && n >= min_bytes_) uploader_->add(dst, src, n);
     else check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "upload weights");
     used_ += n;
     return dst;
@@ -47,6 +47,7 @@ class WeightArena {
   DeviceArray<uint8_t> base_;
   std::size_t used_ = 0;
   StagedUploader* uploader_ = nullptr;
+  std::size_t min_bytes_ = 0;
 };
 
 // A container matrix's device description (data: its bytes on the device);

@@ -126,7 +126,8 @@ bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble)
 
 
 namespace {
-int default_upload_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+// All cores but one: the issuing thread spins for the filled pieces.
+int default_upload_threads() { return static_cast<int>(std::max(2u, std::thread::hardware_concurrency()) - 1); }
 }  // namespace
 
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
@@ -173,8 +174,8 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   arena_.reserve(total);
   // The weights' large copies are pipelined through pinned staging on
   // every core and complete before the constructor returns.
-  StagedUploader uploader(default_upload_threads());
-  arena_.set_uploader(&uploader);
+  StagedUploader uploader(default_upload_threads(), opt_.tuning.upload_piece_bytes);
+  arena_.set_uploader(&uploader, opt_.tuning.upload_min_bytes);
   uploader_ = &uploader;
   embed_ = put_matrix(model.embed(), "embed_tokens");
   lm_head_ = put_matrix(model.lm_head(), "lm_head");
@@ -221,7 +222,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   }
   if (tiered_) build_tier(model);
   uploader.flush(stream_);
-  arena_.set_uploader(nullptr);
+  arena_.set_uploader(nullptr, 0);
   uploader_ = nullptr;
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
   io_.resize(std::max(1, opt_.max_chunk) + 1);

@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "cuda_util.cuh"
+#include "util/error.h"
 
 namespace coli::cuda::detail {
 
 namespace {
-constexpr std::size_t kPiece = std::size_t(16) << 20;
 constexpr int kBuffers = 8;
 
 inline void relax() {
@@ -22,7 +22,7 @@ inline void relax() {
 }
 }  // namespace
 
-StagedUploader::StagedUploader(int threads) : threads_(std::max(1, threads)) {}
+StagedUploader::StagedUploader(int threads, std::size_t piece) : threads_(std::max(1, threads)), piece_(std::max<std::size_t>(4096, piece)) {}
 StagedUploader::~StagedUploader() = default;
 
 void StagedUploader::add(void* dst, const void* src, std::size_t n) {
@@ -40,12 +40,12 @@ void StagedUploader::flush(cudaStream_t s) {
   };
   std::vector<Piece> pieces;
   for (const Copy& c : copies_)
-    for (std::size_t o = 0; o < c.n; o += kPiece)
-      pieces.push_back({static_cast<uint8_t*>(c.dst) + o, static_cast<const uint8_t*>(c.src) + o, std::min(kPiece, c.n - o)});
+    for (std::size_t o = 0; o < c.n; o += piece_)
+      pieces.push_back({static_cast<uint8_t*>(c.dst) + o, static_cast<const uint8_t*>(c.src) + o, std::min(piece_, c.n - o)});
   copies_.clear(), pending_ = 0;
   const int nbuf = static_cast<int>(std::min<std::size_t>(kBuffers, pieces.size()));
   uint8_t* ring = nullptr;
-  check(cudaMallocHost(&ring, nbuf * kPiece), "cudaMallocHost (upload staging)");
+  check(cudaMallocHost(&ring, nbuf * piece_), "cudaMallocHost (upload staging)");
   std::vector<cudaEvent_t> done(nbuf);
   for (cudaEvent_t& e : done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   // Piece i goes through buffer i % nbuf: a worker fills it once the copy of
@@ -57,7 +57,15 @@ void StagedUploader::flush(cudaStream_t s) {
   std::atomic<bool> failed{false};
   std::exception_ptr error;
   std::mutex mu;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
   auto worker = [&] {
+    if (cudaSetDevice(device) != cudaSuccess) {  // the caller's device, not device 0's context
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::make_exception_ptr(Error("CUDA: cudaSetDevice in the upload staging"));
+      failed = true;
+      return;
+    }
     for (std::size_t i; !failed && (i = next.fetch_add(1)) < np;) {
       try {
         const int b = static_cast<int>(i % nbuf);
@@ -66,7 +74,7 @@ void StagedUploader::flush(cudaStream_t s) {
           if (failed) return;
           check(cudaEventSynchronize(done[b]), "upload staging");
         }
-        std::memcpy(ring + b * kPiece, pieces[i].src, pieces[i].n);
+        std::memcpy(ring + b * piece_, pieces[i].src, pieces[i].n);
         filled[i].store(1, std::memory_order_release);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
@@ -75,14 +83,24 @@ void StagedUploader::flush(cudaStream_t s) {
       }
     }
   };
+  // At most nbuf pieces fill at once; more threads would only spin.
   std::vector<std::thread> pool;
-  for (int t = 0; t < threads_; ++t) pool.emplace_back(worker);
+  const int nthreads = std::min(threads_, nbuf);
+  try {
+    for (int t = 0; t < nthreads; ++t) pool.emplace_back(worker);
+  } catch (...) {
+    failed = true;
+    for (std::thread& t : pool) t.join();
+    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    cudaFreeHost(ring);
+    throw;
+  }
   try {
     for (std::size_t i = 0; i < np && !failed; ++i) {
       while (!filled[i].load(std::memory_order_acquire) && !failed) relax();
       if (failed) break;
       const int b = static_cast<int>(i % nbuf);
-      check(cudaMemcpyAsync(pieces[i].dst, ring + b * kPiece, pieces[i].n, cudaMemcpyHostToDevice, s), "upload weights");
+      check(cudaMemcpyAsync(pieces[i].dst, ring + b * piece_, pieces[i].n, cudaMemcpyHostToDevice, s), "upload weights");
       check(cudaEventRecord(done[b], s), "event");
       issued.store(i + 1, std::memory_order_release);
     }

@@ -19,7 +19,8 @@ namespace coli::cuda::detail {
 
 class StagedUploader {
  public:
-  explicit StagedUploader(int threads);
+  // piece: bytes per staging buffer (a ring of 8).
+  StagedUploader(int threads, std::size_t piece);
   ~StagedUploader();
   StagedUploader(const StagedUploader&) = delete;
   StagedUploader& operator=(const StagedUploader&) = delete;
@@ -35,6 +36,7 @@ class StagedUploader {
     std::size_t n;
   };
   int threads_;
+  std::size_t piece_;
   std::vector<Copy> copies_;
   std::size_t pending_ = 0;
 };
