@@ -17,6 +17,7 @@
 #include "cuda_util.cuh"
 #include "expert_handoff.cuh"
 #include "kernels.cuh"
+#include "staged_upload.cuh"
 #include "placement/swap_policy.h"
 #include "placement/tier_plan.h"
 
@@ -28,12 +29,16 @@ constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their 
 class WeightArena {
  public:
   void reserve(std::size_t bytes) { base_.resize(bytes); }
+  // Large copies go through the uploader (done at its flush; their sources
+  // must outlive it: the model's tensors do), small ones at once.
+  void set_uploader(StagedUploader* u, std::size_t min_bytes) { uploader_ = u, min_bytes_ = min_bytes; }
   // Copies n bytes from host; returns the device address (256-byte aligned).
   const uint8_t* put(const void* src, std::size_t n) {
     used_ = (used_ + 255) / 256 * 256;
     if (used_ + n > base_.size()) throw Error("CUDA: weight arena overflow (internal)");
     uint8_t* dst = base_.get() + used_;
-    check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "upload weights");
+    if (uploader_ && n >= min_bytes_) uploader_->add(dst, src, n);
+    else check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "upload weights");
     used_ += n;
     return dst;
   }
@@ -42,6 +47,8 @@ class WeightArena {
  private:
   DeviceArray<uint8_t> base_;
   std::size_t used_ = 0;
+  StagedUploader* uploader_ = nullptr;
+  std::size_t min_bytes_ = 0;
 };
 
 // A container matrix's device description (data: its bytes on the device);
@@ -251,6 +258,7 @@ class CudaBackend : public Backend {
   bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
   void free_prefill_upload();
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
+  StagedUploader* uploader_ = nullptr;  // while the constructor uploads
   std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;
   std::unique_ptr<SwapPolicy> swap_policy_;

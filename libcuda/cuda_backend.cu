@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "cuda_device.h"
 #include "model/layer_tensors.h"
@@ -124,6 +125,11 @@ bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble)
 }
 
 
+namespace {
+// All cores but one: the issuing thread spins for the filled pieces.
+int default_upload_threads() { return static_cast<int>(std::max(2u, std::thread::hardware_concurrency()) - 1); }
+}  // namespace
+
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
   split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
   chunked_gdn_ = opt_.chunked_gdn;
@@ -166,6 +172,11 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     throw Error("CUDA backend: the weights need " + std::to_string(total >> 20) + " MiB, the device has " + std::to_string(free_b >> 20) +
                 " MiB free");
   arena_.reserve(total);
+  // The weights' large copies are pipelined through pinned staging on
+  // every core and complete before the constructor returns.
+  StagedUploader uploader(default_upload_threads(), opt_.tuning.upload_piece_bytes);
+  arena_.set_uploader(&uploader, opt_.tuning.upload_min_bytes);
+  uploader_ = &uploader;
   embed_ = put_matrix(model.embed(), "embed_tokens");
   lm_head_ = put_matrix(model.lm_head(), "lm_head");
   final_norm_ = put_floats(model.final_norm());
@@ -210,6 +221,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     if (!tiered_) set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));  // else build_tier's
   }
   if (tiered_) build_tier(model);
+  uploader.flush(stream_);
+  arena_.set_uploader(nullptr, 0);
+  uploader_ = nullptr;
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
   io_.resize(std::max(1, opt_.max_chunk) + 1);
   check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -314,9 +328,9 @@ void CudaBackend::build_tier(const Model& model) {
         continue;
       }
       const ExpertWeights& x = moe.experts[e];
-      check(cudaMemcpy(next, x.gate.data, x.gate.bytes(), cudaMemcpyHostToDevice), "upload expert");
-      check(cudaMemcpy(next + pg, x.up.data, x.up.bytes(), cudaMemcpyHostToDevice), "upload expert");
-      check(cudaMemcpy(next + pg + pu, x.down.data, x.down.bytes(), cudaMemcpyHostToDevice), "upload expert");
+      uploader_->add(next, x.gate.data, x.gate.bytes());
+      uploader_->add(next + pg, x.up.data, x.up.bytes());
+      uploader_->add(next + pg + pu, x.down.data, x.down.bytes());
       gp[e] = next, upp[e] = next + pg, dp[e] = next + pg + pu;
       slot_of_[static_cast<std::size_t>(l) * E + e] = (next - slots_.get()) / static_cast<std::ptrdiff_t>(slot);
       next += slot;

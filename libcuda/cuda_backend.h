@@ -80,11 +80,13 @@ struct CudaOptions {
   // Routing counts [layers * experts] (layer-major) for the initial fill,
   // hottest first; empty: spread evenly over the layers.
   std::vector<uint64_t> heat;
-  // Host memory the weights are read from that may be registered with the
-  // device (a coli-pin mirror's mapping): registered whole (256 GiB pieces)
-  // before the uploads, so they and the tier's swaps copy at the pinned rate;
-  // unregistered when the backend goes. A piece the driver refuses is
-  // skipped (uploads from it then take the pageable path).
+  // Host memory to register with the device while the backend lives (a
+  // coli-pin mirror's mapping: 55.3 GB/s direct, as cudaMallocHost's). The
+  // tools do not: registering costs about 0.1 s per GB in every process,
+  // and the uploads' staged pipeline (staged_upload.cuh) needs no
+  // registration. Registered whole (256 GiB pieces: a copy whose source
+  // spans two registrations is refused); a piece the driver refuses is
+  // skipped.
   std::vector<std::pair<const void*, std::size_t>> host_regions;
   // Decode misses over PCIe (issue 16's lever): in a one-token step, up to
   // decode_upload_max of a layer's misses (about decode_upload_share of

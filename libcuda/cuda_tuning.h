@@ -2,6 +2,7 @@
 // field of CudaOptions. Its own header so that the kernel sources read it
 // without the backend's interface.
 #pragma once
+#include <cstddef>
 
 namespace coli::cuda {
 
@@ -16,6 +17,10 @@ struct CudaTuning {
   int up_rows = 2;       // rows per lane group of the experts' gate+up (1 or 2)
   int down_rows = 4;     // the same for their down (2, 4 or 8)
   int logit_parts = 4;   // column ranges the logits come back in (1 to 8)
+  // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
+  // 8 pinned buffers of it) and the smallest copy staged (smaller ones go at once).
+  std::size_t upload_piece_bytes = std::size_t(16) << 20;
+  std::size_t upload_min_bytes = std::size_t(1) << 20;
 };
 
 }  // namespace coli::cuda

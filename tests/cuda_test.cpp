@@ -32,6 +32,7 @@ TEST(Cuda, RmsNormMatchesCpuReference) {
 #include "convert/convert.h"
 #include "convert/synth.h"
 #include "cpu_backend.h"
+#include "cpu_expert_host.h"
 #include "cuda_backend.h"
 #include "engine/engine.h"
 #include "engine_util.h"
@@ -410,5 +411,27 @@ TEST(CudaBackend, RoutedExpertSubsetsMatchTheCpu) {
     for (int i = 0; i < H; ++i) ASSERT_EQ(g[2 * H + i], 0.0f) << "token 2 has no pair";
     ASSERT_EQ(rows, 5);
     for (int i = rows * H; i < T * H; ++i) ASSERT_TRUE(std::isnan(g[i])) << "rows after the last pair's token are left alone";
+  }
+}
+
+// The weights' staged uploads (staged_upload.cuh): with 4 KiB pieces and
+// every copy staged, the fixture's weights go through the ring of 8 pinned
+// buffers hundreds of times (wrap-around, tensors split over pieces); the
+// logits are bit for bit those of the default upload, whole and tiered.
+TEST(CudaBackend, StagedUploadsMoveEveryByte) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
+  const std::vector<int> ids = test::tiny_goldens()["prompts"][1]["ids"];
+  for (long long slots : {-1LL, 16LL}) {
+    cuda::CudaOptions base, tiny;
+    tiny.tuning.upload_piece_bytes = 4096, tiny.tuning.upload_min_bytes = 0;
+    for (cuda::CudaOptions* o : {&base, &tiny})
+      if (slots >= 0) o->expert_slots = slots, o->expert_host = std::make_shared<cpu::CpuExpertHost>(*m, 2);
+    auto a = cuda::make_cuda_backend(*m, base), b = cuda::make_cuda_backend(*m, tiny);
+    Engine ea(m->spec(), *a, 64), eb(m->spec(), *b, 64);
+    Session sa = ea.new_session(), sb = eb.new_session();
+    EXPECT_EQ(ea.forward(sa, ids), eb.forward(sb, ids)) << "slots " << slots;
   }
 }
