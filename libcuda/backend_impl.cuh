@@ -259,7 +259,7 @@ class CudaBackend : public Backend {
   void free_prefill_upload();
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   StagedUploader* uploader_ = nullptr;  // while the constructor uploads
-  std::vector<void*> registered_;  // CudaOptions::host_regions' pieces the driver took
+  std::vector<std::pair<void*, std::size_t>> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;
   std::unique_ptr<SwapPolicy> swap_policy_;
   std::vector<SwapJob> swap_jobs_;

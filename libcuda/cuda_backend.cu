@@ -148,10 +148,14 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     // One registration per region where the driver allows (512 GiB per call):
     // a copy whose source spans two registrations is refused.
     constexpr std::size_t kPiece = std::size_t(256) << 30;
-    for (auto [p, n] : opt_.host_regions)
+    const bool tiered = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
+    const bool needed = tiered && (opt_.decode_upload_max > 0 || opt_.prefill_upload);
+    const bool reg = opt_.register_hosts == CudaOptions::Register::kAlways || (opt_.register_hosts == CudaOptions::Register::kWhenNeeded && needed);
+    for (auto [p, n] : reg ? opt_.host_regions : decltype(opt_.host_regions){})
       for (std::size_t o = 0; o < n; o += kPiece) {
         void* piece = const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + o;
-        if (cudaHostRegister(piece, std::min(kPiece, n - o), cudaHostRegisterDefault) == cudaSuccess) registered_.push_back(piece);
+        const std::size_t len = std::min(kPiece, n - o);
+        if (cudaHostRegister(piece, len, cudaHostRegisterDefault) == cudaSuccess) registered_.push_back({piece, len});
         else cudaGetLastError();  // not registrable: the pageable path
       }
     register_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -175,6 +179,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   // The weights' large copies are pipelined through pinned staging on
   // every core and complete before the constructor returns.
   StagedUploader uploader(default_upload_threads(), opt_.tuning.upload_piece_bytes);
+  for (auto [p, n] : registered_) uploader.add_pinned(p, n);  // copied from where they are
   arena_.set_uploader(&uploader, opt_.tuning.upload_min_bytes);
   uploader_ = &uploader;
   embed_ = put_matrix(model.embed(), "embed_tokens");
@@ -410,7 +415,7 @@ CudaBackend::~CudaBackend() {
   handoff_.reset();  // its thread calls the decode upload
   decode_upload_.reset();
   free_prefill_upload();
-  for (void* p : registered_) cudaHostUnregister(p);
+  for (auto [p, n] : registered_) cudaHostUnregister(p);
   if (h_io_) cudaFreeHost(h_io_);
   for (int i = 0; i < kMaxLogitParts; ++i) {
     if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);

@@ -80,14 +80,18 @@ struct CudaOptions {
   // Routing counts [layers * experts] (layer-major) for the initial fill,
   // hottest first; empty: spread evenly over the layers.
   std::vector<uint64_t> heat;
-  // Host memory to register with the device while the backend lives (a
-  // coli-pin mirror's mapping: 55.3 GB/s direct, as cudaMallocHost's). The
-  // tools do not: registering costs about 0.1 s per GB in every process,
-  // and the uploads' staged pipeline (staged_upload.cuh) needs no
-  // registration. Registered whole (256 GiB pieces: a copy whose source
-  // spans two registrations is refused); a piece the driver refuses is
-  // skipped.
+  // Host memory that holds the model's weights in shared memory (a coli-pin
+  // mirror's mapping), which the backend may register with the device
+  // while it lives: registered, it uploads at 55.3 GB/s straight from
+  // there, as from cudaMallocHost, but registering costs about 0.05-0.1 s
+  // per GB in every process, and the start's uploads need none (their
+  // staged pipeline, staged_upload.cuh). register_hosts says when:
+  // kWhenNeeded registers only for the options that copy experts during a
+  // run from pinned memory (decode_upload_max, prefill_upload under a
+  // tier). Registered whole (256 GiB pieces: a copy whose source spans two
+  // registrations is refused); a piece the driver refuses is skipped.
   std::vector<std::pair<const void*, std::size_t>> host_regions;
+  enum class Register { kNever, kWhenNeeded, kAlways } register_hosts = Register::kWhenNeeded;
   // Decode misses over PCIe (issue 16's lever): in a one-token step, up to
   // decode_upload_max of a layer's misses (about decode_upload_share of
   // them) are uploaded from pinned host memory (a registered mirror:

@@ -25,14 +25,30 @@ inline void relax() {
 StagedUploader::StagedUploader(int threads, std::size_t piece) : threads_(std::max(1, threads)), piece_(std::max<std::size_t>(4096, piece)) {}
 StagedUploader::~StagedUploader() = default;
 
+bool StagedUploader::is_pinned(const void* src, std::size_t n) const {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (auto [p, len] : pinned_) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    if (s >= b && s - b <= static_cast<std::ptrdiff_t>(len) && n <= len - static_cast<std::size_t>(s - b)) return true;
+  }
+  return false;
+}
+
 void StagedUploader::add(void* dst, const void* src, std::size_t n) {
   if (n == 0) return;
-  copies_.push_back({dst, src, n});
+  (is_pinned(src, n) ? direct_ : copies_).push_back({dst, src, n});
   pending_ += n;
 }
 
 void StagedUploader::flush(cudaStream_t s) {
-  if (copies_.empty()) return;
+  // Registered sources go first, straight from where they are.
+  for (const Copy& c : direct_) check(cudaMemcpyAsync(c.dst, c.src, c.n, cudaMemcpyHostToDevice, s), "upload weights");
+  direct_.clear();
+  if (copies_.empty()) {
+    pending_ = 0;
+    check(cudaStreamSynchronize(s), "upload weights");
+    return;
+  }
   struct Piece {
     uint8_t* dst;
     const uint8_t* src;

@@ -9,10 +9,13 @@
 // and its destination unused until flush() returns, when every copy added
 // has arrived. One thread calls add() and flush(); flush() uses `threads`
 // host threads inside the call. Errors are coli::Errors naming the copy.
+// A source inside a range given to add_pinned() (registered with the
+// driver) is copied straight from there, without staging.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace coli::cuda::detail {
@@ -26,6 +29,7 @@ class StagedUploader {
   StagedUploader& operator=(const StagedUploader&) = delete;
 
   void add(void* dst, const void* src, std::size_t n);
+  void add_pinned(const void* p, std::size_t n) { pinned_.push_back({p, n}); }
   void flush(cudaStream_t s);
   std::size_t pending_bytes() const { return pending_; }
 
@@ -37,7 +41,9 @@ class StagedUploader {
   };
   int threads_;
   std::size_t piece_;
-  std::vector<Copy> copies_;
+  bool is_pinned(const void* src, std::size_t n) const;
+  std::vector<std::pair<const void*, std::size_t>> pinned_;
+  std::vector<Copy> copies_, direct_;
   std::size_t pending_ = 0;
 };
 

@@ -167,10 +167,11 @@ int run(int argc, char** argv) {
   }
   const int failures = coli::run_bench(
       o,
-      [&](const coli::Model& m, const coli::MirrorAttachment*, int threads, uint64_t vram_budget) -> std::unique_ptr<coli::Backend> {
+      [&](const coli::Model& m, const coli::MirrorAttachment* mirror, int threads, uint64_t vram_budget) -> std::unique_ptr<coli::Backend> {
         std::string why;
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
+        if (mirror) c.host_regions.push_back({mirror->base(), mirror->size()});  // registered when an option needs it
         // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
         if (vram_budget && device != "cpu" && coli::cuda::device_count() > 0) c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads);
         if (auto b = coli::cuda::make_device_backend(device, m, c, &why)) return b;

@@ -279,6 +279,8 @@ int run(int argc, char** argv) {
     if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
     else if (loaded.mirror) co.heat = loaded.mirror->heat();  // what the runs on this mirror routed to
   }
+  // The mirror's pages: registered with the device when an option copies experts from them during the run.
+  if (loaded.mirror) co.host_regions.push_back({loaded.mirror->base(), loaded.mirror->size()});
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
   if (!backend_ptr) {
     if (device == "auto" && coli::cuda::compiled_with_cuda() && verbose)
