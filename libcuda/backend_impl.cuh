@@ -23,6 +23,7 @@
 
 namespace coli::cuda::detail {
 
+constexpr int kSwapsInFlight = 8;     // background swaps at once (tier_swaps.cu)
 constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their experts' pairs
 
 // Device copies of the weights, sub-allocated from one allocation.
@@ -108,6 +109,7 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
   TierStats tier_stats() const override;
+  std::vector<std::pair<std::string, double>> start_phases() const override { return start_phases_; }
   std::unique_ptr<BackendState> new_state() const override;
   bool runs_whole_chunks() const override { return true; }
   void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits) override {
@@ -244,10 +246,12 @@ class CudaBackend : public Backend {
     cudaEvent_t uploaded[2] = {}, used[2] = {};
     uint64_t bytes = 0;               // uploaded since the backend was made
     long long experts = 0;
+    long long copies = 0;             // cudaMemcpyAsync calls those took (contiguous parts merged)
     std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
   };
   long residency_gen_ = 0;            // bumped by every residency change (swaps)
   void init_prefill_upload(std::size_t avail_after_slots);
+  int prefill_stage_slots(const TierPlan& plan) const;          // per area, for a plan
   std::size_t prefill_stage_bytes(const TierPlan& plan) const;  // both areas, for a plan
   bool experts_pinned(const Model& model) const;
   void refresh_prefill_tables();
@@ -261,6 +265,7 @@ class CudaBackend : public Backend {
   StagedUploader* uploader_ = nullptr;  // while the constructor uploads
   std::vector<std::pair<void*, std::size_t>> registered_;  // CudaOptions::host_regions' pieces the driver took
   double register_ms_ = 0;
+  std::vector<std::pair<std::string, double>> start_phases_;  // the constructor's timed phases
   std::unique_ptr<SwapPolicy> swap_policy_;
   std::vector<SwapJob> swap_jobs_;
   std::vector<long long> slot_of_;  // [layers * experts]: the pair's slot, -1 if not resident

@@ -131,6 +131,12 @@ int default_upload_threads() { return static_cast<int>(std::max(2u, std::thread:
 }  // namespace
 
 CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
+  auto t_phase = std::chrono::steady_clock::now();
+  auto phase = [&](const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    start_phases_.push_back({name, std::chrono::duration<double, std::milli>(now - t_phase).count()});
+    t_phase = now;
+  };
   split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
   chunked_gdn_ = opt_.chunked_gdn;
   stream_min_rows_ = opt_.gemv_stream_min_rows;
@@ -140,6 +146,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
   check(cudaSetDevice(opt.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  phase("context");
   graph_timing_ = opt_.profile == CudaProfile::kGraph;
   profile_ = opt_.profile == CudaProfile::kSteps;
   if (profile_) opt_.graphs = false;
@@ -160,6 +167,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
       }
     register_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
+  phase("register");
   tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
   budget_ = std::make_shared<DeviceBudget>(opt_.vram_budget);
   BudgetScope scope(budget_.get(), "the weights outside the routed experts");
@@ -176,6 +184,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     throw Error("CUDA backend: the weights need " + std::to_string(total >> 20) + " MiB, the device has " + std::to_string(free_b >> 20) +
                 " MiB free");
   arena_.reserve(total);
+  phase("allocate");
   // The weights' large copies are pipelined through pinned staging on
   // every core and complete before the constructor returns.
   StagedUploader uploader(default_upload_threads(), opt_.tuning.upload_piece_bytes);
@@ -226,7 +235,10 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     if (!tiered_) set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));  // else build_tier's
   }
   if (tiered_) build_tier(model);
+  phase("describe");
+  const std::size_t staged = uploader.pending_bytes();
   uploader.flush(stream_);
+  phase(("upload " + std::to_string(staged >> 20) + " MiB").c_str());
   arena_.set_uploader(nullptr, 0);
   uploader_ = nullptr;
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
@@ -240,6 +252,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   check(cudaMemsetAsync(heat_.get(), 0, heat_.size() * sizeof(unsigned long long), stream_), "cudaMemset");
   const int parts = std::clamp(opt_.tuning.logit_parts, 1, kMaxLogitParts);
   logit_parts_ = s_.vocab_size >= 4096 * parts ? parts : 1;
+  phase("rest");
 }
 
 int CudaBackend::context_tokens() const { return opt_.n_ctx > 0 ? opt_.n_ctx : 4096; }
@@ -294,8 +307,8 @@ void CudaBackend::build_tier(const Model& model) {
   if (prefill && avail != UINT64_MAX) {
     const TierPlan full = plan_;
     const long long full_slots = slots;
-    // The tables: three pointer arrays of E + 1 per layer.
-    const uint64_t tables = uint64_t(L) * (E + 1) * sizeof(void*) * 3 + (1u << 20);
+    // The tables: three pointer arrays of E + 1 per layer (charged as allocated).
+    const uint64_t tables = uint64_t(L) * (E + 1) * sizeof(void*) * 3;
     auto fits = [&] { return reserve + slot * (plan_.count + 1) + prefill_stage_bytes(plan_) + tables <= avail; };
     while (!fits() && opt_.expert_slots < 0 && plan_.count > 0) {
       slots = std::max(0LL, slots - std::max(1LL, slots / 64));
@@ -357,9 +370,9 @@ void CudaBackend::build_tier(const Model& model) {
       else decode_upload_.reset();  // no expert in pinned memory (no registered mirror): nothing to upload from
     }
   }
-  if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps(model);
   model_ = &model;
   if (prefill) init_prefill_upload(0);
+  if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps(model);  // after: its policy depends on the prefill uploads
 }
 
 TierStats CudaBackend::tier_stats() const {

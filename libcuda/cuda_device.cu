@@ -50,6 +50,11 @@ int device_count(std::string* why) {
   return n;
 }
 
+void prepare_device(int i) {
+  if (device_count() <= i) return;
+  if (cudaSetDevice(i) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) cudaGetLastError();
+}
+
 std::string describe_device(int i) {
   cudaDeviceProp p{};
   check(cudaGetDeviceProperties(&p, i), "cudaGetDeviceProperties");

@@ -15,6 +15,13 @@ bool compiled_with_cuda();
 // "built without CUDA" or the driver's error string.
 int device_count(std::string* why = nullptr);
 
+// Creates device i's primary context when a device is usable, and does
+// nothing otherwise (never throws). The context costs 0.1-0.25 s on the
+// H200 machine: a tool calls this on a thread of its own at its start, so
+// that the cost overlaps reading the model instead of delaying the first
+// token. Thread-safe (the runtime's context creation is).
+void prepare_device(int i = 0);
+
 // "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB" for device i.
 std::string describe_device(int i);
 

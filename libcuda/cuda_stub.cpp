@@ -9,6 +9,8 @@ namespace coli::cuda {
 
 bool compiled_with_cuda() { return false; }
 
+void prepare_device(int) {}
+
 int device_count(std::string* why) {
   if (why) *why = "built without CUDA";
   return 0;

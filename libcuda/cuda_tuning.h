@@ -18,9 +18,10 @@ struct CudaTuning {
   int down_rows = 4;     // the same for their down (2, 4 or 8)
   int logit_parts = 4;   // column ranges the logits come back in (1 to 8)
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
-  // 8 pinned buffers of it) and the smallest copy staged (smaller ones go at once).
+  // 8 pinned buffers of it; small copies are packed into pieces) and the
+  // smallest copy staged (smaller ones go at once, synchronously).
   std::size_t upload_piece_bytes = std::size_t(16) << 20;
-  std::size_t upload_min_bytes = std::size_t(1) << 20;
+  std::size_t upload_min_bytes = 0;
 };
 
 }  // namespace coli::cuda

@@ -3,6 +3,8 @@
 // device a whole layer at a time, one layer ahead, into two alternating
 // staging areas, and run with the residents as one grouped GEMM.
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "backend_impl.cuh"
 
@@ -27,17 +29,21 @@ bool CudaBackend::experts_pinned(const Model& model) const {
   return true;
 }
 
-std::size_t CudaBackend::prefill_stage_bytes(const TierPlan& plan) const {
-  int most = 0;  // the most experts a layer leaves out
+// Staging slots per area: the most experts a layer leaves out, plus one
+// per swap in flight (a swap evicts its victim before the candidate's copy
+// lands, and swaps stay within a layer: SwapPolicyOptions::within_layer).
+int CudaBackend::prefill_stage_slots(const TierPlan& plan) const {
+  int most = 0;
   for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
-  return 2 * static_cast<std::size_t>(most) * slot_bytes_;
+  return std::min(plan.experts, most + (opt_.swap && plan.count > 0 ? kSwapsInFlight : 0));
 }
+
+std::size_t CudaBackend::prefill_stage_bytes(const TierPlan& plan) const { return 2 * static_cast<std::size_t>(prefill_stage_slots(plan)) * slot_bytes_; }
 
 void CudaBackend::init_prefill_upload(std::size_t) {
   const int L = s_.num_layers, E = s_.num_experts;
   pu_.stage_slot = slot_bytes_;
-  int most = 0;
-  for (int l = 0; l < L; ++l) most = std::max(most, E - plan_.resident_in_layer(l));
+  const int most = prefill_stage_slots(plan_);
   pu_.stage_slots = most;
   {
     BudgetScope scope(budget_.get(), "the prefill staging areas");
@@ -68,6 +74,8 @@ void CudaBackend::free_prefill_upload() {
 
 void CudaBackend::refresh_prefill_tables() {
   if (pu_.residency_gen == residency_gen_) return;
+  // Kernels of an earlier chunk may still read the tables.
+  check(cudaStreamSynchronize(stream_), "prefill expert tables");
   const int L = s_.num_layers, E = s_.num_experts;
   std::vector<const uint8_t*> g(E + 1), u(E + 1), d(E + 1);
   pu_.layer_ok.assign(L, 0);
@@ -102,16 +110,32 @@ void CudaBackend::upload_layer_experts(int l) {
   uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(b) * pu_.stage_slots * pu_.stage_slot;
   // After every kernel that read this area for an earlier layer.
   check(cudaStreamWaitEvent(pu_.stream, pu_.used[b]), "wait event");
+  // One copy per contiguous run: an expert's gate, up and down are one
+  // blob in the container and the mirror, and a slot keeps their layout
+  // when their sizes are 256-byte multiples. A copy costs the copy engine
+  // a few microseconds of its own, so a few large ones beat many small.
+  struct Piece {
+    uint8_t* dst;
+    const uint8_t* src;
+    std::size_t n;
+  };
+  std::vector<Piece> pieces;
+  auto add = [&](uint8_t* dst, const uint8_t* src, std::size_t n) {
+    if (!pieces.empty() && pieces.back().dst + pieces.back().n == dst && pieces.back().src + pieces.back().n == src) pieces.back().n += n;
+    else pieces.push_back({dst, src, n});
+  };
   int rank = 0;
   for (int e = 0; e < E; ++e) {
     if (plan_.is_resident(l, e)) continue;
     const ExpertWeights& x = model_->layer(l).moe.experts[e];
     uint8_t* dst = area + static_cast<std::size_t>(rank++) * pu_.stage_slot;
-    check(cudaMemcpyAsync(dst, x.gate.data, x.gate.bytes(), cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
-    check(cudaMemcpyAsync(dst + slot_up_, x.up.data, x.up.bytes(), cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
-    check(cudaMemcpyAsync(dst + slot_down_, x.down.data, x.down.bytes(), cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
+    add(dst, x.gate.data, x.gate.bytes());
+    add(dst + slot_up_, x.up.data, x.up.bytes());
+    add(dst + slot_down_, x.down.data, x.down.bytes());
     pu_.bytes += expert_bytes_, ++pu_.experts;
   }
+  for (const Piece& p : pieces) check(cudaMemcpyAsync(p.dst, p.src, p.n, cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
+  pu_.copies += static_cast<long long>(pieces.size());
   check(cudaEventRecord(pu_.uploaded[b], pu_.stream), "event");
 }
 

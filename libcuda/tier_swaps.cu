@@ -10,7 +10,6 @@ namespace coli::cuda::detail {
 
 namespace {
 
-constexpr int kSwapsInFlight = 8;
 // Blobs staged per step: the main thread copies them while it would wait
 // for the device (about 0.25 ms each at the int4 model's 1.77 MB per expert,
 // inside a hybrid step of 1-2 ms).
@@ -29,6 +28,7 @@ void CudaBackend::init_swaps(const Model& model) {
   if (opt_.swap_window < 1) throw Error("CUDA backend: swap_window must be at least 1 token");
   SwapPolicyOptions po = opt_.swap_policy;
   po.max_swaps = std::min(po.max_swaps, kSwapsInFlight);
+  if (pu_.on) po.within_layer = true;  // the staging areas are sized for each layer's count of non-residents
   swap_policy_ = std::make_unique<SwapPolicy>(L, E, po);
   swap_busy_.assign(static_cast<std::size_t>(L) * E, 0);
   heat_host_.assign(static_cast<std::size_t>(L) * E, 0);

@@ -102,3 +102,32 @@ TEST(SwapPolicy, RejectsBadOptionsAndSizes) {
   SwapPolicy p(2, 4);
   EXPECT_THROW(p.choose(std::vector<uint8_t>(7, 0), {0, 0}, std::vector<uint8_t>(8, 0)), coli::Error);
 }
+
+// within_layer (hybrid prefill): a candidate only takes a slot of its own
+// layer, so each layer keeps its count of residents.
+TEST(SwapPolicy, WithinLayerKeepsEachLayersResidents) {
+  SwapPolicyOptions o{0.5, 1.0, 4.0, 4};
+  o.within_layer = true;
+  SwapPolicy p(2, 4, o);
+  // Resident: 0, 1 (layer 0) and 4, 5 (layer 1).
+  const std::vector<uint8_t> resident = {1, 1, 0, 0, 1, 1, 0, 0}, frozen = {0, 0}, busy(8, 0);
+  // Scores: residents 0:10, 1:3, 4:1, 5:6; misses 2:7, 3:20, 6:5, 7:0.
+  p.observe(counts({10, 3, 7, 20, 1, 6, 5, 0}).data());
+  // Across layers 3 would take 4 (score 1); within, it takes 1 (20 > 2 * 3 + 4),
+  // then 2 faces 0 (7 > 2 * 10 + 4 fails), 6 faces 4 (5 > 2 * 1 + 4 fails), 7 gains nothing.
+  const std::vector<ExpertSwap> s = p.choose(resident, frozen, busy);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].candidate, 3);
+  EXPECT_EQ(s[0].victim, 1);
+  // Layer 1 hot enough: 6 and 7 take 4 and 5, coldest first; 3 still takes 1.
+  SwapPolicy q(2, 4, o);
+  q.observe(counts({10, 3, 7, 20, 1, 6, 30, 20}).data());
+  const std::vector<ExpertSwap> t = q.choose(resident, frozen, busy);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].candidate, 6);
+  EXPECT_EQ(t[0].victim, 4);   // 30 > 2 * 1 + 4
+  EXPECT_EQ(t[1].candidate, 3);
+  EXPECT_EQ(t[1].victim, 1);   // 20 > 2 * 3 + 4
+  EXPECT_EQ(t[2].candidate, 7);
+  EXPECT_EQ(t[2].victim, 5);   // 20 > 2 * 6 + 4
+}

@@ -320,6 +320,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               if (tiered) {
                 const TierStats ts = backend->tier_stats();
                 rec["peak_vram_mb"] = static_cast<double>(ts.vram_peak) / (1 << 20);
+                rec["tier_resident"] = ts.experts ? double(ts.resident) / double(ts.experts) : 1.0;
                 rec["tier_hit_rate"] = tier_pairs ? 1.0 - double(tier_misses) / double(tier_pairs) : 1.0;
                 rec["host_bytes_per_token"] = tier_host_bytes / tokens_for_bytes;
                 rec["bytes_uploaded_per_token"] = tier_swap_bytes / tokens_for_bytes;  // the tier's swaps and prompt uploads

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace coli {
@@ -88,6 +89,9 @@ class Backend {
   virtual bool runs_whole_chunks() const { return false; }
   // The expert tier's counters (zeros for a backend without one).
   virtual TierStats tier_stats() const { return {}; }
+  // Where construction's time went: named phases in milliseconds, in order
+  // (empty for a backend that does not time them). For the tools' logs.
+  virtual std::vector<std::pair<std::string, double>> start_phases() const { return {}; }
   virtual void forward_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows, float* logits);
   // forward_chunk in two halves, so that the caller's own work (allocating
   // the logits) overlaps the device's: start_chunk launches and returns,

@@ -31,12 +31,29 @@ std::vector<ExpertSwap> SwapPolicy::choose(const std::vector<uint8_t>& resident,
   const auto k = static_cast<std::size_t>(opt_.max_swaps);
   auto hotter = [&](int a, int b) { return score_[a] != score_[b] ? score_[a] > score_[b] : a < b; };
   auto colder = [&](int a, int b) { return score_[a] != score_[b] ? score_[a] < score_[b] : a < b; };
+  auto gains = [&](int candidate, int victim) { return score_[candidate] > (1.0 + opt_.hysteresis) * score_[victim] + opt_.min_gain; };
+  std::vector<ExpertSwap> out;
+  if (opt_.within_layer) {
+    // Hottest candidates first, each with the coldest victim of its layer
+    // not yet taken.
+    std::sort(hot.begin(), hot.end(), hotter);
+    std::sort(cold.begin(), cold.end(), colder);
+    std::vector<std::vector<int>> victims(static_cast<std::size_t>(layers_));
+    for (int v : cold) victims[static_cast<std::size_t>(v / experts_)].push_back(v);
+    std::vector<std::size_t> taken(static_cast<std::size_t>(layers_), 0);
+    for (int c : hot) {
+      if (out.size() == k) break;
+      const auto l = static_cast<std::size_t>(c / experts_);
+      if (taken[l] == victims[l].size() || !gains(c, victims[l][taken[l]])) continue;
+      out.push_back({victims[l][taken[l]++], c});
+    }
+    return out;
+  }
   const std::size_t nh = std::min(k, hot.size()), nc = std::min(k, cold.size());
   std::partial_sort(hot.begin(), hot.begin() + static_cast<std::ptrdiff_t>(nh), hot.end(), hotter);
   std::partial_sort(cold.begin(), cold.begin() + static_cast<std::ptrdiff_t>(nc), cold.end(), colder);
-  std::vector<ExpertSwap> out;
   for (std::size_t i = 0; i < std::min(nh, nc); ++i) {
-    if (!(score_[hot[i]] > (1.0 + opt_.hysteresis) * score_[cold[i]] + opt_.min_gain)) break;  // the next pairs gain less
+    if (!gains(hot[i], cold[i])) break;  // the next pairs gain less
     out.push_back({cold[i], hot[i]});
   }
   return out;

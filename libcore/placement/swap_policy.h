@@ -22,6 +22,10 @@ struct SwapPolicyOptions {
   double hysteresis = 1.0;  // the candidate must score (1 + h) times the victim ...
   double min_gain = 4.0;    // ... plus this many decayed routings
   int max_swaps = 8;        // per choose()
+  // Pair each candidate only with a victim of its own layer, so that every
+  // layer keeps its count of residents (hybrid prefill sizes its staging
+  // areas by the layer with the most non-residents).
+  bool within_layer = false;
 };
 
 struct ExpertSwap {

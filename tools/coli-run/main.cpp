@@ -2,12 +2,14 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "cpu_backend.h"
 #include "cpu_expert_host.h"
@@ -84,6 +86,12 @@ void print_tier(const coli::TierStats& t) {
   if (t.swaps) std::fprintf(stderr, ", %lld swaps (%.1f MB copied)", t.swaps, t.swap_bytes / 1e6);
   if (t.prefill_upload_bytes) std::fprintf(stderr, ", prompts uploaded %.1f MB of experts", t.prefill_upload_bytes / 1e6);
   std::fprintf(stderr, "\n");
+}
+
+std::string fixed1(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", v);
+  return b;
 }
 
 void print_stats(const char* backend, const coli::GenerateStats& st, uint64_t seed, int n_ctx) {
@@ -164,6 +172,7 @@ int tokenizer_only(const Flags& f) {
 }
 
 int run(int argc, char** argv) {
+  const auto t_start = std::chrono::steady_clock::now();
   po::options_description opts("options");
   opts.add_options()
       ("help,h", "show this help and exit")
@@ -233,10 +242,16 @@ int run(int argc, char** argv) {
   coli::check_mirror_flag(f.get<std::string>("mirror"));
   std::vector<int> prompt;  // parsed before any file is read: usage errors first
   if (f.has("prompt-ids")) prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
+  // The GPU's context (0.1-0.25 s) is made while the tokenizer and the weights load.
+  const bool may_use_gpu = !f.get<bool>("reference") && f.get<std::string>("device") != "cpu";
+  std::jthread context_maker;
+  if (may_use_gpu) context_maker = std::jthread([] { coli::cuda::prepare_device(0); });
   auto tok = load_tokenizer(f, !f.has("prompt-ids"));
   // The weights: from a coli-pin mirror when one is ready (--mirror), else the container.
   const std::string mirror_flag = f.get<std::string>("mirror");
+  const auto t_load = std::chrono::steady_clock::now();
   coli::LoadedModel loaded = coli::load_model(f.get<std::string>("model"), mirror_flag);
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
   std::unique_ptr<coli::Model>& model = loaded.model;
   if (tok) coli::check_tokenizer_matches(*tok, f.has("tokenizer") ? f.get<std::string>("tokenizer") : f.get<std::string>("model"), model->spec().vocab_size,
                                          f.get<std::string>("model"));
@@ -281,6 +296,8 @@ int run(int argc, char** argv) {
   }
   // The mirror's pages: registered with the device when an option copies experts from them during the run.
   if (loaded.mirror) co.host_regions.push_back({loaded.mirror->base(), loaded.mirror->size()});
+  if (context_maker.joinable()) context_maker.join();
+  const auto t_backend = std::chrono::steady_clock::now();
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
   if (!backend_ptr) {
     if (device == "auto" && coli::cuda::compiled_with_cuda() && verbose)
@@ -288,6 +305,15 @@ int run(int argc, char** argv) {
     backend_ptr = std::make_unique<coli::cpu::CpuBackend>(*model, coli::cpu::CpuOptions{f.get<int>("threads"), !f.get<bool>("reference")});
   }
   coli::Backend& backend = *backend_ptr;
+  if (verbose) {  // where the start's time went (time to first token = this + the prompt)
+    const auto now = std::chrono::steady_clock::now();
+    std::string line = "coli-run: start: ready after " + fixed1(std::chrono::duration<double, std::milli>(now - t_start).count()) + " ms: load " +
+                       fixed1(load_ms) + " ms, backend " +
+                       fixed1(std::chrono::duration<double, std::milli>(now - t_backend).count()) + " ms";
+    const auto phases = backend.start_phases();
+    for (std::size_t i = 0; i < phases.size(); ++i) line += (i ? ", " : " (") + phases[i].first + " " + fixed1(phases[i].second);
+    std::fprintf(stderr, "%s%s\n", line.c_str(), phases.empty() ? "" : ")");
+  }
   coli::Engine engine(model->spec(), backend, f.get<int>("prefill-chunk"));
   engine.set_heat(heat.run());
   auto save_heat = [&] {
