@@ -17,6 +17,7 @@
 #include "cuda_util.cuh"
 #include "expert_handoff.cuh"
 #include "kernels.cuh"
+#include "prefill_stager.cuh"
 #include "staged_upload.cuh"
 #include "placement/swap_policy.h"
 #include "placement/tier_plan.h"
@@ -248,12 +249,12 @@ class CudaBackend : public Backend {
     long long experts = 0;
     long long copies = 0;             // cudaMemcpyAsync calls those took (contiguous parts merged)
     std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
+    std::unique_ptr<PrefillStager> stager;  // issues the copies (staged from pageable memory, direct from registered)
   };
   long residency_gen_ = 0;            // bumped by every residency change (swaps)
   void init_prefill_upload(std::size_t avail_after_slots);
   int prefill_stage_slots(const TierPlan& plan) const;          // per area, for a plan
   std::size_t prefill_stage_bytes(const TierPlan& plan) const;  // both areas, for a plan
-  bool experts_pinned(const Model& model) const;
   void refresh_prefill_tables();
   void upload_layer_experts(int l);   // enqueue layer l's non-residents into area l % 2
   long long upload_pairs_ = 0;        // routed pairs of uploaded layers (TierStats::pairs)

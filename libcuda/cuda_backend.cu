@@ -303,7 +303,7 @@ void CudaBackend::build_tier(const Model& model) {
   plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
   slot_bytes_ = slot;
   // Hybrid prefill's two staging areas come out of what the slots would take.
-  bool prefill = opt_.prefill_upload && !plan_.all() && experts_pinned(model);
+  bool prefill = opt_.prefill_upload && !plan_.all();
   if (prefill && avail != UINT64_MAX) {
     const TierPlan full = plan_;
     const long long full_slots = slots;
@@ -628,7 +628,10 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   step("experts", [&] {
     // This layer's uploads: only the routed experts need them (the shared
     // expert above ran meanwhile).
-    if (upload) check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
+    if (upload) {
+      pu_.stager->wait_issued();  // the area's event recorded after its copies
+      check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
+    }
     if (T >= kGroupedMinTokens)
       grouped = moe_grouped(table, hn_.get(), ridx_.get(), rw_.get(), T, K, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
                             routed_.get(), stream_, qx_, hn_in_q);

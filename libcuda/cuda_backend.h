@@ -101,17 +101,17 @@ struct CudaOptions {
   // beyond the CPU kernels' own error, as for any placement.
   int decode_upload_max = 0;
   double decode_upload_share = 0.4;
-  // Hybrid prefill (issue 18, v1): a prompt chunk's routed experts outside
-  // the tier are uploaded, a whole layer at a time, into one of two staging
+  // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
+  // tier are uploaded, a whole layer at a time, into one of two staging
   // areas on a copy stream of their own, the next tiered layer's while the
   // current one computes, and run on the device with the residents as one
   // grouped GEMM (no host handoff for the chunk). The two areas (each as
-  // many slots as the layer with the fewest residents misses) are charged
-  // to the budget before the tier's slots (if they cannot fit, the option
-  // is dropped, not the tier). Needs every expert in registered host memory
-  // (a coli-pin mirror with host_regions): from pageable memory the copies
-  // would block the issuing thread, so the option is then dropped too.
-  // Decode steps are unchanged.
+  // many slots as the layer with the fewest residents misses, plus one per
+  // swap in flight) are charged to the budget before the tier's slots (if
+  // they cannot fit, the option is dropped, not the tier). Sources in
+  // registered memory (host_regions) are copied straight; pageable ones
+  // (the container, an unregistered mirror) through a pinned ring filled by
+  // host threads (prefill_stager.cuh). Decode steps are unchanged.
   bool prefill_upload = false;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,

@@ -3,31 +3,13 @@
 // device a whole layer at a time, one layer ahead, into two alternating
 // staging areas, and run with the residents as one grouped GEMM.
 #include <algorithm>
+#include <thread>
 #include <cstdint>
 #include <vector>
 
 #include "backend_impl.cuh"
 
 namespace coli::cuda::detail {
-
-// Asynchronous copies at the pinned rate need every expert's parts in
-// pinned (registered) host memory: a coli-pin mirror registered through
-// CudaOptions::host_regions. From pageable memory cudaMemcpyAsync would
-// block the issuing thread and the layer-ahead overlap would be gone.
-bool CudaBackend::experts_pinned(const Model& model) const {
-  auto pinned = [](const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return a.type == cudaMemoryTypeHost;
-  };
-  for (int l = 0; l < s_.num_layers; ++l)
-    for (const ExpertWeights& x : model.layer(l).moe.experts)
-      if (!pinned(x.gate.data) || !pinned(x.up.data) || !pinned(x.down.data)) return false;
-  return true;
-}
 
 // Staging slots per area: the most experts a layer leaves out, plus one
 // per swap in flight (a swap evicts its victim before the candidate's copy
@@ -55,6 +37,13 @@ void CudaBackend::init_prefill_upload(std::size_t) {
     for (int l = 0; l < L; ++l) pu_.gate[l].resize(E + 1), pu_.up[l].resize(E + 1), pu_.down[l].resize(E + 1);
   }
   check(cudaStreamCreateWithFlags(&pu_.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // Pageable sources go through the stager's pinned ring on host threads of
+  // its own (the host computes no experts while a chunk uploads); registered
+  // ones straight.
+  std::vector<std::pair<const void*, std::size_t>> pinned;
+  for (auto [p, n] : registered_) pinned.push_back({p, n});
+  const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 1, 8);
+  pu_.stager = std::make_unique<PrefillStager>(opt_.device, pu_.stream, threads, std::size_t(8) << 20, std::move(pinned));
   for (int b = 0; b < 2; ++b) {
     check(cudaEventCreateWithFlags(&pu_.uploaded[b], cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&pu_.used[b], cudaEventDisableTiming), "cudaEventCreate");
@@ -65,6 +54,7 @@ void CudaBackend::init_prefill_upload(std::size_t) {
 }
 
 void CudaBackend::free_prefill_upload() {
+  pu_.stager.reset();
   if (pu_.stream) cudaStreamSynchronize(pu_.stream), cudaStreamDestroy(pu_.stream), pu_.stream = nullptr;
   for (int b = 0; b < 2; ++b) {
     if (pu_.uploaded[b]) cudaEventDestroy(pu_.uploaded[b]), pu_.uploaded[b] = nullptr;
@@ -108,18 +98,11 @@ int CudaBackend::next_upload_layer(int after) const {
 void CudaBackend::upload_layer_experts(int l) {
   const int E = s_.num_experts, b = l % 2;
   uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(b) * pu_.stage_slots * pu_.stage_slot;
-  // After every kernel that read this area for an earlier layer.
-  check(cudaStreamWaitEvent(pu_.stream, pu_.used[b]), "wait event");
   // One copy per contiguous run: an expert's gate, up and down are one
   // blob in the container and the mirror, and a slot keeps their layout
   // when their sizes are 256-byte multiples. A copy costs the copy engine
   // a few microseconds of its own, so a few large ones beat many small.
-  struct Piece {
-    uint8_t* dst;
-    const uint8_t* src;
-    std::size_t n;
-  };
-  std::vector<Piece> pieces;
+  std::vector<PrefillStager::Copy> pieces;
   auto add = [&](uint8_t* dst, const uint8_t* src, std::size_t n) {
     if (!pieces.empty() && pieces.back().dst + pieces.back().n == dst && pieces.back().src + pieces.back().n == src) pieces.back().n += n;
     else pieces.push_back({dst, src, n});
@@ -134,9 +117,10 @@ void CudaBackend::upload_layer_experts(int l) {
     add(dst + slot_down_, x.down.data, x.down.bytes());
     pu_.bytes += expert_bytes_, ++pu_.experts;
   }
-  for (const Piece& p : pieces) check(cudaMemcpyAsync(p.dst, p.src, p.n, cudaMemcpyHostToDevice, pu_.stream), "prefill upload");
   pu_.copies += static_cast<long long>(pieces.size());
-  check(cudaEventRecord(pu_.uploaded[b], pu_.stream), "event");
+  // After every kernel that read this area for an earlier layer; then the
+  // area's event, which the layer's experts wait for.
+  pu_.stager->post(std::move(pieces), pu_.used[b], pu_.uploaded[b]);
 }
 
 }  // namespace coli::cuda::detail
