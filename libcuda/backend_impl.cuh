@@ -144,7 +144,26 @@ class CudaBackend : public Backend {
   template <typename V>
   void download(V* dst, const V* src, std::size_t n);
   const float* put_floats(const std::vector<float>& v) { return reinterpret_cast<const float*>(arena_.put(v.data(), v.size() * 4)); }
-  DevMatrix put_matrix(const Matrix& m, const std::string& what) { return describe(m, arena_.put(m.data, m.bytes()), what.c_str()); }
+  DevMatrix put_matrix(const Matrix& m, const std::string& what) {
+    if (const uint8_t* p = twin_at(m.data, m.bytes())) {
+      twin_shared_ += m.bytes();
+      return describe(m, p, what.c_str());
+    }
+    return describe(m, arena_.put(m.data, m.bytes()), what.c_str());
+  }
+  // The twin's copy of host bytes [src, src + n), 256-byte aligned as the
+  // arena's, or null (no twin, outside it, misaligned).
+  const uint8_t* twin_at(const void* src, std::size_t n) const {
+    const auto* s = static_cast<const uint8_t*>(src);
+    if (!twin_dev_ || s < twin_host_ || static_cast<std::size_t>(s - twin_host_) > twin_bytes_ || n > twin_bytes_ - static_cast<std::size_t>(s - twin_host_))
+      return nullptr;
+    const uint8_t* d = twin_dev_ + (s - twin_host_);
+    return reinterpret_cast<std::uintptr_t>(d) % 256 == 0 ? d : nullptr;
+  }
+  const uint8_t* twin_dev_ = nullptr;   // the mapped twin (CudaOptions::twin)
+  const uint8_t* twin_host_ = nullptr;
+  std::size_t twin_bytes_ = 0;
+  uint64_t twin_shared_ = 0;            // weight bytes read from the twin in place
   void ensure_buffers(int T);
   void enqueue_logit_copies(int logit_rows);
   // Vocabulary columns [first, second) of logit range i: ranges shrink in

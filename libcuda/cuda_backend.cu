@@ -168,16 +168,35 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     register_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   phase("register");
+  // A device twin (coli-pin start --gpu) on this device: mapped once.
+  if (opt_.twin.host && opt_.twin.device == opt_.device) {
+    cudaIpcMemHandle_t h;
+    static_assert(sizeof h == sizeof opt_.twin.handle);
+    std::memcpy(&h, opt_.twin.handle, sizeof h);
+    void* p = nullptr;
+    if (cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess) {
+      twin_dev_ = static_cast<const uint8_t*>(p);
+      twin_host_ = static_cast<const uint8_t*>(opt_.twin.host), twin_bytes_ = opt_.twin.bytes;
+    } else {
+      cudaGetLastError();  // not mappable here (another process's device, no IPC): uploads as usual
+    }
+  }
+  phase("map twin");
   tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
   budget_ = std::make_shared<DeviceBudget>(opt_.vram_budget);
   BudgetScope scope(budget_.get(), "the weights outside the routed experts");
   // One allocation for every weight (in a tiered run: every weight but the
   // routed experts, which get slots of their own).
   std::size_t total = 0;
-  for (const TensorDesc& t : model_tensors(s_, true)) total += WeightArena::padded(bytes_of(model, t));  // lm_head even when tied
+  // A matrix the twin holds takes no room here (put_matrix reads it there).
+  auto arena_bytes = [&](const TensorDesc& t) -> std::size_t {
+    if (t.form != TensorForm::kVector && twin_at(matrix_of(model, t).data, matrix_of(model, t).bytes())) return 0;
+    return WeightArena::padded(bytes_of(model, t));
+  };
+  for (const TensorDesc& t : model_tensors(s_, true)) total += arena_bytes(t);  // lm_head even when tied
   for (int l = 0; l < s_.num_layers; ++l)
     for (const TensorDesc& t : layer_tensors(s_, l))
-      if (!tiered_ || t.expert < 0) total += WeightArena::padded(bytes_of(model, t));
+      if (!tiered_ || t.expert < 0) total += arena_bytes(t);
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   if (total + (256u << 20) > free_b)
@@ -189,6 +208,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   // every core and complete before the constructor returns.
   StagedUploader uploader(default_upload_threads(), opt_.tuning.upload_piece_bytes);
   for (auto [p, n] : registered_) uploader.add_pinned(p, n);  // copied from where they are
+  if (twin_dev_) uploader.add_twin(twin_host_, twin_bytes_, twin_dev_);  // device to device (the tier's slots)
   arena_.set_uploader(&uploader, opt_.tuning.upload_min_bytes);
   uploader_ = &uploader;
   embed_ = put_matrix(model.embed(), "embed_tokens");
@@ -239,6 +259,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   const std::size_t staged = uploader.pending_bytes();
   uploader.flush(stream_);
   phase(("upload " + std::to_string(staged >> 20) + " MiB").c_str());
+  if (twin_dev_) start_phases_.push_back({"twin read in place " + std::to_string(twin_shared_ >> 10) + " KiB", 0.0});
   arena_.set_uploader(nullptr, 0);
   uploader_ = nullptr;
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
@@ -429,6 +450,9 @@ CudaBackend::~CudaBackend() {
   decode_upload_.reset();
   free_prefill_upload();
   for (auto [p, n] : registered_) cudaHostUnregister(p);
+  if (twin_dev_) {
+    cudaIpcCloseMemHandle(const_cast<uint8_t*>(twin_dev_));
+  }
   if (h_io_) cudaFreeHost(h_io_);
   for (int i = 0; i < kMaxLogitParts; ++i) {
     if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);

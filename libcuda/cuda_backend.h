@@ -92,6 +92,19 @@ struct CudaOptions {
   // registrations is refused); a piece the driver refuses is skipped.
   std::vector<std::pair<const void*, std::size_t>> host_regions;
   enum class Register { kNever, kWhenNeeded, kAlways } register_hosts = Register::kWhenNeeded;
+  // A device twin made by another process (coli-pin start --gpu,
+  // device_twin.h): the host bytes [host, host + bytes) have a copy on
+  // `device` that this backend maps through CUDA IPC. Weights whose bytes
+  // lie in it are read there in place (no upload, and not charged to the
+  // budget: the keeper allocated them); the expert tier's slots are filled
+  // from it device to device. Ignored when host is null, when the twin is
+  // on another device, or when the driver refuses the mapping.
+  struct Twin {
+    const void* host = nullptr;
+    std::size_t bytes = 0;
+    int device = 0;
+    uint8_t handle[64] = {};
+  } twin;
   // Decode misses over PCIe (issue 16's lever): in a one-token step, up to
   // decode_upload_max of a layer's misses (about decode_upload_share of
   // them) are uploaded from pinned host memory (a registered mirror:

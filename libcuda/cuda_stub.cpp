@@ -1,6 +1,7 @@
 // Built instead of the .cu files when the toolkit is built without CUDA.
 #include "cuda_backend.h"
 #include "cuda_device.h"
+#include "device_twin.h"
 #include "copy_probe.h"
 #include "graph_probe.h"
 #include "util/error.h"
@@ -10,6 +11,9 @@ namespace coli::cuda {
 bool compiled_with_cuda() { return false; }
 
 void prepare_device(int) {}
+
+DeviceTwin::DeviceTwin(const void*, std::size_t, int) { throw Error("device twin: built without CUDA"); }
+DeviceTwin::~DeviceTwin() = default;
 
 int device_count(std::string* why) {
   if (why) *why = "built without CUDA";

@@ -52,14 +52,22 @@ bool StagedUploader::is_pinned(const void* src, std::size_t n) const {
 
 void StagedUploader::add(void* dst, const void* src, std::size_t n) {
   if (n == 0) return;
+  const auto* s = static_cast<const uint8_t*>(src);
+  const auto* t = static_cast<const uint8_t*>(twin_.host);
+  if (t && s >= t && static_cast<std::size_t>(s - t) <= twin_.n && n <= twin_.n - static_cast<std::size_t>(s - t)) {
+    device_.push_back({dst, static_cast<const uint8_t*>(twin_.dev) + (s - t), n});
+    pending_ += n;
+    return;
+  }
   (is_pinned(src, n) ? direct_ : copies_).push_back({dst, src, n});
   pending_ += n;
 }
 
 void StagedUploader::flush(cudaStream_t s) {
-  // Registered sources go first, straight from where they are.
+  // The twin's and registered sources go first, straight from where they are.
+  for (const Copy& c : device_) check(cudaMemcpyAsync(c.dst, c.src, c.n, cudaMemcpyDeviceToDevice, s), "copy weights from the device twin");
   for (const Copy& c : direct_) check(cudaMemcpyAsync(c.dst, c.src, c.n, cudaMemcpyHostToDevice, s), "upload weights");
-  direct_.clear();
+  direct_.clear(), device_.clear();
   if (copies_.empty()) {
     pending_ = 0;
     check(cudaStreamSynchronize(s), "upload weights");

@@ -30,6 +30,9 @@ class StagedUploader {
 
   void add(void* dst, const void* src, std::size_t n);
   void add_pinned(const void* p, std::size_t n) { pinned_.push_back({p, n}); }
+  // Host bytes [p, p + n) have a copy at dev on the device (a twin): copies
+  // from inside it go device to device.
+  void add_twin(const void* p, std::size_t n, const void* dev) { twin_ = {p, n, dev}; }
   void flush(cudaStream_t s);
   std::size_t pending_bytes() const { return pending_; }
 
@@ -43,7 +46,12 @@ class StagedUploader {
   std::size_t piece_;
   bool is_pinned(const void* src, std::size_t n) const;
   std::vector<std::pair<const void*, std::size_t>> pinned_;
-  std::vector<Copy> copies_, direct_;
+  std::vector<Copy> copies_, direct_, device_;
+  struct {
+    const void* host = nullptr;
+    std::size_t n = 0;
+    const void* dev = nullptr;
+  } twin_;
   std::size_t pending_ = 0;
 };
 

@@ -12,14 +12,22 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "convert/convert.h"
+#include "cpu_expert_host.h"
+#include "cuda_backend.h"
+#include "cuda_device.h"
+#include "engine/engine.h"
 #include "formats/container.h"
 #include "mirror/mirror.h"
+#include "mirror/mirror_load.h"
+#include "model/weights.h"
 #include "placement/heat.h"
+#include "engine_util.h"
 #include "test_util.h"
 
 namespace {
@@ -448,4 +456,69 @@ TEST(PinTool, AKilledRunLeavesTheKeeperAndTheOtherRun) {
   ASSERT_EQ(run_command(run + " -m " + m.path + " --reference --heat none --prompt-ids 1,2 -n 4000 --ignore-eos --temp 0 --mirror off 2>/dev/null", &off), 0);
   EXPECT_EQ(coli::test::read_file(d / "b.txt"), off) << "the same tokens as without the mirror";
   EXPECT_EQ(coli::mirror_status(m.name).runs, 0);
+}
+
+// coli-pin start --gpu: the keeper copies the blobs to GPU 0; a run maps
+// the copy (CUDA IPC) and reads the weights there in place. The logits are
+// bit for bit those of a run that uploads from the container (the same
+// bytes, the same kernels): whole, with every expert in tier slots filled
+// from the twin, and with half of them (the CPU computing the others in
+// both runs).
+TEST(PinTool, GpuTwinIsReadInPlace) {
+  std::string why;
+  if (coli::cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  PinModel m("gputwin");
+  SKIP_UNLESS_LOCKABLE(m);
+  Cleanup guard{m.name};
+  std::string out;
+  ASSERT_EQ(run_pin("start --model " + m.path + " --trunk --gpu --heat none", &out), 0) << out;
+  EXPECT_TRUE(has(out, "device twin on GPU 0")) << out;
+  coli::LoadedModel lm = coli::load_model(m.path, "auto");
+  ASSERT_NE(lm.mirror, nullptr) << lm.note;
+  const coli::Model& model = *lm.model;
+  const coli::ModelSpec& s = model.spec();
+  auto plain = coli::Model::load(m.path);
+  const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+  uint64_t expert_bytes = 0;
+  for (int l = 0; l < s.num_layers; ++l)
+    for (const coli::ExpertWeights& x : model.layer(l).moe.experts) expert_bytes += x.gate.bytes() + x.up.bytes() + x.down.bytes();
+  for (long long slots : {-1LL, all, all / 2}) {
+    coli::cuda::CudaOptions base;
+    if (slots >= 0) base.expert_slots = slots;
+    coli::cuda::CudaOptions o = base, p = base;
+    if (slots >= 0) {
+      o.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(model, 2);
+      p.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*plain, 2);
+    }
+    const uint8_t* data = nullptr;
+    ASSERT_TRUE(lm.mirror->twin(&data, &o.twin.bytes, &o.twin.device, o.twin.handle));
+    o.twin.host = data;
+    auto twin = coli::cuda::make_cuda_backend(model, o);
+    auto ref = coli::cuda::make_cuda_backend(*plain, p);
+    long long in_place = -1;
+    for (const auto& [name, ms] : twin->start_phases())
+      if (name.rfind("twin read in place ", 0) == 0) in_place = std::atoll(name.c_str() + 19);
+    std::printf("[ info     ] slots %lld: %lld KiB read in place from the twin (routed experts: %llu KiB)\n", slots, in_place,
+                static_cast<unsigned long long>(expert_bytes >> 10));
+    if (slots < 0) {
+      EXPECT_GE(in_place, static_cast<long long>(expert_bytes >> 10)) << "every expert read from the twin";
+    } else {
+      EXPECT_GT(in_place, 0) << "the trunk read from the twin";
+    }
+    coli::Engine er(s, *ref, 64), et(s, *twin, 64);
+    for (const auto& pr : coli::test::tiny_goldens()["prompts"]) {
+      const std::vector<int> ids = pr["ids"];
+      const std::vector<int> cont = coli::test::greedy_tokens(er, ids, 8);
+      coli::Session sr = er.new_session(), st = et.new_session();
+      float err = 0;
+      auto diff = [&](const std::vector<float>& a, const std::vector<float>& b) {
+        ASSERT_EQ(a.size(), b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, std::fabs(a[i] - b[i]));
+      };
+      diff(er.forward(sr, ids), et.forward(st, ids));
+      for (int tok : cont) diff(er.forward(sr, std::vector<int>{tok}), et.forward(st, std::vector<int>{tok}));
+      EXPECT_EQ(err, 0.0f) << "slots " << slots << ", prompt of " << ids.size();
+    }
+  }
+  ASSERT_EQ(run_pin("stop --model " + m.path, &out), 0) << out;
 }

@@ -76,6 +76,9 @@ MirrorLayout parse_mirror(const uint8_t* bytes, std::size_t size, const std::str
   const uint32_t st = h->state.load(std::memory_order_acquire);
   if (st != uint32_t(MirrorState::kLoading) && st != uint32_t(MirrorState::kReady)) throw bad("state " + std::to_string(st));
   if (std::memchr(h->model_path, 0, sizeof h->model_path) == nullptr) throw bad("model path not terminated");
+  const uint32_t twin = h->twin_state.load(std::memory_order_acquire);
+  if (twin > 1) throw bad("device twin state " + std::to_string(twin));
+  if (twin && (h->twin_device < 0 || h->twin_device > 1024)) throw bad("device twin on device " + std::to_string(h->twin_device));
   if (h->layers > 4096 || h->experts > 65536) throw bad("heat of " + std::to_string(h->layers) + " x " + std::to_string(h->experts));
   if (h->dir_count > (1u << 24)) throw bad(std::to_string(h->dir_count) + " directory entries");
   const uint64_t dir_bytes = uint64_t(h->dir_count) * sizeof(MirrorEntry);
@@ -248,10 +251,24 @@ void MirrorBuilder::lock_pages() {
 }
 
 void MirrorBuilder::set_owner(int pid) { impl_->h->owner_pid = pid; }
+const uint8_t* MirrorBuilder::data() const { return static_cast<const uint8_t*>(impl_->region.get_address()) + impl_->h->data_offset; }
+void MirrorBuilder::set_twin(int device, const uint8_t (&handle)[64]) {
+  impl_->h->twin_device = device;
+  std::memcpy(impl_->h->twin_handle, handle, sizeof handle);
+  impl_->h->twin_state.store(1, std::memory_order_release);
+}
 uint64_t MirrorBuilder::bytes() const { return impl_->region.get_size(); }
 const MirrorHeader& MirrorBuilder::header() const { return *impl_->h; }
 
 // ---- MirrorAttachment ----
+
+bool MirrorAttachment::twin(const uint8_t** data, std::size_t* bytes, int* device, uint8_t (&handle)[64]) const {
+  const MirrorHeader& h = *layout_.header;
+  if (h.twin_state.load(std::memory_order_acquire) != 1) return false;
+  *data = base_ + h.data_offset, *bytes = h.data_bytes, *device = h.twin_device;
+  std::memcpy(handle, h.twin_handle, sizeof handle);
+  return true;
+}
 
 struct MirrorAttachment::Impl {
   bip::shared_memory_object shm;

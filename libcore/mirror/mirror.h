@@ -35,7 +35,7 @@
 
 namespace coli {
 
-constexpr uint32_t kMirrorLayoutVersion = 1;
+constexpr uint32_t kMirrorLayoutVersion = 2;  // 2: the device twin's fields
 constexpr std::size_t kMirrorHeaderBytes = 4096;
 constexpr int kMirrorRunSlots = 64;
 
@@ -59,6 +59,13 @@ struct MirrorHeader {
   uint64_t expert_blobs, trunk_blobs;  // how many of each it holds
   char model_path[512];       // for status (NUL-terminated)
   std::atomic<int32_t> runs[kMirrorRunSlots];  // pids of attached runs (0: free)
+  // coli-pin start --gpu: the keeper's device copy of the data region
+  // [data_offset, data_offset + data_bytes), which runs map through CUDA
+  // IPC. twin_state is stored last (release); the handle is opaque here
+  // (a cudaIpcMemHandle_t).
+  std::atomic<uint32_t> twin_state;  // 0 none, 1 ready
+  int32_t twin_device;               // the CUDA device ordinal in the keeper
+  uint8_t twin_handle[64];
 };
 static_assert(sizeof(MirrorHeader) <= kMirrorHeaderBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<int32_t>::is_always_lock_free);
@@ -111,6 +118,9 @@ class MirrorBuilder {
   // RLIMIT_MEMLOCK and the fix when the limit is what refused it.
   void lock_pages();
   void set_owner(int pid);  // after a fork: the daemon's pid
+  // The data region (the blobs), and the device twin's handle once made.
+  const uint8_t* data() const;
+  void set_twin(int device, const uint8_t (&handle)[64]);
   const std::string& name() const { return name_; }
   uint64_t bytes() const;
   const MirrorHeader& header() const;
@@ -143,6 +153,9 @@ class MirrorAttachment {
   const uint8_t* blob(uint32_t i) const;
   const uint8_t* base() const { return base_; }
   std::size_t size() const { return size_; }
+  // The keeper's device copy of the data region (coli-pin start --gpu):
+  // true, with the region and the IPC handle, when it is ready.
+  bool twin(const uint8_t** data, std::size_t* bytes, int* device, uint8_t (&handle)[64]) const;
   // Adds routing counts [layers * experts] to the segment's heat.
   void add_heat(const std::vector<uint64_t>& counts);
   std::vector<uint64_t> heat() const;

@@ -171,7 +171,13 @@ int run(int argc, char** argv) {
         std::string why;
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
-        if (mirror) c.host_regions.push_back({mirror->base(), mirror->size()});  // registered when an option needs it
+        if (mirror) {
+          c.host_regions.push_back({mirror->base(), mirror->size()});  // registered when an option needs it
+          // coli-pin start --gpu: the keeper's device copy, read in place
+          // (whole runs only for now: a tier filled from it has not passed its GPU test).
+          const uint8_t* data = nullptr;
+          if (!vram_budget && mirror->twin(&data, &c.twin.bytes, &c.twin.device, c.twin.handle)) c.twin.host = data;
+        }
         // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
         if (vram_budget && device != "cpu" && coli::cuda::device_count() > 0) c.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(m, threads);
         if (auto b = coli::cuda::make_device_backend(device, m, c, &why)) return b;

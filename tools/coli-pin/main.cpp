@@ -23,6 +23,7 @@
 #include <optional>
 #include <thread>
 
+#include "device_twin.h"
 #include "formats/container.h"
 #include "mirror/mirror.h"
 #include "model/model_spec.h"
@@ -41,7 +42,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kUsage =
-    "usage: coli-pin start --model PATH [--budget SIZE] [--trunk] [--group] [--heat FILE|none] [--foreground]\n"
+    "usage: coli-pin start --model PATH [--budget SIZE] [--trunk] [--gpu] [--group] [--heat FILE|none] [--foreground]\n"
     "       coli-pin status [--json]\n"
     "       coli-pin stop --model PATH|NAME\n"
     "\n"
@@ -128,7 +129,7 @@ std::vector<uint64_t> heat_counts(const po::variables_map& vm, const coli::Conta
 // Makes, locks and fills the mirror, calls ready(line) once it is ready,
 // then keeps it until a stop signal. Returns the exit status; the builder's
 // destructor removes the segment.
-int keep(const coli::Container& c, const std::string& path, coli::MirrorBuildOptions o, const std::function<void(const std::string&)>& ready) {
+int keep(const coli::Container& c, const std::string& path, coli::MirrorBuildOptions o, bool gpu, const std::function<void(const std::string&)>& ready) {
   auto progress = std::make_shared<LoadProgress>();
   o.progress = [progress](uint64_t done, uint64_t total) { (*progress)(done, total); };
   coli::MirrorBuilder b(c, path, o);
@@ -146,7 +147,17 @@ int keep(const coli::Container& c, const std::string& path, coli::MirrorBuildOpt
     return 0;
   }
   b.set_owner(::getpid());  // this process keeps it (a daemon forked before building)
-  ready(describe(b.name(), "ready", b.bytes(), h.expert_blobs, h.trunk_blobs, ::getpid()));
+  // --gpu: a device copy of the blobs that runs on this GPU map (CUDA IPC).
+  std::unique_ptr<coli::cuda::DeviceTwin> twin;
+  std::string twin_note;
+  if (gpu) {
+    twin = std::make_unique<coli::cuda::DeviceTwin>(b.data(), h.data_bytes, 0);
+    b.set_twin(twin->device(), twin->handle());
+    char note[96];
+    std::snprintf(note, sizeof note, ", device twin on GPU %d (%.1f s)", twin->device(), twin->copy_ms() / 1e3);
+    twin_note = note;
+  }
+  ready(describe(b.name(), "ready", b.bytes(), h.expert_blobs, h.trunk_blobs, ::getpid()) + twin_note);
   const sigset_t stop = stop_signals();
   int sig = SIGTERM;
   sigwait(&stop, &sig);
@@ -187,7 +198,7 @@ void forward_stop(int) {
 // its "ready" line on a pipe, prints it and returns. The keeper leaves the
 // session, reports errors on the inherited stderr until it is ready, then
 // lets go of the terminal.
-int start_daemon(const coli::Container& c, const std::string& path, const coli::MirrorBuildOptions& o) {
+int start_daemon(const coli::Container& c, const std::string& path, const coli::MirrorBuildOptions& o, bool gpu) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw coli::Error(std::string("pipe: ") + std::strerror(errno));
   std::fflush(nullptr);
@@ -199,7 +210,7 @@ int start_daemon(const coli::Container& c, const std::string& path, const coli::
     ::signal(SIGPIPE, SIG_IGN);  // the parent may be gone by the time it is ready
     to_dev_null({0, 1});
     if (::chdir("/") != 0) throw coli::Error(std::string("chdir /: ") + std::strerror(errno));  // hold no mount busy
-    return keep(c, path, o, [&](const std::string& line) {
+    return keep(c, path, o, gpu, [&](const std::string& line) {
       to_dev_null({2});
       write_all(fds[1], line + "\n");
       ::close(fds[1]);
@@ -245,6 +256,7 @@ int cmd_start(int argc, char** argv) {
   opts.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "coli container (or a directory holding model.coli)")
       ("budget", po::value<std::string>(), "bytes of blobs to hold, e.g. 12G (default: every routed expert); the hottest experts first")
       ("trunk", po::bool_switch(), "hold the non-expert tensors too (they count against --budget)")
+      ("gpu", po::bool_switch(), "also keep a copy of the blobs on GPU 0, which runs on that GPU read in place (CUDA IPC) instead of uploading")
       ("group", po::bool_switch(), "mode 0660 (the owner's group may attach) instead of 0600")
       ("heat", po::value<std::string>(), "routing heat that orders the experts under --budget ('none': container order; default: "
                                           "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt when it exists)")
@@ -260,6 +272,7 @@ int cmd_start(int argc, char** argv) {
   if (vm.count("budget") && o.budget == 0) throw coli::UsageError("--budget must be more than 0 (leave it out for every expert)");
   o.trunk = vm["trunk"].as<bool>();
   o.group = vm["group"].as<bool>();
+  const bool gpu = vm["gpu"].as<bool>();
   if (vm.count("heat") && vm["heat"].as<std::string>().empty()) throw coli::UsageError("--heat needs a FILE or 'none'");
   const std::string path = container_path(vm["model"].as<std::string>());
   const coli::Container c(path);
@@ -280,11 +293,11 @@ int cmd_start(int argc, char** argv) {
   const sigset_t stop = stop_signals();
   ::sigprocmask(SIG_BLOCK, &stop, nullptr);
   if (vm["foreground"].as<bool>())
-    return keep(c, path, o, [](const std::string& line) {
+    return keep(c, path, o, gpu, [](const std::string& line) {
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     });
-  return start_daemon(c, path, o);
+  return start_daemon(c, path, o, gpu);
 }
 
 // ---- status ----------------------------------------------------------------

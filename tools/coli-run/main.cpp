@@ -295,7 +295,13 @@ int run(int argc, char** argv) {
     else if (loaded.mirror) co.heat = loaded.mirror->heat();  // what the runs on this mirror routed to
   }
   // The mirror's pages: registered with the device when an option copies experts from them during the run.
-  if (loaded.mirror) co.host_regions.push_back({loaded.mirror->base(), loaded.mirror->size()});
+  if (loaded.mirror) {
+    co.host_regions.push_back({loaded.mirror->base(), loaded.mirror->size()});
+    // coli-pin start --gpu: the keeper's device copy, read in place. Whole
+    // runs only for now: a tier filled from it has not passed its GPU test.
+    const uint8_t* data = nullptr;
+    if (!f.has("vram-budget") && loaded.mirror->twin(&data, &co.twin.bytes, &co.twin.device, co.twin.handle)) co.twin.host = data;
+  }
   if (context_maker.joinable()) context_maker.join();
   const auto t_backend = std::chrono::steady_clock::now();
   std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
