@@ -7,6 +7,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 
 #include "bench/record_writer.h"
 #include "bench/runner.h"
@@ -15,9 +16,13 @@
 #include "cuda_backend.h"
 #include "cuda_device.h"
 #include "env_options.h"
+#include "formats/container.h"
 #include "mirror/mirror.h"
 #include "mirror/mirror_load.h"
+#include "model/model_spec.h"
+#include "model/weights.h"
 #include "placement/heat.h"
+#include "placement/plan.h"
 #include "util/error.h"
 #include "util/parse.h"
 #include "util/progress.h"
@@ -77,6 +82,7 @@ int run(int argc, char** argv) {
       ("ubatch-size", po::value<std::string>()->default_value("512"), "tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time")
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME")
+      ("plan", po::value<std::string>(), "under a budget: the expert tier starts with this coli-place plan's VRAM experts (one -m)")
       ("decode-upload", po::value<int>()->default_value(0), "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)")
       ("prefill-upload", po::bool_switch(), "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)")
@@ -157,6 +163,14 @@ int run(int argc, char** argv) {
   co.decode_upload_max = vm["decode-upload"].as<int>();
   if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
   co.prefill_upload = vm["prefill-upload"].as<bool>();
+  // A plan (coli-place) names the tier's first experts; it must be the model's.
+  std::optional<coli::Plan> plan;
+  if (vm.count("plan")) {
+    if (o.models.size() != 1) throw coli::UsageError("--plan places one model's experts: give one -m");
+    const coli::Container pc(coli::container_file_of(o.models[0]).empty() ? o.models[0] : coli::container_file_of(o.models[0]));
+    const coli::ModelSpec ps = coli::parse_model_spec(pc.config_json(), o.models[0]);
+    plan = coli::load_plan(vm["plan"].as<std::string>(), pc.fingerprint(), ps.num_layers, ps.num_experts);
+  }
   o.mirror = vm["mirror"].as<std::string>();
   coli::check_mirror_flag(o.mirror);
   // Under a budget the KV cache is made for the longest test at once.
@@ -171,6 +185,7 @@ int run(int argc, char** argv) {
         std::string why;
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
+        if (plan) c.heat = coli::plan_as_heat(*plan);
         if (mirror) {
           c.host_regions.push_back({mirror->base(), mirror->size()});  // registered when an option needs it
           // coli-pin start --gpu: the keeper's device copy, read in place

@@ -30,6 +30,7 @@
 #include "model/weights.h"
 #include "placement/device_budget.h"
 #include "placement/heat.h"
+#include "placement/plan.h"
 #include "parse_options.h"
 #include "util/error.h"
 #include "util/parse.h"
@@ -42,7 +43,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kUsage =
-    "usage: coli-pin start --model PATH [--budget SIZE] [--trunk] [--gpu] [--group] [--heat FILE|none] [--foreground]\n"
+    "usage: coli-pin start --model PATH [--budget SIZE] [--plan FILE] [--trunk] [--gpu] [--group] [--heat FILE|none] [--foreground]\n"
     "       coli-pin status [--json]\n"
     "       coli-pin stop --model PATH|NAME\n"
     "\n"
@@ -256,6 +257,7 @@ int cmd_start(int argc, char** argv) {
   opts.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "coli container (or a directory holding model.coli)")
       ("budget", po::value<std::string>(), "bytes of blobs to hold, e.g. 12G (default: every routed expert); the hottest experts first")
       ("trunk", po::bool_switch(), "hold the non-expert tensors too (they count against --budget)")
+      ("plan", po::value<std::string>(), "hold the experts a coli-place plan puts in VRAM or RAM (man coli-plan); without --budget, exactly those")
       ("gpu", po::bool_switch(), "also keep a copy of the blobs on GPU 0, which runs on that GPU read in place (CUDA IPC) instead of uploading")
       ("group", po::bool_switch(), "mode 0660 (the owner's group may attach) instead of 0600")
       ("heat", po::value<std::string>(), "routing heat that orders the experts under --budget ('none': container order; default: "
@@ -277,6 +279,24 @@ int cmd_start(int argc, char** argv) {
   const std::string path = container_path(vm["model"].as<std::string>());
   const coli::Container c(path);
   o.heat = heat_counts(vm, c, path);
+  if (vm.count("plan")) {
+    // The plan's VRAM and RAM experts first (VRAM's hottest of all), and
+    // without --budget only those (with the trunk under --trunk).
+    const coli::ModelSpec spec = coli::parse_model_spec(c.config_json(), path);
+    const coli::Plan plan = coli::load_plan(vm["plan"].as<std::string>(), c.fingerprint(), spec.num_layers, spec.num_experts);
+    o.heat.assign(plan.tier.size(), 0);
+    for (std::size_t i = 0; i < plan.tier.size(); ++i) o.heat[i] = static_cast<uint64_t>(plan.tier[i]);  // disk 0, ram 1, vram 2
+    if (!vm.count("budget")) {
+      auto aligned = [](uint64_t b) { return (b + 4095) / 4096 * 4096; };
+      for (const coli::Blob& b : c.manifest().blobs) {
+        if (b.kind == "expert" && b.layer >= 0 && b.layer < spec.num_layers && b.expert >= 0 && b.expert < spec.num_experts &&
+            plan.at(b.layer, b.expert) != coli::Tier::kDisk)
+          o.budget += aligned(b.bytes);
+        if (b.kind == "tensor" && o.trunk) o.budget += aligned(b.bytes);
+      }
+      if (o.budget == 0) throw coli::Error(vm["plan"].as<std::string>() + ": the plan puts no expert in VRAM or RAM: nothing to hold");
+    }
+  }
   const std::string name = coli::mirror_name(c.fingerprint());
   // Another keeper: wait while it loads, then leave it be.
   for (coli::MirrorStatus s;; std::this_thread::sleep_for(std::chrono::milliseconds(100))) {

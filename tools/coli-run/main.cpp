@@ -21,6 +21,7 @@
 #include "env_options.h"
 #include "mirror/mirror_load.h"
 #include "model/fingerprint.h"
+#include "placement/plan.h"
 #include "model/weights.h"
 #include "placement/heat_recorder.h"
 #include "sampling/sampler.h"
@@ -203,6 +204,8 @@ int run(int argc, char** argv) {
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME")
+      ("plan", po::value<std::string>(), "with --vram-budget: the expert tier starts with the VRAM experts of this coli-place plan (man coli-plan), "
+                                          "and its prefill chunk is the default")
       ("decode-upload", po::value<int>()->default_value(0), "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)")
       ("prefill-upload", po::bool_switch(), "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
@@ -277,7 +280,8 @@ int run(int argc, char** argv) {
   std::string why;
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
-  co.max_chunk = f.get<int>("prefill-chunk");
+  int plan_chunk = f.get<int>("prefill-chunk");  // a plan's prefill chunk replaces the default
+  co.max_chunk = plan_chunk;
   if (f.has("vram-budget")) {
     // The expert tier: what the budget leaves after the trunk, the KV cache
     // and the activations holds the hottest experts; the CPU computes the
@@ -293,6 +297,15 @@ int run(int argc, char** argv) {
     // The tier starts with the experts earlier runs routed to most.
     if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
     else if (loaded.mirror) co.heat = loaded.mirror->heat();  // what the runs on this mirror routed to
+    // A plan (coli-place) names the tier's experts: they come first.
+    if (f.has("plan")) {
+      const coli::ModelSpec& ms = model->spec();
+      const coli::Plan plan = coli::load_plan(f.get<std::string>("plan"), coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
+      co.heat = coli::plan_as_heat(plan);
+      if (verbose)
+        std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", f.get<std::string>("plan").c_str(), (long long)plan.count(coli::Tier::kVram));
+      if (plan.prefill_chunk > 0 && !f.has("prefill-chunk")) plan_chunk = co.max_chunk = plan.prefill_chunk;
+    }
   }
   // The mirror's pages: registered with the device when an option copies experts from them during the run.
   if (loaded.mirror) {
@@ -320,7 +333,7 @@ int run(int argc, char** argv) {
     for (std::size_t i = 0; i < phases.size(); ++i) line += (i ? ", " : " (") + phases[i].first + " " + fixed1(phases[i].second);
     std::fprintf(stderr, "%s%s\n", line.c_str(), phases.empty() ? "" : ")");
   }
-  coli::Engine engine(model->spec(), backend, f.get<int>("prefill-chunk"));
+  coli::Engine engine(model->spec(), backend, plan_chunk);
   engine.set_heat(heat.run());
   auto save_heat = [&] {
     engine.collect_heat();

@@ -1,0 +1,100 @@
+#include "placement/machine_rates.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+
+#include "util/error.h"
+#include "util/io.h"
+#include "util/publish.h"
+
+namespace coli {
+
+namespace {
+
+struct Field {
+  const char* key;
+  double MachineRates::*member;
+  bool rate;  // > 0 (a rate) or >= 0 (a time)
+};
+
+constexpr Field kFields[] = {
+    {"host_expert_gbs", &MachineRates::host_expert_gbs, true}, {"disk_gbs", &MachineRates::disk_gbs, true},
+    {"pcie_gbs", &MachineRates::pcie_gbs, true},               {"gpu_layer_s", &MachineRates::gpu_layer_s, false},
+    {"gpu_expert_s", &MachineRates::gpu_expert_s, false},      {"handoff_s", &MachineRates::handoff_s, false},
+    {"token_fixed_s", &MachineRates::token_fixed_s, false},    {"prefill_layer_token_s", &MachineRates::prefill_layer_token_s, false},
+};
+
+}  // namespace
+
+std::string format_rates(const MachineRates& r, const std::string& comment) {
+  std::string out = "coli-rates 1\n";
+  if (!comment.empty()) out += "# " + comment + "\n";
+  for (const Field& f : kFields) {
+    char b[96];
+    std::snprintf(b, sizeof b, "%s %.9g\n", f.key, r.*f.member);
+    out += b;
+  }
+  return out;
+}
+
+MachineRates parse_rates(std::string_view text, const std::string& name, const MachineRates& base) {
+  MachineRates r = base;
+  std::set<std::string> seen;
+  bool header = false;
+  int line_no = 0;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t nl = text.find('\n', at);
+    std::string line(text.substr(at, nl == std::string_view::npos ? std::string_view::npos : nl - at));
+    at = nl == std::string_view::npos ? text.size() : nl + 1;
+    ++line_no;
+    auto bad = [&](const std::string& why) { return Error(name + ":" + std::to_string(line_no) + ": " + why); };
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    if (!header) {
+      if (line != "coli-rates 1") throw bad("expected 'coli-rates 1' (a coli-place probe rates file, version 1)");
+      header = true;
+      continue;
+    }
+    const std::size_t sp = line.find(' ');
+    if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos) throw bad("expected 'key value'");
+    const std::string key = line.substr(0, sp), value = line.substr(sp + 1);
+    const Field* f = nullptr;
+    for (const Field& x : kFields)
+      if (key == x.key) f = &x;
+    if (!f) throw bad("unknown key '" + key.substr(0, 64) + "'");
+    if (!seen.insert(key).second) throw bad(key + " given twice");
+    char* end = nullptr;
+    const double v = value.empty() || std::isspace(static_cast<unsigned char>(value[0])) ? NAN : std::strtod(value.c_str(), &end);
+    if (!end || *end != '\0' || !std::isfinite(v) || (f->rate ? !(v > 0) : !(v >= 0)) || v > 1e12)
+      throw bad(key + ": '" + value.substr(0, 64) + "' is not " + (f->rate ? "a positive" : "a non-negative") + " number");
+    r.*f->member = v;
+  }
+  if (!header) throw Error(name + ": empty (expected 'coli-rates 1')");
+  return r;
+}
+
+MachineRates load_rates(const std::string& path, const MachineRates& base) { return parse_rates(read_text_file(path), path, base); }
+
+}  // namespace coli
+
+namespace coli {
+
+void save_rates(const std::string& path, const MachineRates& r, const std::string& comment) {
+  const std::string text = format_rates(r, comment);
+  OutputFile out(path, /*overwrite=*/true);
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(out.fd(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(path + ": write failed: " + std::strerror(errno));
+    done += std::size_t(n);
+  }
+  out.publish();
+}
+
+}  // namespace coli

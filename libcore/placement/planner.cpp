@@ -1,0 +1,172 @@
+#include "placement/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "util/error.h"
+
+namespace coli {
+
+namespace {
+
+// The routing probabilities p(l, e): heat with a light prior (one token's
+// worth spread evenly), so an expert the heat never saw keeps a small
+// chance instead of none.
+std::vector<double> route_probabilities(const PlannerInputs& in) {
+  const std::size_t n = static_cast<std::size_t>(in.layers) * in.experts;
+  const double even = double(in.k) / in.experts;
+  std::vector<double> p(n, even);
+  if (in.heat.empty()) return p;
+  uint64_t total = 0;
+  for (uint64_t c : in.heat) total += c;
+  const double tokens = in.heat_tokens ? double(in.heat_tokens) : std::max(1.0, double(total) / (double(in.layers) * in.k));
+  for (std::size_t i = 0; i < n; ++i) p[i] = std::min(1.0, (double(in.heat[i]) + even) / (tokens + 1.0));
+  return p;
+}
+
+void check_inputs(const PlannerInputs& in) {
+  if (in.layers < 1 || in.layers > 4096 || in.experts < 1 || in.experts > 65536)
+    throw Error("planner: " + std::to_string(in.layers) + " layers x " + std::to_string(in.experts) + " experts is outside the plan format's bounds");
+  if (in.k < 1 || in.k > in.experts) throw Error("planner: " + std::to_string(in.k) + " experts per token of " + std::to_string(in.experts));
+  if (in.expert_bytes == 0) throw Error("planner: experts of 0 bytes");
+  if (!in.heat.empty() && in.heat.size() != static_cast<std::size_t>(in.layers) * in.experts)
+    throw Error("planner: heat of " + std::to_string(in.heat.size()) + " counts for " + std::to_string(in.layers * in.experts) + " experts");
+  const MachineRates& r = in.rates;
+  for (double v : {r.host_expert_gbs, r.disk_gbs, r.pcie_gbs})
+    if (!(v > 0) || !std::isfinite(v)) throw Error("planner: a transfer rate must be a positive number of GB/s");
+  for (double v : {r.gpu_layer_s, r.gpu_expert_s, r.handoff_s, r.token_fixed_s, r.prefill_layer_token_s})
+    if (!(v >= 0) || !std::isfinite(v)) throw Error("planner: a time must be a non-negative number of seconds");
+  if (in.chunks.empty()) throw Error("planner: no prefill chunk size to pick from");
+  for (int c : in.chunks)
+    if (c < 1 || c > (1 << 20)) throw Error("planner: prefill chunk of " + std::to_string(c) + " tokens");
+}
+
+// Seconds the CPU spends per token on an expert in tier t, per unit of p.
+double read_s(const PlannerInputs& in, Tier t) {
+  if (t == Tier::kVram) return 0;
+  const double gbs = t == Tier::kRam ? in.rates.host_expert_gbs : in.rates.disk_gbs;
+  return double(in.expert_bytes) / (gbs * 1e9);
+}
+
+double gpu_part(const PlannerInputs& in) { return in.rates.gpu_layer_s + in.k * in.rates.gpu_expert_s; }
+
+double layer_time(const PlannerInputs& in, double cpu) { return std::max(gpu_part(in), cpu) + (cpu > 0 ? in.rates.handoff_s : 0); }
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+
+Prediction predict(const PlannerInputs& in, const Plan& plan) {
+  check_inputs(in);
+  if (plan.layers != in.layers || plan.experts != in.experts || plan.tier.size() != static_cast<std::size_t>(in.layers) * in.experts)
+    throw Error("planner: a plan of " + std::to_string(plan.layers) + " x " + std::to_string(plan.experts) + " for a model of " +
+                std::to_string(in.layers) + " x " + std::to_string(in.experts));
+  const std::vector<double> p = route_probabilities(in);
+  const double B = double(in.expert_bytes);
+  Prediction r;
+  double token = in.rates.token_fixed_s, vram_p = 0, all_p = 0, ram_s = 0, disk_s = 0, upload_bytes = 0;
+  for (int l = 0; l < in.layers; ++l) {
+    double cpu = 0;
+    for (int e = 0; e < in.experts; ++e) {
+      const std::size_t i = static_cast<std::size_t>(l) * in.experts + e;
+      const Tier t = plan.tier[i];
+      all_p += p[i];
+      if (t == Tier::kVram) vram_p += p[i], r.vram_bytes_per_token += p[i] * B;
+      if (t == Tier::kRam) r.ram_bytes_per_token += p[i] * B, ram_s += p[i] * read_s(in, t);
+      if (t == Tier::kDisk) r.disk_bytes_per_token += p[i] * B, disk_s += p[i] * read_s(in, t);
+      cpu += p[i] * read_s(in, t);
+    }
+    (cpu > gpu_part(in) ? r.cpu_bound_layers : r.gpu_bound_layers) += 1;
+    token += layer_time(in, cpu);
+  }
+  r.hit_rate = all_p > 0 ? vram_p / all_p : 1;
+  r.decode_tok_s = 1.0 / token;
+  r.decode_bound = r.cpu_bound_layers == 0 ? "gpu" : disk_s > ram_s ? "disk reads" : "host RAM reads (CPU experts)";
+  // Prefill: a chunk of c tokens uploads every non-resident expert it routes
+  // to (expected distinct experts: 1 - (1 - p)^c each).
+  double best = -1;
+  for (int c : in.chunks) {
+    double bytes = 0;
+    for (std::size_t i = 0; i < p.size(); ++i)
+      if (plan.tier[i] != Tier::kVram) bytes += B * (1.0 - std::pow(1.0 - std::min(p[i], 1.0), c));
+    const double upload = bytes / (in.rates.pcie_gbs * 1e9), compute = c * in.layers * in.rates.prefill_layer_token_s;
+    const double chunk_s = std::max(upload, compute) + upload / in.layers;
+    const double tps = chunk_s > 0 ? c / chunk_s : 0;
+    if (tps > best) best = tps, r.prefill_chunk = c, r.prefill_bound = upload > compute ? "pcie" : "gpu", upload_bytes = bytes;
+  }
+  (void)upload_bytes;
+  r.prefill_tok_s = best;
+  return r;
+}
+
+Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
+  check_inputs(in);
+  const int L = in.layers, E = in.experts;
+  const std::size_t n = static_cast<std::size_t>(L) * E;
+  const std::vector<double> p = route_probabilities(in);
+  Plan plan;
+  plan.fingerprint = in.fingerprint, plan.layers = L, plan.experts = E;
+  plan.vram_budget = in.vram_budget, plan.ram_budget = in.ram_budget;
+  plan.tier.assign(n, Tier::kDisk);
+  // Each layer's experts, most routed first (ties: lower index).
+  std::vector<std::vector<int>> order(L);
+  for (int l = 0; l < L; ++l) {
+    order[l].resize(E);
+    for (int e = 0; e < E; ++e) order[l][e] = e;
+    const double* pl = p.data() + static_cast<std::size_t>(l) * E;
+    std::stable_sort(order[l].begin(), order[l].end(), [&](int a, int b) { return pl[a] > pl[b]; });
+  }
+  std::vector<double> cpu(L, 0);
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e) cpu[l] += p[static_cast<std::size_t>(l) * E + e] * read_s(in, Tier::kDisk);
+  // Moves up to `room` experts into tier `to`, each time the one whose move
+  // saves the most predicted time (then the most CPU time, then the layer
+  // with the most CPU time left, then the lower layer): each layer's
+  // candidate is its most routed expert not yet moved.
+  auto fill = [&](Tier to, uint64_t room) {
+    std::vector<std::size_t> cursor(L, 0);
+    auto candidate = [&](int l) -> int {
+      while (cursor[l] < order[l].size() && plan.tier[static_cast<std::size_t>(l) * E + order[l][cursor[l]]] >= to) ++cursor[l];
+      return cursor[l] < order[l].size() ? order[l][cursor[l]] : -1;
+    };
+    for (uint64_t placed = 0; placed < room; ++placed) {
+      int best_l = -1, best_e = -1;
+      double best_gain = -1, best_cpu = -1;
+      for (int l = 0; l < L; ++l) {
+        const int e = candidate(l);
+        if (e < 0) continue;
+        const std::size_t i = static_cast<std::size_t>(l) * E + e;
+        const double saved = p[i] * (read_s(in, plan.tier[i]) - read_s(in, to));
+        const double gain = layer_time(in, cpu[l]) - layer_time(in, std::max(0.0, cpu[l] - saved));
+        // Ties (even routing): the expert that saves more CPU time, then the
+        // layer with the most CPU time left, so that layers fill evenly.
+        const bool better = gain > best_gain || (gain == best_gain && (saved > best_cpu || (saved == best_cpu && best_l >= 0 && cpu[l] > cpu[best_l])));
+        if (better) best_gain = gain, best_cpu = saved, best_l = l, best_e = e;
+      }
+      if (best_l < 0) return;
+      const std::size_t i = static_cast<std::size_t>(best_l) * E + best_e;
+      cpu[best_l] = std::max(0.0, cpu[best_l] - p[i] * (read_s(in, plan.tier[i]) - read_s(in, to)));
+      plan.tier[i] = to;
+    }
+  };
+  fill(Tier::kVram, std::min<uint64_t>(n, in.vram_bytes / in.expert_bytes));
+  fill(Tier::kRam, std::min<uint64_t>(n, in.ram_bytes / in.expert_bytes));
+  const Prediction r = predict(in, plan);
+  plan.prefill_chunk = r.prefill_chunk;
+  plan.comments = {
+      "made by coli-place: " + std::to_string(plan.count(Tier::kVram)) + " experts in VRAM, " + std::to_string(plan.count(Tier::kRam)) + " in RAM, " +
+          std::to_string(plan.count(Tier::kDisk)) + " on disk",
+      "predicted: hit rate " + fmt("%.3f", r.hit_rate) + ", decode " + fmt("%.1f", r.decode_tok_s) + " tok/s (bound: " + r.decode_bound + "), prefill " +
+          fmt("%.0f", r.prefill_tok_s) + " tok/s at chunks of " + std::to_string(r.prefill_chunk) + " (bound: " + r.prefill_bound + ")",
+      "per token: " + fmt("%.1f", r.vram_bytes_per_token / 1e6) + " MB from VRAM, " + fmt("%.1f", r.ram_bytes_per_token / 1e6) + " MB from RAM, " +
+          fmt("%.1f", r.disk_bytes_per_token / 1e6) + " MB from disk"};
+  if (predicted) *predicted = r;
+  return plan;
+}
+
+}  // namespace coli

@@ -1,0 +1,86 @@
+// Planner: from the budgets, the machine's measured rates and the routing
+// heat, which experts live in VRAM, which in the locked RAM mirror and which
+// stay on disk (the page cache), and what speed that plan predicts
+// (coli-place, issue 19). Pure arithmetic: CPU-only tests reach all of it.
+//
+// The cost model, per generated token (decode), layer by layer:
+//   p(l,e)  = heat(l,e) / tokens: the chance a token routes to e at layer l
+//             (without heat: k / experts for every expert)
+//   gpu(l)  = gpu_layer_s + k * gpu_expert_s        the GPU's part
+//   cpu(l)  = sum over e not in VRAM of p(l,e) * bytes / rate(tier(e))
+//             rate: host_expert_gbs for ram, disk_gbs for disk
+//   layer   = max(gpu(l), cpu(l)) + handoff_s when cpu(l) > 0
+//   token   = sum over layers + token_fixed_s (embedding, lm_head, sampling)
+// and per prompt chunk of T tokens (hybrid prefill, --prefill-upload):
+//   upload  = bytes of the chunk's non-resident experts / pcie_gbs
+//   compute = T * layers * prefill_layer_token_s
+//   chunk   = max(upload, compute) + upload of one layer (the first, not hidden)
+//
+// plan_placement() fills VRAM first, then RAM, each greedily by the time an
+// expert saves per byte (all experts of a model have one size, so: by the
+// predicted token time it saves), recomputing its layer's makespan after
+// every pick: an expert in a layer whose GPU part already bounds it saves
+// nothing and is skipped for a hotter layer's. Deterministic: ties go to
+// the layer with the most CPU time left (even routing fills the layers
+// evenly), then to the lower (layer, expert). Never over a budget: at most
+// floor(vram_bytes / expert_bytes) experts in VRAM and
+// floor(ram_bytes / expert_bytes) in RAM.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "placement/plan.h"
+
+namespace coli {
+
+// What the machine does, measured (coli-place probe) or given.
+struct MachineRates {
+  // Defaults: measured on the H200 machine (16 cores, PCIe 5) with the
+  // int4-g32 real-shaped models (docs/perf/hybrid.md); a probe replaces the
+  // host and PCIe rates, and a rates file may give all of them.
+  double host_expert_gbs = 60;          // the CPU's expert kernels reading host RAM (GB/s, all threads)
+  double disk_gbs = 2;                  // reading experts that are not in RAM (page cache misses)
+  double pcie_gbs = 55;                 // pinned host -> device copies
+  double gpu_layer_s = 45e-6;           // a decode step's GPU work per layer besides the routed experts
+  double gpu_expert_s = 0.75e-6;        // one resident routed expert for one token
+  double handoff_s = 5e-6;              // a layer's GPU -> CPU -> GPU round trip
+  double token_fixed_s = 140e-6;        // per token outside the layers (embedding, lm_head, sampling)
+  double prefill_layer_token_s = 2.5e-6;  // prompt processing per token and layer, every expert resident
+};
+
+struct PlannerInputs {
+  uint64_t fingerprint = 0;
+  int layers = 0, experts = 0, k = 0;   // k: experts per token
+  uint64_t expert_bytes = 0;            // one routed expert (gate + up + down)
+  uint64_t vram_bytes = 0;              // VRAM for expert slots (after the trunk, KV cache, activations)
+  uint64_t ram_bytes = 0;               // RAM for the mirror's experts
+  uint64_t vram_budget = 0, ram_budget = 0;  // the budgets as the user gave them (recorded in the plan)
+  std::vector<uint64_t> heat;           // [layers * experts] routing counts, or empty
+  uint64_t heat_tokens = 0;             // tokens the heat counted (0 with counts: taken as sum / (layers * k))
+  MachineRates rates;
+  std::vector<int> chunks = {512, 1024, 2048, 4096};  // prefill chunk sizes to pick from
+  uint64_t activation_bytes_per_token = 0;  // VRAM a chunk needs per token (the larger chunks must fit in vram_bytes' slack)
+};
+
+struct Prediction {
+  double hit_rate = 0;             // share of routed pairs served from VRAM
+  double vram_bytes_per_token = 0, ram_bytes_per_token = 0, disk_bytes_per_token = 0;
+  double decode_tok_s = 0;
+  double prefill_tok_s = 0;        // at the chosen chunk size
+  int prefill_chunk = 0;
+  int gpu_bound_layers = 0, cpu_bound_layers = 0;  // which side bounds each layer
+  std::string decode_bound;        // "gpu", "cpu (ram)", "disk" or "pcie"-style word: the resource that bounds decode
+  std::string prefill_bound;       // "pcie" or "gpu"
+};
+
+// The plan (with its predictions as comments) for the inputs. Throws
+// coli::Error for inputs out of range (no experts, zero rates, heat of the
+// wrong size).
+Plan plan_placement(const PlannerInputs& in, Prediction* predicted = nullptr);
+
+// The cost model applied to any plan of the same shape (a plan read back,
+// or another tool's placement such as llama.cpp's whole layers).
+Prediction predict(const PlannerInputs& in, const Plan& plan);
+
+}  // namespace coli

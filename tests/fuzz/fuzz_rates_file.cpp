@@ -1,0 +1,27 @@
+// libFuzzer target: the rates file parser (placement/machine_rates.h) on
+// arbitrary text. It must either throw coli::Error or give rates the
+// planner accepts (finite, rates > 0, times >= 0) that format back to text
+// parsing to the same values.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "placement/machine_rates.h"
+#include "util/error.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  try {
+    const coli::MachineRates r = coli::parse_rates(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+    for (double v : {r.host_expert_gbs, r.disk_gbs, r.pcie_gbs})
+      if (!(v > 0) || !std::isfinite(v)) std::abort();
+    for (double v : {r.gpu_layer_s, r.gpu_expert_s, r.handoff_s, r.token_fixed_s, r.prefill_layer_token_s})
+      if (!(v >= 0) || !std::isfinite(v)) std::abort();
+    const coli::MachineRates b = coli::parse_rates(coli::format_rates(r), "fuzz-again");
+    auto near = [](double x, double y) { return std::fabs(x - y) <= 1e-8 * std::fabs(x); };
+    if (!near(b.pcie_gbs, r.pcie_gbs) || !near(b.host_expert_gbs, r.host_expert_gbs) || !near(b.gpu_layer_s, r.gpu_layer_s)) std::abort();
+  } catch (const coli::Error&) {
+  }
+  return 0;
+}

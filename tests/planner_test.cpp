@@ -1,0 +1,143 @@
+// The planner (placement/planner.h): budgets never exceeded, the same
+// inputs give the same plan, the greedy order by time saved (hand-worked
+// cases, including a layer whose GPU part already bounds it), and the cost
+// model's predictions at the extremes.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "placement/planner.h"
+#include "util/error.h"
+
+namespace {
+
+using coli::Plan;
+using coli::PlannerInputs;
+using coli::Prediction;
+using coli::Tier;
+
+PlannerInputs small(int layers, int experts, int k) {
+  PlannerInputs in;
+  in.fingerprint = 0x1234;
+  in.layers = layers, in.experts = experts, in.k = k;
+  in.expert_bytes = 1'000'000;
+  in.rates.host_expert_gbs = 1, in.rates.disk_gbs = 0.1;  // 1 ms / 10 ms per expert read
+  in.rates.gpu_layer_s = 0, in.rates.gpu_expert_s = 0, in.rates.handoff_s = 0, in.rates.token_fixed_s = 0;
+  return in;
+}
+
+}  // namespace
+
+TEST(Planner, HottestFirstIntoVramThenRam) {
+  PlannerInputs in = small(1, 4, 1);
+  in.heat = {10, 0, 5, 1};
+  in.heat_tokens = 16;
+  in.vram_bytes = 1'500'000;  // one expert
+  in.ram_bytes = 2'000'000;   // two
+  const Plan p = coli::plan_placement(in);
+  EXPECT_EQ(p.at(0, 0), Tier::kVram);
+  EXPECT_EQ(p.at(0, 2), Tier::kRam);
+  EXPECT_EQ(p.at(0, 3), Tier::kRam);
+  EXPECT_EQ(p.at(0, 1), Tier::kDisk);
+  EXPECT_EQ(p.fingerprint, 0x1234u);
+}
+
+// Layer 0's GPU part nearly bounds it: its hottest expert would save only
+// the little CPU time above the GPU's, so the slot goes to layer 1, whose
+// experts are colder but whose CPU part is well above its GPU part.
+TEST(Planner, AMakespanBoundLayerGivesWay) {
+  PlannerInputs in = small(2, 2, 1);
+  in.rates.disk_gbs = 1;  // one read time for every tier but VRAM: t = 1 ms
+  // p = (count + 0.5) / 11: layer 0 {0.864, 0.136} (CPU part 1.0 ms),
+  // layer 1 {0.591, 0.591} (1.18 ms).
+  in.heat = {9, 1, 6, 6};
+  in.heat_tokens = 10;
+  in.rates.gpu_layer_s = 0.95e-3;
+  in.vram_bytes = 1'000'000;
+  const Plan p = coli::plan_placement(in);
+  EXPECT_EQ(p.at(0, 0), Tier::kDisk) << "layer 0 would save 0.05 ms";
+  EXPECT_EQ(p.at(1, 0), Tier::kVram) << "layer 1 saves 0.23 ms";
+  // Without the GPU part the hottest expert wins.
+  in.rates.gpu_layer_s = 0;
+  const Plan q = coli::plan_placement(in);
+  EXPECT_EQ(q.at(0, 0), Tier::kVram);
+}
+
+TEST(Planner, BudgetsNeverExceededAndPlansDeterministic) {
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    PlannerInputs in = small(1 + int(rng() % 12), 2 + int(rng() % 64), 1);
+    in.k = 1 + int(rng() % in.experts);
+    in.expert_bytes = 1 + rng() % 5'000'000;
+    in.heat.resize(std::size_t(in.layers) * in.experts);
+    for (auto& c : in.heat) c = rng() % 1000;
+    in.vram_bytes = rng() % (in.expert_bytes * in.layers * in.experts + 1);
+    in.ram_bytes = rng() % (in.expert_bytes * in.layers * in.experts + 1);
+    in.rates.gpu_layer_s = double(rng() % 100) * 1e-6;
+    Prediction pr;
+    const Plan a = coli::plan_placement(in, &pr), b = coli::plan_placement(in);
+    EXPECT_EQ(a.tier, b.tier);
+    EXPECT_EQ(a.prefill_chunk, b.prefill_chunk);
+    const uint64_t vram = a.count(Tier::kVram), ram = a.count(Tier::kRam);
+    EXPECT_LE(vram * in.expert_bytes, in.vram_bytes);
+    EXPECT_LE(ram * in.expert_bytes, in.ram_bytes);
+    // Filled as far as the budgets go.
+    const uint64_t all = uint64_t(in.layers) * in.experts;
+    EXPECT_EQ(vram, std::min<uint64_t>(all, in.vram_bytes / in.expert_bytes));
+    EXPECT_EQ(ram, std::min<uint64_t>(all - vram, in.ram_bytes / in.expert_bytes));
+    EXPECT_GE(pr.hit_rate, 0.0);
+    EXPECT_LE(pr.hit_rate, 1.0 + 1e-12);
+  }
+}
+
+TEST(Planner, PredictionsAtTheExtremes) {
+  PlannerInputs in = small(4, 8, 2);
+  in.rates.gpu_layer_s = 20e-6, in.rates.gpu_expert_s = 5e-6, in.rates.token_fixed_s = 100e-6, in.rates.handoff_s = 3e-6;
+  in.rates.pcie_gbs = 10, in.rates.prefill_layer_token_s = 0.25e-6;  // 1 us per token over the 4 layers
+  in.vram_bytes = 32 * in.expert_bytes;  // every expert
+  Prediction all;
+  coli::plan_placement(in, &all);
+  EXPECT_DOUBLE_EQ(all.hit_rate, 1.0);
+  EXPECT_NEAR(all.decode_tok_s, 1.0 / (100e-6 + 4 * 30e-6), 1e-6);
+  EXPECT_EQ(all.decode_bound, "gpu");
+  EXPECT_EQ(all.prefill_bound, "gpu");
+  EXPECT_NEAR(all.prefill_tok_s, 1.0 / 1e-6, 1e-3);
+  // Nothing in VRAM or RAM: every token reads k experts per layer from disk.
+  in.vram_bytes = 0;
+  Prediction none;
+  const Plan p = coli::plan_placement(in, &none);
+  EXPECT_EQ(p.count(Tier::kDisk), 32);
+  EXPECT_DOUBLE_EQ(none.hit_rate, 0.0);
+  const double per_layer = 2 * 1e6 / 0.1e9 + 3e-6;  // k reads at disk rate (p = k / E each, E of them), the handoff
+  EXPECT_NEAR(none.decode_tok_s, 1.0 / (100e-6 + 4 * per_layer), 1e-3);
+  EXPECT_EQ(none.decode_bound, "disk reads");
+  EXPECT_NEAR(none.disk_bytes_per_token, 4 * 2 * 1e6, 1e-3);
+  // Prefill: 32 MB of experts per chunk at 10 GB/s (3.2 ms) against 1 us
+  // per token: the largest chunk hides the upload behind its compute.
+  EXPECT_EQ(none.prefill_chunk, 4096);
+  EXPECT_EQ(none.prefill_bound, "gpu");
+  EXPECT_NEAR(none.prefill_tok_s, 4096 / (4096e-6 + 3.2e-3 / 4), 1.0);
+  in.chunks = {512};  // 0.5 ms of compute: the upload bounds it
+  Prediction small_chunks;
+  coli::plan_placement(in, &small_chunks);
+  EXPECT_EQ(small_chunks.prefill_bound, "pcie");
+  EXPECT_NEAR(small_chunks.prefill_tok_s, 512 / (3.2e-3 * 1.25), 1.0);
+}
+
+TEST(Planner, BadInputsAreErrors) {
+  PlannerInputs in = small(2, 4, 1);
+  PlannerInputs bad = in;
+  bad.k = 5;
+  EXPECT_THROW(coli::plan_placement(bad), coli::Error);
+  bad = in, bad.heat = {1, 2, 3};
+  EXPECT_THROW(coli::plan_placement(bad), coli::Error);
+  bad = in, bad.expert_bytes = 0;
+  EXPECT_THROW(coli::plan_placement(bad), coli::Error);
+  bad = in, bad.rates.pcie_gbs = 0;
+  EXPECT_THROW(coli::plan_placement(bad), coli::Error);
+  bad = in, bad.chunks = {};
+  EXPECT_THROW(coli::plan_placement(bad), coli::Error);
+  Plan other = coli::plan_placement(in);
+  other.layers = 3;
+  EXPECT_THROW(coli::predict(in, other), coli::Error);
+}
