@@ -160,3 +160,24 @@ TEST(PlaceTool, CalibrateRecordsThePromptsRouting) {
   ASSERT_EQ(run_place("calibrate -m " + m.path + " --prompts " + prompts + " --heat " + heat + tok + " --device cpu -t 2", &out), 0) << out;
   EXPECT_EQ(coli::load_heat(heat, m.fingerprint, m.layers, m.experts).tokens(), 2 * h.tokens());
 }
+
+// coli-run --plan: a plan of this model is taken (and auto plans at the
+// start), one of another model or a broken file is an error naming it;
+// the tokens never depend on the plan (here: the CPU, which has no tier).
+TEST(PlaceTool, RunFollowsAPlanAndRefusesAnotherModels) {
+  Model m;
+  const std::string plan = m.dir / "run.plan", run = coli::test::bin_dir() + "/coli-run -m " + m.path + " --prompt-ids 1,2,3 -n 4 --temp 0 --heat none";
+  std::string out, base;
+  ASSERT_EQ(run_place("-m " + m.path + " --vram 1G --rates " + m.rates + " -o " + plan, &out), 0) << out;
+  ASSERT_EQ(run_command(run + " 2>/dev/null", &base), 0) << base;
+  for (const std::string p : {plan, std::string("auto")}) {
+    ASSERT_EQ(run_command(run + " --vram-budget 1G --plan " + p + " 2>/dev/null", &out), 0) << p;
+    EXPECT_EQ(out, base) << p;
+  }
+  coli::Plan other = coli::load_plan(plan, m.fingerprint, m.layers, m.experts);
+  other.fingerprint ^= 1;
+  const std::string wrong = m.dir / "other.plan";
+  coli::save_plan(wrong, other);
+  EXPECT_EQ(run_command(run + " --vram-budget 1G --plan " + wrong + " 2>&1", &out), 1) << out;
+  EXPECT_TRUE(has(out, wrong)) << out;
+}

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 
 #include "util/error.h"
@@ -95,6 +96,24 @@ void save_rates(const std::string& path, const MachineRates& r, const std::strin
     done += std::size_t(n);
   }
   out.publish();
+}
+
+}  // namespace coli
+
+namespace coli {
+
+std::string default_rates_path(const char* xdg_cache_home, const char* home, const std::string& host) {
+  std::string dir;
+  if (xdg_cache_home && *xdg_cache_home == '/') dir = std::string(xdg_cache_home) + "/coli";
+  else if (home && *home) dir = std::string(home) + "/.cache/coli";
+  return dir.empty() ? "" : dir + "/rates-" + (host.empty() ? std::string("localhost") : host) + ".txt";
+}
+
+MachineRates cached_rates(const std::string& path, std::string* from) {
+  std::error_code ec;
+  const bool there = !path.empty() && std::filesystem::exists(path, ec);
+  if (from) *from = there ? path : "";
+  return there ? load_rates(path) : MachineRates{};
 }
 
 }  // namespace coli

@@ -23,6 +23,13 @@ namespace coli {
 std::string format_rates(const MachineRates& r, const std::string& comment = "");
 MachineRates parse_rates(std::string_view text, const std::string& name, const MachineRates& base = {});
 MachineRates load_rates(const std::string& path, const MachineRates& base = {});
+// Where `coli-place probe` caches this machine's rates: $XDG_CACHE_HOME/coli
+// (an absolute XDG_CACHE_HOME), else $HOME/.cache/coli, file
+// rates-HOST.txt; "" when neither is set. The tools pass the environment in.
+std::string default_rates_path(const char* xdg_cache_home, const char* home, const std::string& host);
+// The cached rates when the file exists, else the defaults; *from (when
+// given) is set to the file read, or "" for the defaults.
+MachineRates cached_rates(const std::string& path, std::string* from = nullptr);
 // Writes format_rates(r, comment) to path atomically, replacing a regular file.
 void save_rates(const std::string& path, const MachineRates& r, const std::string& comment = "");
 

@@ -67,31 +67,23 @@ uint64_t available_ram() {
   return uint64_t(kb) * 1024;
 }
 
-std::string cache_dir() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  if (xdg && *xdg == '/') return std::string(xdg) + "/coli";
-  if (home && *home) return std::string(home) + "/.cache/coli";
-  return "";
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "";
+  return host;
 }
 
 // The rates cache of this machine: $XDG_CACHE_HOME/coli/rates-HOST.txt.
-std::string default_rates_path() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0 || !*host) std::snprintf(host, sizeof host, "localhost");
-  const std::string dir = cache_dir();
-  return dir.empty() ? "" : dir + "/rates-" + host + ".txt";
-}
+std::string default_rates_path() { return coli::default_rates_path(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host_name()); }
 
 // --rates FILE, else this machine's cache when coli-place probe wrote one,
 // else the planner's defaults (said on stderr: predictions then are rough).
 coli::MachineRates rates_of(const po::variables_map& vm) {
   if (vm.count("rates")) return coli::load_rates(vm["rates"].as<std::string>());
-  const std::string path = default_rates_path();
-  std::error_code ec;
-  if (!path.empty() && fs::exists(path, ec)) return coli::load_rates(path);
-  std::fprintf(stderr, "coli-place: no measured rates (run coli-place probe, or --rates FILE): predicting with defaults\n");
-  return {};
+  std::string from;
+  const coli::MachineRates r = coli::cached_rates(default_rates_path(), &from);
+  if (from.empty()) std::fprintf(stderr, "coli-place: no measured rates (run coli-place probe, or --rates FILE): predicting with defaults\n");
+  return r;
 }
 
 // --heat FILE, 'none', else the file coli-run keeps for this model, plus

@@ -21,7 +21,10 @@
 #include "env_options.h"
 #include "mirror/mirror_load.h"
 #include "model/fingerprint.h"
+#include "placement/machine_rates.h"
 #include "placement/plan.h"
+#include "placement/plan_inputs.h"
+#include "placement/planner.h"
 #include "model/weights.h"
 #include "placement/heat_recorder.h"
 #include "sampling/sampler.h"
@@ -204,8 +207,8 @@ int run(int argc, char** argv) {
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME")
-      ("plan", po::value<std::string>(), "with --vram-budget: the expert tier starts with the VRAM experts of this coli-place plan (man coli-plan), "
-                                          "and its prefill chunk is the default")
+      ("plan", po::value<std::string>(), "FILE|auto: with --vram-budget, the expert tier starts with the VRAM experts of this coli-place plan "
+                                          "(man coli-plan; auto: planned at start from the heat and this machine's rates), and its prefill chunk is the default")
       ("decode-upload", po::value<int>()->default_value(0), "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)")
       ("prefill-upload", po::bool_switch(), "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
@@ -300,7 +303,27 @@ int run(int argc, char** argv) {
     // A plan (coli-place) names the tier's experts: they come first.
     if (f.has("plan")) {
       const coli::ModelSpec& ms = model->spec();
-      const coli::Plan plan = coli::load_plan(f.get<std::string>("plan"), coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
+      const std::string plan_flag = f.get<std::string>("plan");
+      coli::Plan plan;
+      if (plan_flag == "auto") {  // planned here: this budget, the heat above, this machine's cached rates
+        std::string file = coli::container_file_of(f.get<std::string>("model"));
+        if (file.empty()) throw coli::UsageError("--plan auto needs a coli container (a checkpoint directory has no expert blobs to place)");
+        const coli::Container pc(file);
+        coli::PlannerInputs in = coli::planner_inputs(pc, ms, co.vram_budget, 0, co.n_ctx, plan_chunk);
+        in.ram_bytes = uint64_t(ms.num_layers) * ms.num_experts * in.expert_bytes;  // coli-run reads the others from RAM or disk alike
+        in.heat = co.heat;
+        char host[256] = {};
+        if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+        std::string rates_from;
+        in.rates = coli::cached_rates(coli::default_rates_path(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host), &rates_from);
+        coli::Prediction pr;
+        plan = coli::plan_placement(in, &pr);
+        if (verbose)
+          std::fprintf(stderr, "coli-run: plan auto (rates: %s): predicted decode %.1f tok/s, hit rate %.3f\n",
+                       rates_from.empty() ? "defaults; run coli-place probe" : rates_from.c_str(), pr.decode_tok_s, pr.hit_rate);
+      } else {
+        plan = coli::load_plan(plan_flag, coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
+      }
       co.heat = coli::plan_as_heat(plan);
       if (verbose)
         std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", f.get<std::string>("plan").c_str(), (long long)plan.count(coli::Tier::kVram));
