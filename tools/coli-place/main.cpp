@@ -114,9 +114,11 @@ coli::Heat heat_of(const po::variables_map& vm, const coli::Container& c, const 
 }
 
 void print_needs(const coli::DeviceNeeds& d, uint64_t budget, uint64_t for_experts) {
-  std::printf("VRAM: budget %.0f MiB = trunk %.0f + KV cache %.0f + recurrent state %.0f + activations %.0f + scratch %.0f + experts %.0f MiB\n",
+  const uint64_t staging = budget > d.total() + for_experts ? budget - d.total() - for_experts : 0;
+  std::printf("VRAM: budget %.0f MiB = trunk %.0f + KV cache %.0f + recurrent state %.0f + activations %.0f + scratch %.0f + experts %.0f MiB",
               budget / 1048576.0, d.trunk / 1048576.0, d.kv / 1048576.0, d.state / 1048576.0, d.activations / 1048576.0, d.fixed / 1048576.0,
               for_experts / 1048576.0);
+  std::printf(staging >= (1u << 20) ? " + prefill staging and rounding %.0f MiB\n" : "\n", staging / 1048576.0);
   if (budget < d.total()) std::printf("VRAM: the budget is %.0f MiB short of the trunk and the run's buffers: coli-run would refuse it\n", (d.total() - budget) / 1048576.0);
 }
 
@@ -155,14 +157,19 @@ void common_options(po::options_description& o) {
       ("heat", po::value<std::string>(), "routing heat file ('none': even routing; default: the model's heat file and a ready mirror's counters)")
       ("rates", po::value<std::string>(), "rates file (coli-place probe; default: this machine's cached probe)")
       ("ctx", po::value<int>()->default_value(4096), "context tokens the KV cache is planned for")
-      ("ubatch", po::value<int>()->default_value(512), "prefill chunk the activations are planned for");
+      ("ubatch", po::value<int>()->default_value(512), "prefill chunk the activations are planned for")
+      ("chunks", po::value<std::string>()->default_value("512,1024,2048,4096"), "prefill chunk sizes the plan picks from (a single one: predict for it)")
+      ("prefill-upload", po::bool_switch(), "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM");
 }
 
 coli::PlannerInputs inputs(const po::variables_map& vm, const Loaded& l, uint64_t vram, uint64_t ram) {
-  coli::PlannerInputs in = coli::planner_inputs(*l.c, l.spec, vram, ram, vm["ctx"].as<int>(), vm["ubatch"].as<int>());
+  coli::PlannerInputs in = coli::planner_inputs(*l.c, l.spec, vram, ram, vm["ctx"].as<int>(), vm["ubatch"].as<int>(), vm["prefill-upload"].as<bool>());
   const coli::Heat h = heat_of(vm, *l.c, l.spec);
   if (h.tokens() > 0) in.heat.assign(h.counts().begin(), h.counts().end()), in.heat_tokens = h.tokens();
   in.rates = rates_of(vm);
+  in.chunks = coli::parse_id_list(vm["chunks"].as<std::string>(), "--chunks");
+  for (int c : in.chunks)
+    if (c < 1 || c > (1 << 20)) throw coli::UsageError("--chunks: " + std::to_string(c) + " is not a chunk size (1 .. 1048576 tokens)");
   return in;
 }
 

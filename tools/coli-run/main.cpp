@@ -309,7 +309,7 @@ int run(int argc, char** argv) {
         std::string file = coli::container_file_of(f.get<std::string>("model"));
         if (file.empty()) throw coli::UsageError("--plan auto needs a coli container (a checkpoint directory has no expert blobs to place)");
         const coli::Container pc(file);
-        coli::PlannerInputs in = coli::planner_inputs(pc, ms, co.vram_budget, 0, co.n_ctx, plan_chunk);
+        coli::PlannerInputs in = coli::planner_inputs(pc, ms, co.vram_budget, 0, co.n_ctx, plan_chunk, co.prefill_upload);
         in.ram_bytes = uint64_t(ms.num_layers) * ms.num_experts * in.expert_bytes;  // coli-run reads the others from RAM or disk alike
         in.heat = co.heat;
         char host[256] = {};
