@@ -9,10 +9,12 @@
 
 #include "engine_util.h"
 #include "formats/container.h"
+#include "model/weights.h"
 #include "model/model_spec.h"
 #include "placement/heat.h"
 #include "placement/machine_rates.h"
 #include "placement/plan.h"
+#include "placement/plan_apply.h"
 #include "placement/plan_inputs.h"
 #include "test_util.h"
 
@@ -180,4 +182,34 @@ TEST(PlaceTool, RunFollowsAPlanAndRefusesAnotherModels) {
   coli::save_plan(wrong, other);
   EXPECT_EQ(run_command(run + " --vram-budget 1G --plan " + wrong + " 2>&1", &out), 1) << out;
   EXPECT_TRUE(has(out, wrong)) << out;
+}
+
+// A plan's RAM part on a run without a tier: the VRAM and RAM experts'
+// bytes advised into memory, the disk ones not; the tokens unchanged.
+TEST(PlaceTool, RamPartIsAdvisedWithoutATier) {
+  Model m;
+  auto model = coli::Model::load(m.path);
+  coli::Plan p;
+  p.fingerprint = m.fingerprint, p.layers = m.layers, p.experts = m.experts;
+  p.tier.assign(std::size_t(m.layers) * m.experts, coli::Tier::kDisk);
+  uint64_t want = 0;
+  for (int l = 0; l < m.layers; ++l)
+    for (int e = 0; e < m.experts; e += 3) {
+      p.tier[std::size_t(l) * m.experts + e] = e % 2 ? coli::Tier::kRam : coli::Tier::kVram;
+      const coli::ExpertWeights& x = model->layer(l).moe.experts[e];
+      want += x.gate.bytes() + x.up.bytes() + x.down.bytes();
+    }
+  EXPECT_EQ(coli::advise_plan_ram(*model, p), want);
+  const std::string plan = m.dir / "ram.plan";
+  coli::save_plan(plan, p);
+  const std::string run = coli::test::bin_dir() + "/coli-run -m " + m.path + " --prompt-ids 1,2,3 -n 4 --temp 0 --heat none --device cpu";
+  std::string base, out;
+  ASSERT_EQ(run_command(run + " 2>/dev/null", &base), 0);
+  ASSERT_EQ(run_command(run + " --plan " + plan + " -v 2>&1 >/dev/null", &out), 0) << out;
+  EXPECT_TRUE(has(out, "asked into memory")) << out;
+  ASSERT_EQ(run_command(run + " --plan " + plan + " 2>/dev/null", &out), 0);
+  EXPECT_EQ(out, base);
+  EXPECT_EQ(run_command(run + " --plan auto 2>&1", &out), 2) << out;  // auto plans for a budget
+  p.layers = 1, p.tier.resize(m.experts);
+  EXPECT_THROW(coli::advise_plan_ram(*model, p), coli::Error);
 }

@@ -23,6 +23,7 @@
 #include "model/fingerprint.h"
 #include "placement/machine_rates.h"
 #include "placement/plan.h"
+#include "placement/plan_apply.h"
 #include "placement/plan_inputs.h"
 #include "placement/planner.h"
 #include "model/weights.h"
@@ -207,8 +208,9 @@ int run(int argc, char** argv) {
       ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
       ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME")
-      ("plan", po::value<std::string>(), "FILE|auto: with --vram-budget, the expert tier starts with the VRAM experts of this coli-place plan "
-                                          "(man coli-plan; auto: planned at start from the heat and this machine's rates), and its prefill chunk is the default")
+      ("plan", po::value<std::string>(), "FILE|auto: a coli-place plan (man coli-plan): its VRAM and RAM experts are read into memory ahead of use; "
+                                          "with --vram-budget the tier starts with its VRAM experts and its prefill chunk is the default "
+                                          "(auto: planned at start from the budget, the heat and this machine's rates)")
       ("decode-upload", po::value<int>()->default_value(0), "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)")
       ("prefill-upload", po::bool_switch(), "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
@@ -280,6 +282,16 @@ int run(int argc, char** argv) {
   if (verbose && heat.on())
     std::fprintf(stderr, "coli-run: routing heat: %s (%llu tokens before this run)\n", heat.path().c_str(),
                  static_cast<unsigned long long>(heat.previous().tokens()));
+  // A plan's RAM part: its VRAM and RAM experts asked into memory ahead of
+  // use (the tier part follows under --vram-budget below).
+  if (f.has("plan") && f.get<std::string>("plan") != "auto") {
+    const coli::ModelSpec& ms = model->spec();
+    const coli::Plan plan = coli::load_plan(f.get<std::string>("plan"), coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
+    const uint64_t advised = coli::advise_plan_ram(*model, plan);
+    if (verbose) std::fprintf(stderr, "coli-run: plan %s: %.1f GB of experts asked into memory\n", f.get<std::string>("plan").c_str(), advised / 1e9);
+  } else if (f.has("plan") && !f.has("vram-budget")) {
+    throw coli::UsageError("--plan auto plans for a --vram-budget: give one");
+  }
   std::string why;
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
