@@ -42,9 +42,9 @@ TEST(Planner, HottestFirstIntoVramThenRam) {
   EXPECT_EQ(p.fingerprint, 0x1234u);
 }
 
-// Layer 0's GPU part nearly bounds it: its hottest expert would save only
-// the little CPU time above the GPU's, so the slot goes to layer 1, whose
-// experts are colder but whose CPU part is well above its GPU part.
+// Layer 0's GPU expert part nearly bounds it: its hottest expert would
+// save only the little CPU time above the GPU's, so the slot goes to layer
+// 1, whose experts are colder but whose CPU part is well above its GPU's.
 TEST(Planner, AMakespanBoundLayerGivesWay) {
   PlannerInputs in = small(2, 2, 1);
   in.rates.disk_gbs = 1;  // one read time for every tier but VRAM: t = 1 ms
@@ -52,13 +52,14 @@ TEST(Planner, AMakespanBoundLayerGivesWay) {
   // layer 1 {0.591, 0.591} (1.18 ms).
   in.heat = {9, 1, 6, 6};
   in.heat_tokens = 10;
-  in.rates.gpu_layer_s = 0.95e-3;
+  in.rates.gpu_expert_s = 0.95e-3;  // k = 1: the GPU's expert part of a layer
+  in.rates.gpu_layer_s = 0.2e-3;    // serial: the same in every choice
   in.vram_bytes = 1'000'000;
   const Plan p = coli::plan_placement(in);
   EXPECT_EQ(p.at(0, 0), Tier::kDisk) << "layer 0 would save 0.05 ms";
   EXPECT_EQ(p.at(1, 0), Tier::kVram) << "layer 1 saves 0.23 ms";
-  // Without the GPU part the hottest expert wins.
-  in.rates.gpu_layer_s = 0;
+  // Without the GPU's expert part the hottest expert wins.
+  in.rates.gpu_expert_s = 0;
   const Plan q = coli::plan_placement(in);
   EXPECT_EQ(q.at(0, 0), Tier::kVram);
 }
@@ -108,7 +109,7 @@ TEST(Planner, PredictionsAtTheExtremes) {
   const Plan p = coli::plan_placement(in, &none);
   EXPECT_EQ(p.count(Tier::kDisk), 32);
   EXPECT_DOUBLE_EQ(none.hit_rate, 0.0);
-  const double per_layer = 2 * 1e6 / 0.1e9 + 3e-6;  // k reads at disk rate (p = k / E each, E of them), the handoff
+  const double per_layer = 20e-6 + 2 * 1e6 / 0.1e9 + 3e-6;  // the trunk, then k reads at disk rate (p = k / E each, E of them), the handoff
   EXPECT_NEAR(none.decode_tok_s, 1.0 / (100e-6 + 4 * per_layer), 1e-3);
   EXPECT_EQ(none.decode_bound, "disk reads");
   EXPECT_NEAR(none.disk_bytes_per_token, 4 * 2 * 1e6, 1e-3);

@@ -49,9 +49,12 @@ double read_s(const PlannerInputs& in, Tier t) {
   return double(in.expert_bytes) / (gbs * 1e9);
 }
 
-double gpu_part(const PlannerInputs& in) { return in.rates.gpu_layer_s + in.k * in.rates.gpu_expert_s; }
+// The GPU's expert work of a layer, which runs while the CPU computes.
+double gpu_part(const PlannerInputs& in) { return in.k * in.rates.gpu_expert_s; }
 
-double layer_time(const PlannerInputs& in, double cpu) { return std::max(gpu_part(in), cpu) + (cpu > 0 ? in.rates.handoff_s : 0); }
+double layer_time(const PlannerInputs& in, double cpu) {
+  return in.rates.gpu_layer_s + std::max(gpu_part(in), cpu) + (cpu > 0 ? in.rates.handoff_s : 0);
+}
 
 std::string fmt(const char* f, double v) {
   char b[64];

@@ -6,11 +6,15 @@
 // The cost model, per generated token (decode), layer by layer:
 //   p(l,e)  = heat(l,e) / tokens: the chance a token routes to e at layer l
 //             (without heat: k / experts for every expert)
-//   gpu(l)  = gpu_layer_s + k * gpu_expert_s        the GPU's part
 //   cpu(l)  = sum over e not in VRAM of p(l,e) * bytes / rate(tier(e))
 //             rate: host_expert_gbs for ram, disk_gbs for disk
-//   layer   = max(gpu(l), cpu(l)) + handoff_s when cpu(l) > 0
+//   layer   = gpu_layer_s + max(k * gpu_expert_s, cpu(l)) + handoff_s when cpu(l) > 0
 //   token   = sum over layers + token_fixed_s (embedding, lm_head, sampling)
+// The GPU's trunk work of a layer (norms, attention or DeltaNet, router:
+// gpu_layer_s) comes before the routing is known, so it is serial with the
+// CPU's part; the GPU's expert work (the shared and resident experts) runs
+// while the CPU computes the misses. handoff_s is what a layer with misses
+// costs beyond both: the round trip and the CPU threads' start.
 // and per prompt chunk of T tokens (hybrid prefill, --prefill-upload):
 //   upload  = bytes of the chunk's non-resident experts / pcie_gbs
 //   compute = T * layers * prefill_layer_token_s
@@ -42,9 +46,9 @@ struct MachineRates {
   double host_expert_gbs = 60;          // the CPU's expert kernels reading host RAM (GB/s, all threads)
   double disk_gbs = 2;                  // reading experts that are not in RAM (page cache misses)
   double pcie_gbs = 55;                 // pinned host -> device copies
-  double gpu_layer_s = 45e-6;           // a decode step's GPU work per layer besides the routed experts
-  double gpu_expert_s = 0.75e-6;        // one resident routed expert for one token
-  double handoff_s = 5e-6;              // a layer's GPU -> CPU -> GPU round trip
+  double gpu_layer_s = 43e-6;           // a decode step's GPU work per layer before its routed experts (serial with the CPU's)
+  double gpu_expert_s = 1e-6;           // one routed expert for one token on the GPU (k of them: the layer's GPU expert part)
+  double handoff_s = 39e-6;             // a layer with misses: the GPU -> CPU -> GPU round trip and the CPU threads' start
   double token_fixed_s = 140e-6;        // per token outside the layers (embedding, lm_head, sampling)
   double prefill_layer_token_s = 2.5e-6;  // prompt processing per token and layer, every expert resident
 };
