@@ -56,6 +56,14 @@ double layer_time(const PlannerInputs& in, double cpu) {
   return in.rates.gpu_layer_s + std::max(gpu_part(in), cpu) + (cpu > 0 ? in.rates.handoff_s : 0);
 }
 
+// Times equal to a relative 1e-9 are a tie: sums over different layers
+// round differently.
+constexpr double kTie = 1e-9;
+int compare(double a, double b) {
+  const double tol = kTie * std::max(std::fabs(a), std::fabs(b)) + 1e-18;
+  return a > b + tol ? 1 : a < b - tol ? -1 : 0;
+}
+
 std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
@@ -146,9 +154,11 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
         const std::size_t i = static_cast<std::size_t>(l) * E + e;
         const double saved = p[i] * (read_s(in, plan.tier[i]) - read_s(in, to));
         const double gain = layer_time(in, cpu[l]) - layer_time(in, std::max(0.0, cpu[l] - saved));
-        // Ties (even routing): the expert that saves more CPU time, then the
-        // layer with the most CPU time left, so that layers fill evenly.
-        const bool better = gain > best_gain || (gain == best_gain && (saved > best_cpu || (saved == best_cpu && best_l >= 0 && cpu[l] > cpu[best_l])));
+        // Ties (even routing; equal up to rounding, which differs between
+        // layers with different sums): the expert that saves more CPU time,
+        // then the layer with the most CPU time left, so that layers fill evenly.
+        const int g = compare(gain, best_gain), c = compare(saved, best_cpu);
+        const bool better = best_l < 0 || g > 0 || (g == 0 && (c > 0 || (c == 0 && cpu[l] > cpu[best_l] * (1 + kTie))));
         if (better) best_gain = gain, best_cpu = saved, best_l = l, best_e = e;
       }
       if (best_l < 0) return;
