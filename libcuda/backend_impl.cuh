@@ -269,6 +269,7 @@ class CudaBackend : public Backend {
     long long copies = 0;             // cudaMemcpyAsync calls those took (contiguous parts merged)
     std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
     std::unique_ptr<PrefillStager> stager;  // issues the copies (staged from pageable memory, direct from registered)
+    uint64_t ticket[2] = {};                // the stager's job that fills each area last
   };
   long residency_gen_ = 0;            // bumped by every residency change (swaps)
   void init_prefill_upload(std::size_t avail_after_slots);

@@ -653,7 +653,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
     // This layer's uploads: only the routed experts need them (the shared
     // expert above ran meanwhile).
     if (upload) {
-      pu_.stager->wait_issued();  // the area's event recorded after its copies
+      pu_.stager->wait_issued(pu_.ticket[l % 2]);  // this layer's copies issued (not the next layer's, posted meanwhile)
       check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
     }
     if (T >= kGroupedMinTokens)

@@ -20,8 +20,8 @@ inline void relax() {
 
 PrefillStager::PrefillStager(int device, cudaStream_t stream, int threads, std::size_t piece, std::vector<std::pair<const void*, std::size_t>> pinned)
     : device_(device), stream_(stream), piece_(std::max<std::size_t>(4096, piece)), pinned_(std::move(pinned)) {
-  for (cudaEvent_t& e : slot_done_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   try {
+    for (cudaEvent_t& e : slot_done_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     coordinator_ = std::thread([this] { coordinate(); });
     for (int t = 0; t < std::max(1, threads); ++t) fillers_.emplace_back([this] { fill_loop(); });
   } catch (...) {
@@ -32,7 +32,8 @@ PrefillStager::PrefillStager(int device, cudaStream_t stream, int threads, std::
     cv_jobs_.notify_all(), cv_fill_.notify_all();
     if (coordinator_.joinable()) coordinator_.join();
     for (std::thread& t : fillers_) t.join();
-    for (cudaEvent_t e : slot_done_) cudaEventDestroy(e);
+    for (cudaEvent_t e : slot_done_)
+      if (e) cudaEventDestroy(e);
     throw;
   }
 }
@@ -74,19 +75,21 @@ void PrefillStager::rethrow() {
   if (error_) std::rethrow_exception(error_);
 }
 
-void PrefillStager::post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done) {
+uint64_t PrefillStager::post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done) {
   rethrow();
+  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back({std::move(copies), wait_before, done});
-    ++posted_;
+    ticket = ++posted_;
   }
   cv_jobs_.notify_one();
+  return ticket;
 }
 
-void PrefillStager::wait_issued() {
+void PrefillStager::wait_issued(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_issued_.wait(lock, [&] { return issued_jobs_ == posted_ || error_; });
+  cv_issued_.wait(lock, [&] { return issued_jobs_ >= ticket || error_; });
   if (error_) std::rethrow_exception(error_);
 }
 

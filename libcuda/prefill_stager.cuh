@@ -9,11 +9,13 @@
 // registered range are copied straight from there, without staging.
 //
 // Contract: one thread (the backend's) calls post() and wait_issued().
-// post() returns at once; the job's device copies are issued on `stream`,
-// in post order, after `wait_before` (as recorded when post() was called),
-// then `done` is recorded on it. wait_issued() blocks until every job
-// posted so far has been issued (its `done` recorded), so that the caller
-// may make another stream wait on `done`. Sources must stay valid until
+// post() returns at once with the job's ticket; the job's device copies
+// are issued on `stream`, in post order, after `wait_before`, then `done`
+// is recorded on it. The stager's thread makes the stream wait on
+// `wait_before` when it takes the job, so the caller must not record that
+// event again before the job is issued. wait_issued(ticket) blocks until
+// that job (and every one before it) has been issued (its `done`
+// recorded), so that the caller may make another stream wait on `done`. Sources must stay valid until
 // the copies complete; destinations are device memory. An error in the
 // stager's threads is rethrown by the next post() or wait_issued().
 // The destructor waits for the issued copies.
@@ -49,8 +51,8 @@ class PrefillStager {
   PrefillStager(const PrefillStager&) = delete;
   PrefillStager& operator=(const PrefillStager&) = delete;
 
-  void post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done);
-  void wait_issued();
+  uint64_t post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done);
+  void wait_issued(uint64_t ticket);
   uint64_t staged_bytes() const { return staged_bytes_; }  // bytes that went through the ring so far
   uint64_t direct_bytes() const { return direct_bytes_; }  // bytes copied straight from registered memory
 

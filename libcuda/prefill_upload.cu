@@ -120,7 +120,7 @@ void CudaBackend::upload_layer_experts(int l) {
   pu_.copies += static_cast<long long>(pieces.size());
   // After every kernel that read this area for an earlier layer; then the
   // area's event, which the layer's experts wait for.
-  pu_.stager->post(std::move(pieces), pu_.used[b], pu_.uploaded[b]);
+  pu_.ticket[b] = pu_.stager->post(std::move(pieces), pu_.used[b], pu_.uploaded[b]);
 }
 
 }  // namespace coli::cuda::detail

@@ -47,7 +47,12 @@ TEST(MachineRates, MalformedFilesAreErrors) {
       {"coli-rates 1\nwarp_speed 9\n", "unknown key"},
       {"coli-rates 1\npcie_gbs 5\n\npcie_gbs 6\n", ":4: pcie_gbs given twice"},
       {"coli-rates 1\ngpu_layer_s 1e300\n", ":2:"},
+      {"coli-rates 1\ntoken_fixed_s 0\n", "positive"},
+      {"coli-rates 1\nprefill_layer_token_s 0\n", "positive"},
   };
+  // A NUL inside a value is not the end of the number.
+  const std::string nul("coli-rates 1\npcie_gbs 5\0junk\n", 29);
+  EXPECT_THROW(coli::parse_rates(nul, "rates.txt"), coli::Error);
   for (const auto& [text, what] : bad) {
     SCOPED_TRACE(text);
     try {

@@ -22,7 +22,7 @@ PlannerInputs small(int layers, int experts, int k) {
   in.layers = layers, in.experts = experts, in.k = k;
   in.expert_bytes = 1'000'000;
   in.rates.host_expert_gbs = 1, in.rates.disk_gbs = 0.1;  // 1 ms / 10 ms per expert read
-  in.rates.gpu_layer_s = 0, in.rates.gpu_expert_s = 0, in.rates.handoff_s = 0, in.rates.token_fixed_s = 0;
+  in.rates.gpu_layer_s = 0, in.rates.gpu_expert_s = 0, in.rates.handoff_s = 0, in.rates.token_fixed_s = 1e-9;
   return in;
 }
 
@@ -95,6 +95,7 @@ TEST(Planner, PredictionsAtTheExtremes) {
   PlannerInputs in = small(4, 8, 2);
   in.rates.gpu_layer_s = 20e-6, in.rates.gpu_expert_s = 5e-6, in.rates.token_fixed_s = 100e-6, in.rates.handoff_s = 3e-6;
   in.rates.pcie_gbs = 10, in.rates.prefill_layer_token_s = 0.25e-6;  // 1 us per token over the 4 layers
+  in.chunks = {512, 1024, 2048, 4096};
   in.vram_bytes = 32 * in.expert_bytes;  // every expert
   Prediction all;
   coli::plan_placement(in, &all);
@@ -138,7 +139,32 @@ TEST(Planner, BadInputsAreErrors) {
   EXPECT_THROW(coli::plan_placement(bad), coli::Error);
   bad = in, bad.chunks = {};
   EXPECT_THROW(coli::plan_placement(bad), coli::Error);
+  bad = in, bad.rates.token_fixed_s = 0;
+  EXPECT_THROW(coli::plan_placement(bad), coli::Error);
   Plan other = coli::plan_placement(in);
   other.layers = 3;
   EXPECT_THROW(coli::predict(in, other), coli::Error);
+}
+
+// --prefill-upload: the two staging areas take 2 x (the most experts a
+// layer leaves out + the swaps' extra) slots, so the plan keeps fewer in
+// VRAM. 4 layers x 4 experts, 12 slots, no extra: 3 per layer would need 2
+// more for staging (14); 2 per layer leave 2 out, staging 4: 8 + 4 = 12.
+TEST(Planner, PrefillStagingComesOutOfTheSlots) {
+  PlannerInputs in = small(4, 4, 1);
+  in.vram_bytes = 12 * in.expert_bytes;
+  in.prefill_staging_extra = 0;
+  const Plan p = coli::plan_placement(in);
+  EXPECT_EQ(p.count(Tier::kVram), 8);
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(p.count(Tier::kVram, l), 2) << "layer " << l;
+  // With 2 extra per area (the swaps): 3 per layer need 2 x (1 + 2) more
+  // (18), 6 resident leave 3 out of a layer (staging 8, 14), 4 resident
+  // (one per layer) with staging 2 x min(4, 3 + 2) = 8 make 12.
+  in.prefill_staging_extra = 2;
+  const Plan q = coli::plan_placement(in);
+  EXPECT_EQ(q.count(Tier::kVram), 4);
+  for (int l = 0; l < 4; ++l) EXPECT_EQ(q.count(Tier::kVram, l), 1) << "layer " << l;
+  // Without uploads, every slot holds an expert.
+  in.prefill_staging_extra = -1;
+  EXPECT_EQ(coli::plan_placement(in).count(Tier::kVram), 12);
 }

@@ -21,14 +21,14 @@ namespace {
 struct Field {
   const char* key;
   double MachineRates::*member;
-  bool rate;  // > 0 (a rate) or >= 0 (a time)
+  bool rate;  // > 0 (a rate, or a time that must not be 0) or >= 0 (a time)
 };
 
 constexpr Field kFields[] = {
     {"host_expert_gbs", &MachineRates::host_expert_gbs, true}, {"disk_gbs", &MachineRates::disk_gbs, true},
     {"pcie_gbs", &MachineRates::pcie_gbs, true},               {"gpu_layer_s", &MachineRates::gpu_layer_s, false},
     {"gpu_expert_s", &MachineRates::gpu_expert_s, false},      {"handoff_s", &MachineRates::handoff_s, false},
-    {"token_fixed_s", &MachineRates::token_fixed_s, false},    {"prefill_layer_token_s", &MachineRates::prefill_layer_token_s, false},
+    {"token_fixed_s", &MachineRates::token_fixed_s, true},    {"prefill_layer_token_s", &MachineRates::prefill_layer_token_s, true},
 };
 
 }  // namespace
@@ -72,7 +72,7 @@ MachineRates parse_rates(std::string_view text, const std::string& name, const M
     if (!seen.insert(key).second) throw bad(key + " given twice");
     char* end = nullptr;
     const double v = value.empty() || std::isspace(static_cast<unsigned char>(value[0])) ? NAN : std::strtod(value.c_str(), &end);
-    if (!end || *end != '\0' || !std::isfinite(v) || (f->rate ? !(v > 0) : !(v >= 0)) || v > 1e12)
+    if (!end || end != value.c_str() + value.size() || !std::isfinite(v) || (f->rate ? !(v > 0) : !(v >= 0)) || v > 1e12)
       throw bad(key + ": '" + value.substr(0, 64) + "' is not " + (f->rate ? "a positive" : "a non-negative") + " number");
     r.*f->member = v;
   }

@@ -37,22 +37,8 @@ PlannerInputs planner_inputs(const Container& c, const ModelSpec& s, uint64_t vr
   in.vram_budget = vram_budget, in.ram_budget = ram_budget;
   const uint64_t need = device_needs(c, s, ctx, chunk).total();
   in.vram_bytes = vram_budget > need ? vram_budget - need : 0;
-  if (prefill_upload && in.expert_bytes > 0) {
-    const uint64_t slots = in.vram_bytes / in.expert_bytes, L = uint64_t(s.num_layers), E = uint64_t(s.num_experts);
-    auto fits = [&](uint64_t n) { return n + 2 * (E - std::min(E, n / L)) <= slots; };
-    uint64_t lo = 0, hi = L * E;  // the most n that fits (fits is monotone: n grows faster than the staging shrinks)
-    if (!fits(0)) {
-      in.vram_bytes = 0;
-    } else {
-      while (lo < hi) {
-        const uint64_t mid = lo + (hi - lo + 1) / 2;
-        if (fits(mid)) lo = mid;
-        else hi = mid - 1;
-      }
-      in.vram_bytes = lo * in.expert_bytes;
-    }
-  }
   in.ram_bytes = ram_budget;
+  in.prefill_staging_extra = prefill_upload ? 8 : -1;  // the CUDA backend's kSwapsInFlight (staging slots kept for swaps)
   return in;
 }
 

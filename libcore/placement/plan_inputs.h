@@ -22,10 +22,9 @@ DeviceNeeds device_needs(const Container& c, const ModelSpec& s, int ctx, int ch
 
 // fingerprint, shape, expert_bytes, budgets and vram_bytes (the budget less
 // device_needs, floored at 0) filled in; heat and rates left to the caller.
-// prefill_upload: the run uploads prompt chunks' experts (--prefill-upload),
-// whose two staging areas hold the most experts a layer leaves out: the
-// expert slots are then the most n with n + 2 * (experts - n / layers)
-// slots' bytes within what is left (residents taken as spread evenly).
+// prefill_upload: the run uploads prompt chunks' experts (--prefill-upload):
+// the planner then keeps room for their staging areas
+// (PlannerInputs::prefill_staging_extra).
 PlannerInputs planner_inputs(const Container& c, const ModelSpec& s, uint64_t vram_budget, uint64_t ram_budget, int ctx, int chunk,
                              bool prefill_upload = false);
 

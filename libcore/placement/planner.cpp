@@ -26,7 +26,7 @@ std::vector<double> route_probabilities(const PlannerInputs& in) {
 }
 
 void check_inputs(const PlannerInputs& in) {
-  if (in.layers < 1 || in.layers > 4096 || in.experts < 1 || in.experts > 65536)
+  if (in.layers < 1 || in.layers > 4096 || in.experts < 1 || in.experts > 65536 || int64_t(in.layers) * in.experts > (int64_t(1) << 20))
     throw Error("planner: " + std::to_string(in.layers) + " layers x " + std::to_string(in.experts) + " experts is outside the plan format's bounds");
   if (in.k < 1 || in.k > in.experts) throw Error("planner: " + std::to_string(in.k) + " experts per token of " + std::to_string(in.experts));
   if (in.expert_bytes == 0) throw Error("planner: experts of 0 bytes");
@@ -35,8 +35,10 @@ void check_inputs(const PlannerInputs& in) {
   const MachineRates& r = in.rates;
   for (double v : {r.host_expert_gbs, r.disk_gbs, r.pcie_gbs})
     if (!(v > 0) || !std::isfinite(v)) throw Error("planner: a transfer rate must be a positive number of GB/s");
-  for (double v : {r.gpu_layer_s, r.gpu_expert_s, r.handoff_s, r.token_fixed_s, r.prefill_layer_token_s})
+  for (double v : {r.gpu_layer_s, r.gpu_expert_s, r.handoff_s})
     if (!(v >= 0) || !std::isfinite(v)) throw Error("planner: a time must be a non-negative number of seconds");
+  for (double v : {r.token_fixed_s, r.prefill_layer_token_s})  // what makes a token's and a chunk's time more than 0
+    if (!(v > 0) || !std::isfinite(v)) throw Error("planner: token_fixed_s and prefill_layer_token_s must be positive numbers of seconds");
   if (in.chunks.empty()) throw Error("planner: no prefill chunk size to pick from");
   for (int c : in.chunks)
     if (c < 1 || c > (1 << 20)) throw Error("planner: prefill chunk of " + std::to_string(c) + " tokens");
@@ -123,7 +125,11 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
   Plan plan;
   plan.fingerprint = in.fingerprint, plan.layers = L, plan.experts = E;
   plan.vram_budget = in.vram_budget, plan.ram_budget = in.ram_budget;
-  plan.tier.assign(n, Tier::kDisk);
+  // Where the experts start: in RAM when it holds them all (the VRAM pass
+  // then saves RAM reads), else on disk.
+  const uint64_t slots_total = in.vram_bytes / in.expert_bytes, ram_slots = in.ram_bytes / in.expert_bytes;
+  const Tier start = ram_slots >= n ? Tier::kRam : Tier::kDisk;
+  plan.tier.assign(n, start);
   // Each layer's experts, most routed first (ties: lower index).
   std::vector<std::vector<int>> order(L);
   for (int l = 0; l < L; ++l) {
@@ -134,7 +140,7 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
   }
   std::vector<double> cpu(L, 0);
   for (int l = 0; l < L; ++l)
-    for (int e = 0; e < E; ++e) cpu[l] += p[static_cast<std::size_t>(l) * E + e] * read_s(in, Tier::kDisk);
+    for (int e = 0; e < E; ++e) cpu[l] += p[static_cast<std::size_t>(l) * E + e] * read_s(in, start);
   // Moves up to `room` experts into tier `to`, each time the one whose move
   // saves the most predicted time (then the most CPU time, then the layer
   // with the most CPU time left, then the lower layer): each layer's
@@ -167,8 +173,27 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
       plan.tier[i] = to;
     }
   };
-  fill(Tier::kVram, std::min<uint64_t>(n, in.vram_bytes / in.expert_bytes));
-  fill(Tier::kRam, std::min<uint64_t>(n, in.ram_bytes / in.expert_bytes));
+  // Hybrid prefill's staging areas take two slots per expert the layer with
+  // the most non-residents leaves out (plus the swaps in flight): fewer
+  // experts in VRAM until plan and staging fit the slots together.
+  const std::vector<Tier> start_tier = plan.tier;
+  const std::vector<double> start_cpu = cpu;
+  uint64_t room = std::min<uint64_t>(n, slots_total);
+  for (;;) {
+    fill(Tier::kVram, room);
+    if (in.prefill_staging_extra < 0) break;
+    int64_t most_out = 0;
+    for (int l = 0; l < L; ++l) most_out = std::max<int64_t>(most_out, E - plan.count(Tier::kVram, l));
+    const uint64_t staging = most_out == 0 ? 0 : 2 * uint64_t(std::min<int64_t>(E, most_out + in.prefill_staging_extra));
+    const uint64_t used = uint64_t(plan.count(Tier::kVram)) + staging;
+    if (used <= slots_total || room == 0) {
+      if (used > slots_total) plan.tier = start_tier, cpu = start_cpu;  // not even the staging fits: no prefill uploads, nothing resident
+      break;
+    }
+    room -= std::min(room, std::max<uint64_t>(1, used - slots_total));
+    plan.tier = start_tier, cpu = start_cpu;
+  }
+  if (start == Tier::kDisk) fill(Tier::kRam, std::min<uint64_t>(n, ram_slots));
   const Prediction r = predict(in, plan);
   plan.prefill_chunk = r.prefill_chunk;
   plan.comments = {

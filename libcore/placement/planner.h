@@ -27,8 +27,9 @@
 // nothing and is skipped for a hotter layer's. Deterministic: ties go to
 // the layer with the most CPU time left (even routing fills the layers
 // evenly), then to the lower (layer, expert). Never over a budget: at most
-// floor(vram_bytes / expert_bytes) experts in VRAM and
-// floor(ram_bytes / expert_bytes) in RAM.
+// floor(vram_bytes / expert_bytes) experts in VRAM (less the prefill
+// staging areas' slots) and floor(ram_bytes / expert_bytes) in RAM. When
+// RAM holds every expert, the experts outside VRAM are all in RAM.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -63,8 +64,11 @@ struct PlannerInputs {
   std::vector<uint64_t> heat;           // [layers * experts] routing counts, or empty
   uint64_t heat_tokens = 0;             // tokens the heat counted (0 with counts: taken as sum / (layers * k))
   MachineRates rates;
-  std::vector<int> chunks = {512, 1024, 2048, 4096};  // prefill chunk sizes to pick from
-  uint64_t activation_bytes_per_token = 0;  // VRAM a chunk needs per token (the larger chunks must fit in vram_bytes' slack)
+  std::vector<int> chunks = {512};  // prefill chunk sizes to pick from (vram_bytes must hold the largest one's activations)
+  // >= 0: the runs upload prompt chunks' experts (--prefill-upload), whose
+  // two staging areas hold the most experts a layer leaves out plus this
+  // many (the swaps in flight), out of vram_bytes.
+  int prefill_staging_extra = -1;
 };
 
 struct Prediction {
@@ -74,7 +78,7 @@ struct Prediction {
   double prefill_tok_s = 0;        // at the chosen chunk size
   int prefill_chunk = 0;
   int gpu_bound_layers = 0, cpu_bound_layers = 0;  // which side bounds each layer
-  std::string decode_bound;        // "gpu", "cpu (ram)", "disk" or "pcie"-style word: the resource that bounds decode
+  std::string decode_bound;        // "gpu", "host RAM reads (CPU experts)" or "disk reads": what bounds decode
   std::string prefill_bound;       // "pcie" or "gpu"
 };
 

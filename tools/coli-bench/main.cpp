@@ -167,6 +167,7 @@ int run(int argc, char** argv) {
   std::optional<coli::Plan> plan;
   if (vm.count("plan")) {
     if (o.models.size() != 1) throw coli::UsageError("--plan places one model's experts: give one -m");
+    if (!vm.count("vram-budget")) throw coli::UsageError("--plan places experts in a VRAM tier: give --vram-budget");
     const coli::Container pc(coli::container_file_of(o.models[0]).empty() ? o.models[0] : coli::container_file_of(o.models[0]));
     const coli::ModelSpec ps = coli::parse_model_spec(pc.config_json(), o.models[0]);
     plan = coli::load_plan(vm["plan"].as<std::string>(), pc.fingerprint(), ps.num_layers, ps.num_experts);

@@ -158,18 +158,26 @@ void common_options(po::options_description& o) {
       ("rates", po::value<std::string>(), "rates file (coli-place probe; default: this machine's cached probe)")
       ("ctx", po::value<int>()->default_value(4096), "context tokens the KV cache is planned for")
       ("ubatch", po::value<int>()->default_value(512), "prefill chunk the activations are planned for")
-      ("chunks", po::value<std::string>()->default_value("512,1024,2048,4096"), "prefill chunk sizes the plan picks from (a single one: predict for it)")
+      ("chunks", po::value<std::string>()->default_value("512,1024,2048,4096"), "prefill chunk sizes the plan picks from, those up to --ubatch (whose activations the VRAM is planned for)")
       ("prefill-upload", po::bool_switch(), "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM");
 }
 
 coli::PlannerInputs inputs(const po::variables_map& vm, const Loaded& l, uint64_t vram, uint64_t ram) {
+  if (vm["ctx"].as<int>() < 1) throw coli::UsageError("--ctx must be at least 1");
+  if (vm["ubatch"].as<int>() < 1) throw coli::UsageError("--ubatch must be at least 1");
   coli::PlannerInputs in = coli::planner_inputs(*l.c, l.spec, vram, ram, vm["ctx"].as<int>(), vm["ubatch"].as<int>(), vm["prefill-upload"].as<bool>());
   const coli::Heat h = heat_of(vm, *l.c, l.spec);
   if (h.tokens() > 0) in.heat.assign(h.counts().begin(), h.counts().end()), in.heat_tokens = h.tokens();
   in.rates = rates_of(vm);
-  in.chunks = coli::parse_id_list(vm["chunks"].as<std::string>(), "--chunks");
-  for (int c : in.chunks)
+  // Chunks up to --ubatch: the VRAM above holds that chunk's activations,
+  // not a larger one's.
+  const int ubatch = vm["ubatch"].as<int>();
+  in.chunks.clear();
+  for (int c : coli::parse_id_list(vm["chunks"].as<std::string>(), "--chunks")) {
     if (c < 1 || c > (1 << 20)) throw coli::UsageError("--chunks: " + std::to_string(c) + " is not a chunk size (1 .. 1048576 tokens)");
+    if (c <= ubatch) in.chunks.push_back(c);
+  }
+  if (in.chunks.empty()) in.chunks.push_back(ubatch);
   return in;
 }
 
@@ -179,7 +187,7 @@ int cmd_plan(int argc, char** argv) {
   opts.add_options()("vram", po::value<std::string>(), "GPU memory budget, as coli-run --vram-budget (e.g. 8G)")
       ("ram", po::value<std::string>(), "RAM for experts (held by coli-pin start --plan, or a warm page cache; default: MemAvailable less 4 GiB); the rest are read from disk")
       ("output,o", po::value<std::string>(), "write the plan here (default: standard output)")
-      ("explain", po::bool_switch(), "print the predictions (to stdout; with -o the plan goes to the file)");
+      ("explain", po::bool_switch(), "print the predictions on stdout instead of the plan (write the plan with -o)");
   auto vm = coli::parse_options(argc, argv, opts, {});
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << std::endl;
@@ -260,8 +268,7 @@ int cmd_heat(int argc, char** argv) {
   return 0;
 }
 
-// Runs a prompt file through the model (one prompt per line, or the whole
-// file with --whole) and merges the routing it measured into the model's
+// Runs a prompt file through the model (one prompt per line) and merges the routing it measured into the model's
 // heat file: the heat a plan is made from, without waiting for real use.
 int cmd_calibrate(int argc, char** argv) {
   po::options_description opts("calibrate options");
@@ -278,6 +285,7 @@ int cmd_calibrate(int argc, char** argv) {
     return 0;
   }
   if (!vm.count("model") || !vm.count("prompts")) throw coli::UsageError("--model and --prompts are required");
+  if (vm["threads"].as<int>() < 0) throw coli::UsageError("-t/--threads must be 0 (all cores) or more");
   const int max_tokens = vm["max-tokens"].as<int>();
   if (max_tokens < 1) throw coli::UsageError("--max-tokens must be at least 1");
   const std::string device = vm["device"].as<std::string>();
@@ -344,9 +352,13 @@ int cmd_probe(int argc, char** argv) {
     return 0;
   }
   const int threads = vm["threads"].as<int>();
+  if (threads < 0) throw coli::UsageError("-t/--threads must be 0 (every core but one) or more");
   const double secs = vm["seconds"].as<double>();
   if (!(secs > 0) || secs > 600) throw coli::UsageError("--seconds must be in (0, 600]");
-  coli::MachineRates r;
+  // What the file there says already (the GPU's times a user edited) stays;
+  // the measured rates replace theirs.
+  const std::string out = vm.count("output") ? vm["output"].as<std::string>() : default_rates_path();
+  coli::MachineRates r = coli::cached_rates(out);
   std::string note = "measured:";
   const double read = coli::cpu::measure_read_gbs(std::size_t(1) << 30, threads, secs);
   std::fprintf(stderr, "coli-place: host memory read %.1f GB/s\n", read);
@@ -365,8 +377,7 @@ int cmd_probe(int argc, char** argv) {
     std::fprintf(stderr, "coli-place: pinned host -> GPU %.1f GB/s\n", r.pcie_gbs);
     note += ", pinned H2D";
   }
-  note += "; GPU times: the planner's defaults (measured on the H200 machine; edit them for another GPU)";
-  const std::string out = vm.count("output") ? vm["output"].as<std::string>() : default_rates_path();
+  note += "; GPU times: not probed (the planner's defaults are the H200 machine's; edit them for another GPU)";
   if (out.empty()) {
     const std::string text = coli::format_rates(r, note);
     std::fwrite(text.data(), 1, text.size(), stdout);

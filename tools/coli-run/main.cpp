@@ -248,6 +248,7 @@ int run(int argc, char** argv) {
   if (chat && f.has("prompt-ids")) throw coli::UsageError("--prompt-ids cannot be combined with chat options");
 
   coli::check_mirror_flag(f.get<std::string>("mirror"));
+  if (f.has("plan") && f.get<std::string>("plan") == "auto" && !f.has("vram-budget")) throw coli::UsageError("--plan auto plans for a --vram-budget: give one");
   std::vector<int> prompt;  // parsed before any file is read: usage errors first
   if (f.has("prompt-ids")) prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
   // The GPU's context (0.1-0.25 s) is made while the tokenizer and the weights load.
@@ -289,8 +290,6 @@ int run(int argc, char** argv) {
     const coli::Plan plan = coli::load_plan(f.get<std::string>("plan"), coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
     const uint64_t advised = coli::advise_plan_ram(*model, plan);
     if (verbose) std::fprintf(stderr, "coli-run: plan %s: %.1f GB of experts asked into memory\n", f.get<std::string>("plan").c_str(), advised / 1e9);
-  } else if (f.has("plan") && !f.has("vram-budget")) {
-    throw coli::UsageError("--plan auto plans for a --vram-budget: give one");
   }
   std::string why;
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
@@ -324,6 +323,7 @@ int run(int argc, char** argv) {
         coli::PlannerInputs in = coli::planner_inputs(pc, ms, co.vram_budget, 0, co.n_ctx, plan_chunk, co.prefill_upload);
         in.ram_bytes = uint64_t(ms.num_layers) * ms.num_experts * in.expert_bytes;  // coli-run reads the others from RAM or disk alike
         in.heat = co.heat;
+        in.chunks = {plan_chunk};  // the VRAM above holds this chunk's activations
         char host[256] = {};
         if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
         std::string rates_from;
