@@ -270,3 +270,22 @@ TEST(Plan, AsHeatMakesTheTierPickExactlyThePlansVramExperts) {
   const std::vector<uint64_t> zero = plan_as_heat(none);
   EXPECT_EQ(plan_tier(2, 4, none.count(Tier::kVram), &zero).count, 0);
 }
+
+// With heat, the plan's VRAM experts still come first, and among them (and
+// among the others) the hotter one first: a tier one slot smaller than the
+// plan drops the plan's coldest VRAM expert.
+TEST(Plan, AsHeatKeepsTheHottestOfThePlanFirst) {
+  Plan p;
+  p.fingerprint = 1, p.layers = 1, p.experts = 4;
+  p.tier = {Tier::kVram, Tier::kDisk, Tier::kVram, Tier::kRam};
+  const std::vector<uint64_t> heat = {5, 100, 9, 50};
+  const std::vector<uint64_t> h = plan_as_heat(p, heat);
+  EXPECT_GT(h[0], h[1]);
+  EXPECT_GT(h[2], h[0]);
+  EXPECT_GT(h[1], h[3]);
+  const TierPlan one = plan_tier(1, 4, 1, &h);
+  EXPECT_TRUE(one.is_resident(0, 2));
+  EXPECT_FALSE(one.is_resident(0, 0));
+  const TierPlan three = plan_tier(1, 4, 3, &h);
+  EXPECT_TRUE(three.is_resident(0, 0) && three.is_resident(0, 2) && three.is_resident(0, 1));
+}

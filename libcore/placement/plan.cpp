@@ -274,10 +274,20 @@ void save_plan(const std::string& path, const Plan& p) {
   out.publish();
 }
 
-std::vector<uint64_t> plan_as_heat(const Plan& p) {
+std::vector<uint64_t> plan_as_heat(const Plan& p, const std::vector<uint64_t>& heat) {
   check_plan(p, "plan");
   std::vector<uint64_t> h(p.tier.size(), 0);
-  for (std::size_t i = 0; i < p.tier.size(); ++i) h[i] = p.tier[i] == Tier::kVram ? 1 : 0;
+  if (heat.size() != p.tier.size()) {
+    for (std::size_t i = 0; i < p.tier.size(); ++i) h[i] = p.tier[i] == Tier::kVram ? 1 : 0;
+    return h;
+  }
+  // Half the range above the hottest count (counts past 2^63 saturate there).
+  uint64_t top = 0;
+  for (uint64_t c : heat) top = std::max(top, std::min(c, uint64_t(1) << 62));
+  for (std::size_t i = 0; i < p.tier.size(); ++i) {
+    const uint64_t c = std::min(heat[i], uint64_t(1) << 62);
+    h[i] = p.tier[i] == Tier::kVram ? top + 1 + c : c;
+  }
   return h;
 }
 

@@ -64,7 +64,10 @@ void save_plan(const std::string& path, const Plan& p);
 
 // The plan's VRAM set as routing counts [layers * experts] that make
 // plan_tier() (tier_plan.h) pick exactly those experts first: 1 for vram,
-// 0 otherwise. How coli-run applies a plan to the expert tier.
-std::vector<uint64_t> plan_as_heat(const Plan& p);
+// 0 otherwise. With heat (same size; else ignored), the VRAM experts get
+// the heat plus more than any heat, so that a tier smaller than the plan
+// keeps the hottest of them and a larger one adds the hottest others.
+// How coli-run applies a plan to the expert tier.
+std::vector<uint64_t> plan_as_heat(const Plan& p, const std::vector<uint64_t>& heat = {});
 
 }  // namespace coli

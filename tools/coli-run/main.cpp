@@ -336,7 +336,7 @@ int run(int argc, char** argv) {
       } else {
         plan = coli::load_plan(plan_flag, coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
       }
-      co.heat = coli::plan_as_heat(plan);
+      co.heat = coli::plan_as_heat(plan, co.heat);  // the plan's VRAM experts first, hottest first
       if (verbose)
         std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", f.get<std::string>("plan").c_str(), (long long)plan.count(coli::Tier::kVram));
       if (plan.prefill_chunk > 0 && !f.has("prefill-chunk")) plan_chunk = co.max_chunk = plan.prefill_chunk;
