@@ -2,7 +2,10 @@
 // keep the base, and every malformation is an error naming file and line.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "placement/machine_rates.h"
+#include "test_util.h"
 #include "util/error.h"
 
 namespace {
@@ -63,4 +66,27 @@ TEST(MachineRates, MalformedFilesAreErrors) {
       EXPECT_TRUE(mentions(e, what)) << e.what();
     }
   }
+}
+
+// The probe's cache: per host and, for a model, per expert format; a
+// format's own file first, then the host's, then the defaults.
+TEST(MachineRates, CachePathsAndFallbacks) {
+  EXPECT_EQ(coli::default_rates_path("/x", "/home/u", "h", "int4-g32"), "/x/coli/rates-h-int4-g32.txt");
+  EXPECT_EQ(coli::default_rates_path("/x", nullptr, "h"), "/x/coli/rates-h.txt");
+  EXPECT_EQ(coli::default_rates_path("relative", "/home/u", "h"), "/home/u/.cache/coli/rates-h.txt");
+  EXPECT_EQ(coli::default_rates_path(nullptr, nullptr, "h"), "");
+  coli::test::TempDir d;
+  const std::string xdg = d.path();
+  std::string from;
+  EXPECT_DOUBLE_EQ(coli::cached_rates_for(xdg.c_str(), nullptr, "h", "int8", &from).pcie_gbs, coli::MachineRates{}.pcie_gbs);
+  EXPECT_EQ(from, "");
+  std::filesystem::create_directories(xdg + "/coli");
+  coli::MachineRates host, own;
+  host.pcie_gbs = 11, own.pcie_gbs = 22;
+  coli::save_rates(coli::default_rates_path(xdg.c_str(), nullptr, "h"), host);
+  EXPECT_DOUBLE_EQ(coli::cached_rates_for(xdg.c_str(), nullptr, "h", "int8", &from).pcie_gbs, 11);
+  EXPECT_EQ(from, xdg + "/coli/rates-h.txt");
+  coli::save_rates(coli::default_rates_path(xdg.c_str(), nullptr, "h", "int8"), own);
+  EXPECT_DOUBLE_EQ(coli::cached_rates_for(xdg.c_str(), nullptr, "h", "int8", &from).pcie_gbs, 22);
+  EXPECT_DOUBLE_EQ(coli::cached_rates_for(xdg.c_str(), nullptr, "h", "int4-g32").pcie_gbs, 11);
 }

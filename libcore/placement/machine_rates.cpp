@@ -102,11 +102,19 @@ void save_rates(const std::string& path, const MachineRates& r, const std::strin
 
 namespace coli {
 
-std::string default_rates_path(const char* xdg_cache_home, const char* home, const std::string& host) {
+std::string default_rates_path(const char* xdg_cache_home, const char* home, const std::string& host, const std::string& format) {
   std::string dir;
   if (xdg_cache_home && *xdg_cache_home == '/') dir = std::string(xdg_cache_home) + "/coli";
   else if (home && *home) dir = std::string(home) + "/.cache/coli";
-  return dir.empty() ? "" : dir + "/rates-" + (host.empty() ? std::string("localhost") : host) + ".txt";
+  if (dir.empty()) return "";
+  return dir + "/rates-" + (host.empty() ? std::string("localhost") : host) + (format.empty() ? "" : "-" + format) + ".txt";
+}
+
+MachineRates cached_rates_for(const char* xdg_cache_home, const char* home, const std::string& host, const std::string& format, std::string* from) {
+  std::error_code ec;
+  const std::string own = default_rates_path(xdg_cache_home, home, host, format);
+  if (!format.empty() && !own.empty() && std::filesystem::exists(own, ec)) return cached_rates(own, from);
+  return cached_rates(default_rates_path(xdg_cache_home, home, host), from);
 }
 
 MachineRates cached_rates(const std::string& path, std::string* from) {

@@ -25,8 +25,14 @@ MachineRates parse_rates(std::string_view text, const std::string& name, const M
 MachineRates load_rates(const std::string& path, const MachineRates& base = {});
 // Where `coli-place probe` caches this machine's rates: $XDG_CACHE_HOME/coli
 // (an absolute XDG_CACHE_HOME), else $HOME/.cache/coli, file
-// rates-HOST.txt; "" when neither is set. The tools pass the environment in.
-std::string default_rates_path(const char* xdg_cache_home, const char* home, const std::string& host);
+// rates-HOST.txt, or rates-HOST-FORMAT.txt for a model whose experts are in
+// FORMAT (the CPU's expert rate depends on it); "" when neither directory
+// is set. The tools pass the environment in.
+std::string default_rates_path(const char* xdg_cache_home, const char* home, const std::string& host, const std::string& format = "");
+// The cached rates for experts in `format`: rates-HOST-FORMAT.txt, else
+// rates-HOST.txt, else the defaults (*from: the file read, or "").
+MachineRates cached_rates_for(const char* xdg_cache_home, const char* home, const std::string& host, const std::string& format,
+                              std::string* from = nullptr);
 // The cached rates when the file exists, else the defaults; *from (when
 // given) is set to the file read, or "" for the defaults.
 MachineRates cached_rates(const std::string& path, std::string* from = nullptr);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "quant/format.h"
+
 namespace coli {
 
 DeviceNeeds device_needs(const Container& c, const ModelSpec& s, int ctx, int chunk) {
@@ -26,6 +28,12 @@ DeviceNeeds device_needs(const Container& c, const ModelSpec& s, int ctx, int ch
   d.activations += uint64_t(s.vocab_size) * 4;
   d.fixed = uint64_t(8) << 20;  // decode graphs, allocation rounding
   return d;
+}
+
+std::string expert_format_name(const Container& c) {
+  for (const Blob& b : c.manifest().blobs)
+    if (b.kind == "expert" && !b.parts.empty()) return format_name(b.parts[0].format);
+  return "";
 }
 
 PlannerInputs planner_inputs(const Container& c, const ModelSpec& s, uint64_t vram_budget, uint64_t ram_budget, int ctx, int chunk, bool prefill_upload) {

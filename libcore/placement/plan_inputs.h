@@ -6,6 +6,7 @@
 // chunk's buffers and attention scratch, 8 MiB for graphs and rounding).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "formats/container.h"
 #include "model/model_spec.h"
@@ -19,6 +20,10 @@ struct DeviceNeeds {
 };
 
 DeviceNeeds device_needs(const Container& c, const ModelSpec& s, int ctx, int chunk);
+
+// The routed experts' weight format ("int4-g32", ...: their gate's), or ""
+// for a container without expert blobs. Names the probe's rates per format.
+std::string expert_format_name(const Container& c);
 
 // fingerprint, shape, expert_bytes, budgets and vram_bytes (the budget less
 // device_needs, floored at 0) filled in; heat and rates left to the caller.

@@ -73,15 +73,18 @@ std::string host_name() {
   return host;
 }
 
-// The rates cache of this machine: $XDG_CACHE_HOME/coli/rates-HOST.txt.
-std::string default_rates_path() { return coli::default_rates_path(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host_name()); }
+// The rates cache of this machine: $XDG_CACHE_HOME/coli/rates-HOST[-FORMAT].txt.
+std::string default_rates_path(const std::string& format = "") {
+  return coli::default_rates_path(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host_name(), format);
+}
 
-// --rates FILE, else this machine's cache when coli-place probe wrote one,
-// else the planner's defaults (said on stderr: predictions then are rough).
-coli::MachineRates rates_of(const po::variables_map& vm) {
+// --rates FILE, else this machine's cache for the experts' format (or any
+// format) when coli-place probe wrote one, else the planner's defaults
+// (said on stderr: predictions then are rough).
+coli::MachineRates rates_of(const po::variables_map& vm, const std::string& format) {
   if (vm.count("rates")) return coli::load_rates(vm["rates"].as<std::string>());
   std::string from;
-  const coli::MachineRates r = coli::cached_rates(default_rates_path(), &from);
+  const coli::MachineRates r = coli::cached_rates_for(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host_name(), format, &from);
   if (from.empty()) std::fprintf(stderr, "coli-place: no measured rates (run coli-place probe, or --rates FILE): predicting with defaults\n");
   return r;
 }
@@ -168,7 +171,7 @@ coli::PlannerInputs inputs(const po::variables_map& vm, const Loaded& l, uint64_
   coli::PlannerInputs in = coli::planner_inputs(*l.c, l.spec, vram, ram, vm["ctx"].as<int>(), vm["ubatch"].as<int>(), vm["prefill-upload"].as<bool>());
   const coli::Heat h = heat_of(vm, *l.c, l.spec);
   if (h.tokens() > 0) in.heat.assign(h.counts().begin(), h.counts().end()), in.heat_tokens = h.tokens();
-  in.rates = rates_of(vm);
+  in.rates = rates_of(vm, coli::expert_format_name(*l.c));
   // Chunks up to --ubatch: the VRAM above holds that chunk's activations,
   // not a larger one's.
   const int ubatch = vm["ubatch"].as<int>();
@@ -357,7 +360,14 @@ int cmd_probe(int argc, char** argv) {
   if (!(secs > 0) || secs > 600) throw coli::UsageError("--seconds must be in (0, 600]");
   // What the file there says already (the GPU's times a user edited) stays;
   // the measured rates replace theirs.
-  const std::string out = vm.count("output") ? vm["output"].as<std::string>() : default_rates_path();
+  // A model's probe is cached per its experts' format (the CPU's rate depends on it).
+  std::string format, model_file;
+  if (vm.count("model")) {
+    model_file = coli::container_file_of(vm["model"].as<std::string>());
+    if (model_file.empty()) model_file = vm["model"].as<std::string>();
+    format = coli::expert_format_name(coli::Container(model_file));
+  }
+  const std::string out = vm.count("output") ? vm["output"].as<std::string>() : default_rates_path(format);
   coli::MachineRates r = coli::cached_rates(out);
   std::string note = "measured:";
   const double read = coli::cpu::measure_read_gbs(std::size_t(1) << 30, threads, secs);
@@ -365,12 +375,10 @@ int cmd_probe(int argc, char** argv) {
   note += " host read " + std::to_string(read).substr(0, 6) + " GB/s";
   r.host_expert_gbs = 0.7 * read;  // without a model: the kernels' share of a plain read measured on the GPU machine (60 of 86 GB/s)
   if (vm.count("model")) {
-    std::string file = coli::container_file_of(vm["model"].as<std::string>());
-    if (file.empty()) file = vm["model"].as<std::string>();
-    auto model = coli::Model::load(file);
+    auto model = coli::Model::load(model_file);
     r.host_expert_gbs = coli::cpu::measure_expert_gbs(*model, threads, secs);
-    std::fprintf(stderr, "coli-place: CPU expert kernels %.1f GB/s (%s)\n", r.host_expert_gbs, file.c_str());
-    note += ", CPU experts on " + fs::path(file).filename().string();
+    std::fprintf(stderr, "coli-place: CPU expert kernels %.1f GB/s (%s, %s)\n", r.host_expert_gbs, model_file.c_str(), format.c_str());
+    note += ", CPU experts (" + format + ") on " + fs::path(model_file).filename().string();
   }
   if (coli::cuda::device_count() > 0) {
     r.pcie_gbs = coli::cuda::measure_h2d(coli::cuda::HostMemory::kPinned, nullptr, std::size_t(256) << 20, 5).gb_per_s;

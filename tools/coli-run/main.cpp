@@ -327,7 +327,7 @@ int run(int argc, char** argv) {
         char host[256] = {};
         if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
         std::string rates_from;
-        in.rates = coli::cached_rates(coli::default_rates_path(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host), &rates_from);
+        in.rates = coli::cached_rates_for(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host, coli::expert_format_name(pc), &rates_from);
         coli::Prediction pr;
         plan = coli::plan_placement(in, &pr);
         if (verbose)
