@@ -172,7 +172,7 @@ TEST(PlaceTool, RunFollowsAPlanAndRefusesAnotherModels) {
   std::string out, base;
   ASSERT_EQ(run_place("-m " + m.path + " --vram 1G --rates " + m.rates + " -o " + plan, &out), 0) << out;
   ASSERT_EQ(run_command(run + " 2>/dev/null", &base), 0) << base;
-  for (const std::string p : {plan, std::string("auto")}) {
+  for (const std::string& p : {plan, std::string("auto")}) {
     ASSERT_EQ(run_command(run + " --vram-budget 1G --plan " + p + " 2>/dev/null", &out), 0) << p;
     EXPECT_EQ(out, base) << p;
   }

@@ -1,27 +1,18 @@
 #include "placement/heat.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <numeric>
 
+#include "formats/container.h"
 #include "util/error.h"
 #include "util/io.h"
-#include "util/publish.h"
+#include "util/text_lines.h"
 
 namespace coli {
 
 namespace {
-
-// Format bounds: generous for real models (Qwen3.5-MoE: 60 layers x 512
-// experts at most so far), small enough that a hostile header cannot make
-// a reader allocate much.
-constexpr int kMaxLayers = 4096, kMaxExperts = 65536;
-constexpr std::size_t kMaxEntries = std::size_t(1) << 20;
 
 uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
@@ -30,81 +21,25 @@ uint64_t scaled(uint64_t v, double f) {
   return x >= 18446744073709551615.0 ? UINT64_MAX : static_cast<uint64_t>(x);
 }
 
-std::string hex16(uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
-bool shape_ok(uint64_t layers, uint64_t experts) {
-  return layers >= 1 && layers <= kMaxLayers && experts >= 1 && experts <= kMaxExperts && layers * experts <= kMaxEntries;
-}
-std::string shape_error(uint64_t layers, uint64_t experts) {
-  return "heat of " + std::to_string(layers) + " layers x " + std::to_string(experts) + " experts is outside 1..4096 x 1..65536 (at most " +
-         std::to_string(kMaxEntries) + " entries)";
-}
-
-// Line-by-line reader of the file text: words of the next line that is
-// neither blank nor a '#' comment.
-class Lines {
- public:
-  Lines(std::string_view text, const std::string& name) : text_(text), name_(name) {}
-  // False at the end of the text.
-  bool next(std::vector<std::string_view>& words) {
-    while (pos_ < text_.size()) {
-      const std::size_t end = std::min(text_.find('\n', pos_), text_.size());
-      const std::string_view line = text_.substr(pos_, end - pos_);
-      pos_ = end + 1;
-      ++line_no_;
-      words.clear();
-      std::size_t i = 0;
-      while (i < line.size()) {
-        while (i < line.size() && is_space(line[i])) ++i;
-        std::size_t j = i;
-        while (j < line.size() && !is_space(line[j])) ++j;
-        if (j > i) words.push_back(line.substr(i, j - i));
-        i = j;
-      }
-      if (words.empty() || words[0][0] == '#') continue;
-      return true;
-    }
-    return false;
-  }
-  [[noreturn]] void fail(const std::string& what) const { throw Error(name_ + ":" + std::to_string(line_no_) + ": " + what); }
-  [[noreturn]] void fail_eof(const std::string& what) const { throw Error(name_ + ": ends early: " + what); }
-  // Decimal digits only; at most UINT64_MAX.
-  uint64_t number(std::string_view w, const char* what) const {
-    if (w.empty() || w.size() > 20) fail(std::string(what) + " '" + std::string(w.substr(0, 24)) + "' is not a decimal number below 2^64");
-    uint64_t v = 0;
-    for (char c : w) {
-      if (c < '0' || c > '9') fail(std::string(what) + " '" + std::string(w.substr(0, 24)) + "' is not a decimal number");
-      const uint64_t d = c - '0';
-      if (v > (UINT64_MAX - d) / 10) fail(std::string(what) + " '" + std::string(w) + "' is not below 2^64");
-      v = v * 10 + d;
-    }
-    return v;
-  }
-  // "KEY VALUE" with a decimal VALUE.
-  uint64_t field(const char* key) {
-    std::vector<std::string_view> w;
-    if (!next(w)) fail_eof(std::string("no '") + key + "' line");
-    if (w[0] != key || w.size() != 2) fail(std::string("expected '") + key + " N'");
-    return number(w[1], key);
-  }
-  int line_no() const { return line_no_; }
-
- private:
-  static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
-  std::string_view text_;
-  const std::string& name_;
-  std::size_t pos_ = 0;
-  int line_no_ = 0;
-};
+// Format bounds: generous for real models (Qwen3.5-MoE: 60 layers x 512
+// experts at most so far), small enough that a hostile header cannot make
+// a reader allocate much.
+constexpr int kMaxLayers = 4096, kMaxExperts = 65536;
+constexpr std::size_t kMaxEntries = std::size_t(1) << 20;
 
 }  // namespace
 
+bool expert_table_shape_ok(uint64_t layers, uint64_t experts) {
+  return layers >= 1 && layers <= kMaxLayers && experts >= 1 && experts <= kMaxExperts && layers * experts <= kMaxEntries;
+}
+
+std::string expert_table_shape_error(const std::string& what, uint64_t layers, uint64_t experts) {
+  return what + " of " + std::to_string(layers) + " layers x " + std::to_string(experts) + " experts is outside 1..4096 x 1..65536 (at most " +
+         std::to_string(kMaxEntries) + " entries)";
+}
+
 Heat::Heat(int layers, int experts) : layers_(layers), experts_(experts) {
-  if (layers < 0 || experts < 0 || !shape_ok(uint64_t(layers), uint64_t(experts))) throw Error(shape_error(layers, experts));
+  if (layers < 0 || experts < 0 || !expert_table_shape_ok(uint64_t(layers), uint64_t(experts))) throw Error(expert_table_shape_error("heat", layers, experts));
   counts_.assign(std::size_t(layers) * experts, 0);
 }
 
@@ -158,7 +93,7 @@ std::vector<Heat::Entry> Heat::global_order() const {
 std::string format_heat(const Heat& h, uint64_t fingerprint) {
   std::string s = "coli-heat " + std::to_string(kHeatVersion) + "\n";
   s += "# routing counts per (layer, expert): man 5 coli-heat\n";
-  s += "model " + hex16(fingerprint) + "\n";
+  s += "model " + hex64(fingerprint) + "\n";
   s += "layers " + std::to_string(h.layers()) + "\n";
   s += "experts " + std::to_string(h.experts()) + "\n";
   s += "tokens " + std::to_string(h.tokens()) + "\n";
@@ -171,7 +106,7 @@ std::string format_heat(const Heat& h, uint64_t fingerprint) {
 }
 
 HeatFile parse_heat(std::string_view text, const std::string& name) {
-  Lines in(text, name);
+  TextLines in(text, name);
   std::vector<std::string_view> w;
   // The magic must be the very first line: anything else is not a heat file.
   if (!text.starts_with("coli-heat") || !in.next(w) || in.line_no() != 1 || w[0] != "coli-heat" || w.size() != 2) {
@@ -184,13 +119,11 @@ HeatFile parse_heat(std::string_view text, const std::string& name) {
   HeatFile f;
   if (!in.next(w)) in.fail_eof("no 'model' line");
   if (w[0] != "model" || w.size() != 2) in.fail("expected 'model FINGERPRINT'");
-  if (w[1].size() != 16 || w[1].find_first_not_of("0123456789abcdef") != std::string_view::npos)
-    in.fail("model fingerprint '" + std::string(w[1].substr(0, 24)) + "' is not 16 lowercase hex digits");
-  for (char c : w[1]) f.fingerprint = f.fingerprint << 4 | uint64_t(c <= '9' ? c - '0' : c - 'a' + 10);
+  f.fingerprint = in.fingerprint(w[1]);
   const uint64_t layers = in.field("layers");
-  if (!shape_ok(layers, 1)) in.fail("heat of " + std::to_string(layers) + " layers is outside 1..4096");
+  if (!expert_table_shape_ok(layers, 1)) in.fail("heat of " + std::to_string(layers) + " layers is outside 1..4096");
   const uint64_t experts = in.field("experts");
-  if (!shape_ok(layers, experts)) in.fail(shape_error(layers, experts));
+  if (!expert_table_shape_ok(layers, experts)) in.fail(expert_table_shape_error("heat", layers, experts));
   const uint64_t tokens = in.field("tokens");
   f.heat = Heat(int(layers), int(experts));
   f.heat.add_tokens(tokens);
@@ -215,32 +148,21 @@ HeatFile parse_heat(std::string_view text, const std::string& name) {
 Heat load_heat(const std::string& path, uint64_t fingerprint, int layers, int experts) {
   HeatFile f = parse_heat(read_text_file(path), path);
   if (f.fingerprint != fingerprint)
-    throw Error(path + ": heat of model " + hex16(f.fingerprint) + ", not of this model " + hex16(fingerprint) + " (give another --heat file)");
+    throw Error(path + ": heat of model " + hex64(f.fingerprint) + ", not of this model " + hex64(fingerprint) + " (give another --heat file)");
   if (f.heat.layers() != layers || f.heat.experts() != experts)
     throw Error(path + ": heat of " + std::to_string(f.heat.layers()) + " layers x " + std::to_string(f.heat.experts()) + " experts, the model has " +
                 std::to_string(layers) + " x " + std::to_string(experts));
   return std::move(f.heat);
 }
 
-void save_heat(const std::string& path, const Heat& heat, uint64_t fingerprint) {
-  const std::string text = format_heat(heat, fingerprint);
-  OutputFile out(path, /*overwrite=*/true);
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(out.fd(), text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(path + ": write failed: " + std::strerror(errno));
-    done += std::size_t(n);
-  }
-  out.publish();
-}
+void save_heat(const std::string& path, const Heat& heat, uint64_t fingerprint) { write_text_file(path, format_heat(heat, fingerprint)); }
 
 std::string default_heat_path(uint64_t fingerprint, const char* xdg_cache_home, const char* home) {
   std::string dir;
   if (xdg_cache_home && xdg_cache_home[0] == '/') dir = xdg_cache_home;
   else if (home && *home) dir = std::string(home) + "/.cache";
   else return "";
-  return dir + "/coli/heat-" + hex16(fingerprint) + ".txt";
+  return dir + "/coli/heat-" + hex64(fingerprint) + ".txt";
 }
 
 std::string heat_path_for(const std::string& flag, uint64_t fingerprint, const char* xdg_cache_home, const char* home) {

@@ -33,6 +33,12 @@ namespace coli {
 // The default merge half-life, in tokens (man 5 coli-heat).
 constexpr uint64_t kHeatHalfLifeTokens = uint64_t(1) << 22;
 
+// The bounds of a per (layer, expert) table in coli's files (heat, plan:
+// 1..4096 layers x 1..65536 experts, at most 2^20 entries), and the error
+// "WHAT of L layers x E experts is outside ..." for a shape beyond them.
+bool expert_table_shape_ok(uint64_t layers, uint64_t experts);
+std::string expert_table_shape_error(const std::string& what, uint64_t layers, uint64_t experts);
+
 // The format version this build reads and writes.
 constexpr int kHeatVersion = 1;
 

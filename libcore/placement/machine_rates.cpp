@@ -1,10 +1,7 @@
 #include "placement/machine_rates.h"
 
-#include <unistd.h>
-
-#include <cerrno>
+#include <cctype>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,7 +9,7 @@
 
 #include "util/error.h"
 #include "util/io.h"
-#include "util/publish.h"
+#include "util/text_lines.h"
 
 namespace coli {
 
@@ -86,17 +83,7 @@ MachineRates load_rates(const std::string& path, const MachineRates& base) { ret
 
 namespace coli {
 
-void save_rates(const std::string& path, const MachineRates& r, const std::string& comment) {
-  const std::string text = format_rates(r, comment);
-  OutputFile out(path, /*overwrite=*/true);
-  for (std::size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(out.fd(), text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(path + ": write failed: " + std::strerror(errno));
-    done += std::size_t(n);
-  }
-  out.publish();
-}
+void save_rates(const std::string& path, const MachineRates& r, const std::string& comment) { write_text_file(path, format_rates(r, comment)); }
 
 }  // namespace coli
 

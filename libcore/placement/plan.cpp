@@ -1,100 +1,26 @@
 #include "placement/plan.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 
+#include "formats/container.h"
+#include "placement/heat.h"
 #include "util/error.h"
 #include "util/io.h"
-#include "util/publish.h"
+#include "util/text_lines.h"
 
 namespace coli {
 
 namespace {
 
-// Format bounds: those of the heat file (placement/heat.cpp), so that any
-// model with heat can have a plan, and a hostile header cannot make a
-// reader allocate much.
-constexpr int kMaxLayers = 4096, kMaxExperts = 65536;
-constexpr std::size_t kMaxEntries = std::size_t(1) << 20;
 constexpr uint64_t kMaxPrefillChunk = uint64_t(1) << 20;
-
-std::string hex16(uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
-bool shape_ok(uint64_t layers, uint64_t experts) {
-  return layers >= 1 && layers <= kMaxLayers && experts >= 1 && experts <= kMaxExperts && layers * experts <= kMaxEntries;
-}
-std::string shape_error(uint64_t layers, uint64_t experts) {
-  return "plan of " + std::to_string(layers) + " layers x " + std::to_string(experts) + " experts is outside 1..4096 x 1..65536 (at most " +
-         std::to_string(kMaxEntries) + " entries)";
-}
-
-// Line-by-line reader of the file text: words of the next line that is
-// neither blank nor a '#' comment.
-class Lines {
- public:
-  Lines(std::string_view text, const std::string& name) : text_(text), name_(name) {}
-  // False at the end of the text.
-  bool next(std::vector<std::string_view>& words) {
-    while (pos_ < text_.size()) {
-      const std::size_t end = std::min(text_.find('\n', pos_), text_.size());
-      const std::string_view line = text_.substr(pos_, end - pos_);
-      pos_ = end + 1;
-      ++line_no_;
-      words.clear();
-      std::size_t i = 0;
-      while (i < line.size()) {
-        while (i < line.size() && is_space(line[i])) ++i;
-        std::size_t j = i;
-        while (j < line.size() && !is_space(line[j])) ++j;
-        if (j > i) words.push_back(line.substr(i, j - i));
-        i = j;
-      }
-      if (words.empty() || words[0][0] == '#') continue;
-      return true;
-    }
-    return false;
-  }
-  [[noreturn]] void fail(const std::string& what) const { throw Error(name_ + ":" + std::to_string(line_no_) + ": " + what); }
-  // At the end of the text: the line that is missing is the one after the last.
-  [[noreturn]] void fail_eof(const std::string& what) const {
-    throw Error(name_ + ":" + std::to_string(line_no_ + 1) + ": ends early: " + what);
-  }
-  // Decimal digits only; at most UINT64_MAX.
-  uint64_t number(std::string_view w, const char* what) const {
-    if (w.empty() || w.size() > 20) fail(std::string(what) + " '" + std::string(w.substr(0, 24)) + "' is not a decimal number below 2^64");
-    uint64_t v = 0;
-    for (char c : w) {
-      if (c < '0' || c > '9') fail(std::string(what) + " '" + std::string(w.substr(0, 24)) + "' is not a decimal number");
-      const uint64_t d = c - '0';
-      if (v > (UINT64_MAX - d) / 10) fail(std::string(what) + " '" + std::string(w) + "' is not below 2^64");
-      v = v * 10 + d;
-    }
-    return v;
-  }
-  int line_no() const { return line_no_; }
-
- private:
-  static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
-  std::string_view text_;
-  const std::string& name_;
-  std::size_t pos_ = 0;
-  int line_no_ = 0;
-};
 
 const char* tier_name(Tier t) { return t == Tier::kVram ? "vram" : t == Tier::kRam ? "ram" : "disk"; }
 
 // Sets the experts of one layer's list (row: that layer's tiers) to t.
 // Every id is checked against experts, ascending order and disjointness
 // within the list, and against the tier already set by the other list.
-void parse_list(const Lines& in, std::string_view w, Tier t, int layer, uint64_t experts, Tier* row) {
+void parse_list(const TextLines& in, std::string_view w, Tier t, int layer, uint64_t experts, Tier* row) {
   if (w == "-") return;
   const std::string what = std::string(tier_name(t)) + " expert";
   uint64_t next_min = 0;  // the smallest id the next item may start at
@@ -151,8 +77,8 @@ std::string format_list(const Tier* row, int experts, Tier t) {
 
 // A plan that format_plan() can write so that parse_plan() reads it back.
 void check_plan(const Plan& p, const char* who) {
-  if (p.layers < 0 || p.experts < 0 || !shape_ok(uint64_t(p.layers), uint64_t(p.experts)))
-    throw Error(std::string(who) + ": " + shape_error(uint64_t(std::max(p.layers, 0)), uint64_t(std::max(p.experts, 0))));
+  if (p.layers < 0 || p.experts < 0 || !expert_table_shape_ok(uint64_t(p.layers), uint64_t(p.experts)))
+    throw Error(std::string(who) + ": " + expert_table_shape_error("plan", uint64_t(std::max(p.layers, 0)), uint64_t(std::max(p.experts, 0))));
   if (p.tier.size() != std::size_t(p.layers) * p.experts)
     throw Error(std::string(who) + ": a plan of " + std::to_string(p.layers) + " x " + std::to_string(p.experts) + " with " +
                 std::to_string(p.tier.size()) + " tiers (internal)");
@@ -188,7 +114,7 @@ std::string format_plan(const Plan& p) {
     }
   }
   s += "coli-plan " + std::to_string(kPlanVersion) + "\n";
-  s += "model " + hex16(p.fingerprint) + " layers " + std::to_string(p.layers) + " experts " + std::to_string(p.experts) + "\n";
+  s += "model " + hex64(p.fingerprint) + " layers " + std::to_string(p.layers) + " experts " + std::to_string(p.experts) + "\n";
   s += "vram-budget " + std::to_string(p.vram_budget) + " ram-budget " + std::to_string(p.ram_budget) + "\n";
   s += "prefill-chunk " + std::to_string(p.prefill_chunk) + "\n";
   for (int l = 0; l < p.layers; ++l) {
@@ -202,7 +128,7 @@ std::string format_plan(const Plan& p) {
 }
 
 Plan parse_plan(std::string_view text, const std::string& name) {
-  Lines in(text, name);
+  TextLines in(text, name);
   std::vector<std::string_view> w;
   // The magic is the first line that is neither blank nor a comment
   // (format_plan writes the predictions above it).
@@ -213,22 +139,20 @@ Plan parse_plan(std::string_view text, const std::string& name) {
     in.fail("plan file version " + std::to_string(version) + " is not supported (this build reads version " + std::to_string(kPlanVersion) + ")");
   Plan p;
 
-  if (!in.next(w)) in.fail_eof("no 'model' line");
+  if (!in.next(w)) in.fail_eof_at_next_line("no 'model' line");
   if (w.size() != 6 || w[0] != "model" || w[2] != "layers" || w[4] != "experts") in.fail("expected 'model FINGERPRINT layers L experts E'");
-  if (w[1].size() != 16 || w[1].find_first_not_of("0123456789abcdef") != std::string_view::npos)
-    in.fail("model fingerprint '" + std::string(w[1].substr(0, 24)) + "' is not 16 lowercase hex digits");
-  for (char c : w[1]) p.fingerprint = p.fingerprint << 4 | uint64_t(c <= '9' ? c - '0' : c - 'a' + 10);
+  p.fingerprint = in.fingerprint(w[1]);
   const uint64_t layers = in.number(w[3], "layers");
   const uint64_t experts = in.number(w[5], "experts");
-  if (!shape_ok(layers, experts)) in.fail(shape_error(layers, experts));
+  if (!expert_table_shape_ok(layers, experts)) in.fail(expert_table_shape_error("plan", layers, experts));
   p.layers = int(layers), p.experts = int(experts);
 
-  if (!in.next(w)) in.fail_eof("no 'vram-budget' line");
+  if (!in.next(w)) in.fail_eof_at_next_line("no 'vram-budget' line");
   if (w.size() != 4 || w[0] != "vram-budget" || w[2] != "ram-budget") in.fail("expected 'vram-budget BYTES ram-budget BYTES'");
   p.vram_budget = in.number(w[1], "vram-budget");
   p.ram_budget = in.number(w[3], "ram-budget");
 
-  if (!in.next(w)) in.fail_eof("no 'prefill-chunk' line");
+  if (!in.next(w)) in.fail_eof_at_next_line("no 'prefill-chunk' line");
   if (w.size() != 2 || w[0] != "prefill-chunk") in.fail("expected 'prefill-chunk TOKENS'");
   const uint64_t chunk = in.number(w[1], "prefill-chunk");
   if (chunk > kMaxPrefillChunk) in.fail("prefill-chunk " + std::to_string(chunk) + " is outside 0.." + std::to_string(kMaxPrefillChunk));
@@ -236,7 +160,7 @@ Plan parse_plan(std::string_view text, const std::string& name) {
 
   p.tier.assign(std::size_t(layers) * experts, Tier::kDisk);
   for (uint64_t l = 0; l < layers; ++l) {
-    if (!in.next(w)) in.fail_eof("no line for layer " + std::to_string(l) + " of " + std::to_string(layers));
+    if (!in.next(w)) in.fail_eof_at_next_line("no line for layer " + std::to_string(l) + " of " + std::to_string(layers));
     if (w[0] != "layer") in.fail("expected 'layer " + std::to_string(l) + " vram LIST ram LIST'");
     if (w.size() < 2) in.fail("expected layer " + std::to_string(l) + " here (layers in order)");
     const uint64_t got = in.number(w[1], "layer");
@@ -254,25 +178,14 @@ Plan parse_plan(std::string_view text, const std::string& name) {
 Plan load_plan(const std::string& path, uint64_t fingerprint, int layers, int experts) {
   Plan p = parse_plan(read_text_file(path), path);
   if (p.fingerprint != fingerprint)
-    throw Error(path + ": plan of model " + hex16(p.fingerprint) + ", not of this model " + hex16(fingerprint) + " (run coli-place again)");
+    throw Error(path + ": plan of model " + hex64(p.fingerprint) + ", not of this model " + hex64(fingerprint) + " (run coli-place again)");
   if (p.layers != layers || p.experts != experts)
     throw Error(path + ": plan of " + std::to_string(p.layers) + " layers x " + std::to_string(p.experts) + " experts, the model has " +
                 std::to_string(layers) + " x " + std::to_string(experts));
   return p;
 }
 
-void save_plan(const std::string& path, const Plan& p) {
-  const std::string text = format_plan(p);
-  OutputFile out(path, /*overwrite=*/true);
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(out.fd(), text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(path + ": write failed: " + std::strerror(errno));
-    done += std::size_t(n);
-  }
-  out.publish();
-}
+void save_plan(const std::string& path, const Plan& p) { write_text_file(path, format_plan(p)); }
 
 std::vector<uint64_t> plan_as_heat(const Plan& p, const std::vector<uint64_t>& heat) {
   check_plan(p, "plan");

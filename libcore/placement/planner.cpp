@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "placement/heat.h"
 #include "util/error.h"
 
 namespace coli {
@@ -26,7 +27,7 @@ std::vector<double> route_probabilities(const PlannerInputs& in) {
 }
 
 void check_inputs(const PlannerInputs& in) {
-  if (in.layers < 1 || in.layers > 4096 || in.experts < 1 || in.experts > 65536 || int64_t(in.layers) * in.experts > (int64_t(1) << 20))
+  if (in.layers < 1 || in.experts < 1 || !expert_table_shape_ok(uint64_t(in.layers), uint64_t(in.experts)))
     throw Error("planner: " + std::to_string(in.layers) + " layers x " + std::to_string(in.experts) + " experts is outside the plan format's bounds");
   if (in.k < 1 || in.k > in.experts) throw Error("planner: " + std::to_string(in.k) + " experts per token of " + std::to_string(in.experts));
   if (in.expert_bytes == 0) throw Error("planner: experts of 0 bytes");
