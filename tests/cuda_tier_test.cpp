@@ -30,6 +30,28 @@ cuda::CudaOptions tier_options(const Model& m, long long slots) {
 
 using test::cpu_quantization_error;
 
+// The tiny model converted to format f, copied into a mirror of its own
+// (named for the tag and this process) and loaded from it: its experts are
+// in host memory a backend can register (CudaOptions::host_regions).
+struct MirroredModel {
+  test::TempDir dir;
+  std::unique_ptr<Container> container;
+  std::unique_ptr<MirrorBuilder> mirror;
+  LoadedModel loaded;  // after mirror: detaches before the segment goes
+  MirroredModel(QuantFormat f, const std::string& tag) {
+    test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", path(), f);
+    container = std::make_unique<Container>(path());
+    MirrorBuildOptions mo;
+    mo.name = "coli-test-" + tag + "-" + std::to_string(::getpid());
+    mirror = std::make_unique<MirrorBuilder>(*container, path(), mo);
+    mirror->fill();
+    loaded = load_model(path(), mo.name);
+  }
+  std::string path() const { return dir / "m.coli"; }
+  const Model& model() const { return *loaded.model; }
+  std::pair<const void*, std::size_t> region() const { return {loaded.mirror->base(), loaded.mirror->size()}; }
+};
+
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float e = 0;
   for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::fabs(a[i] - b[i]));
@@ -228,23 +250,16 @@ TEST(CudaTier, SwapsDoNotChangeTokens) {
 TEST(CudaTier, DecodeMissesOverPcieKeepTokens) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  test::TempDir d;
-  test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
-  Container c(d / "m.coli");
-  MirrorBuildOptions mo;
-  mo.name = "coli-test-pcie-" + std::to_string(::getpid());
-  MirrorBuilder mirror(c, d / "m.coli", mo);
-  mirror.fill();
-  LoadedModel lm = load_model(d / "m.coli", mo.name);
-  ASSERT_NE(lm.mirror, nullptr);
-  const Model& m = *lm.model;
+  MirroredModel mm(QuantFormat::I4_G32, "pcie");
+  ASSERT_NE(mm.loaded.mirror, nullptr);
+  const Model& m = mm.model();
   const ModelSpec& s = m.spec();
   const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
   auto whole = cuda::make_cuda_backend(m);
   Engine ew(s, *whole, 64);
   cuda::CudaOptions o = tier_options(m, all / 4);
   o.decode_upload_max = 4, o.decode_upload_share = 0.5;
-  o.host_regions.push_back({lm.mirror->base(), lm.mirror->size()});
+  o.host_regions.push_back(mm.region());
   auto tier = cuda::make_cuda_backend(m, o);
   Engine et(s, *tier, 64);
   const float tol = 2 * cpu_quantization_error(m);
@@ -270,7 +285,7 @@ TEST(CudaTier, DecodeMissesOverPcieKeepTokens) {
   for (int max : {s.num_experts_per_tok, 1}) {
     cuda::CudaOptions a = tier_options(m, 0);
     a.decode_upload_max = max, a.decode_upload_share = 1.0;
-    a.host_regions.push_back({lm.mirror->base(), lm.mirror->size()});
+    a.host_regions.push_back(mm.region());
     auto b = cuda::make_cuda_backend(m, a);
     Engine eb(s, *b, 64);
     const std::vector<int> ids = test::tiny_goldens()["prompts"][0]["ids"];
@@ -306,16 +321,9 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
-    test::TempDir d;
-    test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", f);
-    Container c(d / "m.coli");
-    MirrorBuildOptions mo;
-    mo.name = "coli-test-prefill-" + std::to_string(::getpid());
-    MirrorBuilder mirror(c, d / "m.coli", mo);
-    mirror.fill();
-    LoadedModel lm = load_model(d / "m.coli", mo.name);
-    ASSERT_NE(lm.mirror, nullptr);
-    const Model& m = *lm.model;
+    MirroredModel mm(f, "prefill");
+    ASSERT_NE(mm.loaded.mirror, nullptr);
+    const Model& m = mm.model();
     const ModelSpec& s = m.spec();
     const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
     auto whole = cuda::make_cuda_backend(m);
@@ -323,7 +331,7 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     for (long long slots : {0LL, all / 4, all / 2}) {
       cuda::CudaOptions o = tier_options(m, slots);
       o.prefill_upload = true;
-      o.host_regions.push_back({lm.mirror->base(), lm.mirror->size()});
+      o.host_regions.push_back(mm.region());
       auto tier = cuda::make_cuda_backend(m, o);
       Engine et(s, *tier, 64);
       long long chunks = 0;
@@ -346,7 +354,7 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     }
     // The container's pageable mapping: the copies are staged through
     // pinned memory on host threads, with the same results.
-    auto plain = Model::load(d / "m.coli");
+    auto plain = Model::load(mm.path());
     for (long long slots : {0LL, all / 4}) {
       cuda::CudaOptions o = tier_options(*plain, slots);
       o.prefill_upload = true;
@@ -369,15 +377,8 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
   // Under budgets (coarse steps to the first that works, then 32 KiB steps
   // around it): the ledger's peak and the device's free memory stay within
   // each, and some budget holds part of the tier and uploads.
-  test::TempDir d;
-  test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
-  Container c(d / "m.coli");
-  MirrorBuildOptions mo;
-  mo.name = "coli-test-prefill-b-" + std::to_string(::getpid());
-  MirrorBuilder mirror(c, d / "m.coli", mo);
-  mirror.fill();
-  LoadedModel lm = load_model(d / "m.coli", mo.name);
-  const Model& m = *lm.model;
+  MirroredModel mm(QuantFormat::I4_G32, "prefill-b");
+  const Model& m = mm.model();
   int uploading = 0, ran = 0;
   std::size_t fine_end = 0;
   std::vector<uint64_t> budgets;
@@ -386,7 +387,7 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     const uint64_t budget = budgets[i];
     cuda::CudaOptions o = tier_options(m, -1);
     o.vram_budget = budget, o.n_ctx = 512, o.prefill_upload = true;
-    o.host_regions.push_back({lm.mirror->base(), lm.mirror->size()});
+    o.host_regions.push_back(mm.region());
     const std::size_t free0 = cuda::device_free_bytes();
     std::size_t free_min = SIZE_MAX;
     std::unique_ptr<Backend> tier;

@@ -168,7 +168,8 @@ int run(int argc, char** argv) {
   if (vm.count("plan")) {
     if (o.models.size() != 1) throw coli::UsageError("--plan places one model's experts: give one -m");
     if (!vm.count("vram-budget")) throw coli::UsageError("--plan places experts in a VRAM tier: give --vram-budget");
-    const coli::Container pc(coli::container_file_of(o.models[0]).empty() ? o.models[0] : coli::container_file_of(o.models[0]));
+    const std::string file = coli::container_file_of(o.models[0]);
+    const coli::Container pc(file.empty() ? o.models[0] : file);
     const coli::ModelSpec ps = coli::parse_model_spec(pc.config_json(), o.models[0]);
     plan = coli::load_plan(vm["plan"].as<std::string>(), pc.fingerprint(), ps.num_layers, ps.num_experts);
   }

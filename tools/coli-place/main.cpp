@@ -145,10 +145,16 @@ struct Loaded {
   coli::ModelSpec spec;
 };
 
+// --model as a container file: a directory stands for its model.coli (a
+// path that is neither stays as given: the container's own error names it).
+std::string container_path(const std::string& model) {
+  const std::string file = coli::container_file_of(model);
+  return file.empty() ? model : file;
+}
+
 Loaded load(const std::string& model) {
   Loaded l;
-  std::string file = coli::container_file_of(model);
-  if (file.empty()) file = model;
+  const std::string file = container_path(model);
   l.c = std::make_unique<coli::Container>(file);
   l.spec = coli::parse_model_spec(l.c->config_json(), file);
   if (l.spec.num_experts < 1) throw coli::Error(file + ": the model has no routed experts to place");
@@ -293,8 +299,7 @@ int cmd_calibrate(int argc, char** argv) {
   if (max_tokens < 1) throw coli::UsageError("--max-tokens must be at least 1");
   const std::string device = vm["device"].as<std::string>();
   if (device != "cpu" && device != "cuda" && device != "auto") throw coli::UsageError("--device must be cuda, cpu or auto, not '" + device + "'");
-  std::string file = coli::container_file_of(vm["model"].as<std::string>());
-  if (file.empty()) file = vm["model"].as<std::string>();
+  const std::string file = container_path(vm["model"].as<std::string>());
   std::vector<std::string> prompts;
   {
     const std::string text = coli::read_text_file(vm["prompts"].as<std::string>());
@@ -363,8 +368,7 @@ int cmd_probe(int argc, char** argv) {
   // A model's probe is cached per its experts' format (the CPU's rate depends on it).
   std::string format, model_file;
   if (vm.count("model")) {
-    model_file = coli::container_file_of(vm["model"].as<std::string>());
-    if (model_file.empty()) model_file = vm["model"].as<std::string>();
+    model_file = container_path(vm["model"].as<std::string>());
     format = coli::expert_format_name(coli::Container(model_file));
   }
   const std::string out = vm.count("output") ? vm["output"].as<std::string>() : default_rates_path(format);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -285,10 +286,11 @@ int run(int argc, char** argv) {
                  static_cast<unsigned long long>(heat.previous().tokens()));
   // A plan's RAM part: its VRAM and RAM experts asked into memory ahead of
   // use (the tier part follows under --vram-budget below).
+  std::optional<coli::Plan> file_plan;  // --plan FILE, read once
   if (f.has("plan") && f.get<std::string>("plan") != "auto") {
     const coli::ModelSpec& ms = model->spec();
-    const coli::Plan plan = coli::load_plan(f.get<std::string>("plan"), coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
-    const uint64_t advised = coli::advise_plan_ram(*model, plan);
+    file_plan = coli::load_plan(f.get<std::string>("plan"), coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
+    const uint64_t advised = coli::advise_plan_ram(*model, *file_plan);
     if (verbose) std::fprintf(stderr, "coli-run: plan %s: %.1f GB of experts asked into memory\n", f.get<std::string>("plan").c_str(), advised / 1e9);
   }
   std::string why;
@@ -334,7 +336,7 @@ int run(int argc, char** argv) {
           std::fprintf(stderr, "coli-run: plan auto (rates: %s): predicted decode %.1f tok/s, hit rate %.3f\n",
                        rates_from.empty() ? "defaults; run coli-place probe" : rates_from.c_str(), pr.decode_tok_s, pr.hit_rate);
       } else {
-        plan = coli::load_plan(plan_flag, coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
+        plan = *file_plan;
       }
       co.heat = coli::plan_as_heat(plan, co.heat);  // the plan's VRAM experts first, hottest first
       if (verbose)
