@@ -154,10 +154,8 @@ class CudaBackend : public Backend {
   // The twin's copy of host bytes [src, src + n), 256-byte aligned as the
   // arena's, or null (no twin, outside it, misaligned).
   const uint8_t* twin_at(const void* src, std::size_t n) const {
-    const auto* s = static_cast<const uint8_t*>(src);
-    if (!twin_dev_ || s < twin_host_ || static_cast<std::size_t>(s - twin_host_) > twin_bytes_ || n > twin_bytes_ - static_cast<std::size_t>(s - twin_host_))
-      return nullptr;
-    const uint8_t* d = twin_dev_ + (s - twin_host_);
+    if (!twin_dev_ || !within(twin_host_, twin_bytes_, src, n)) return nullptr;
+    const uint8_t* d = twin_dev_ + (static_cast<const uint8_t*>(src) - twin_host_);
     return reinterpret_cast<std::uintptr_t>(d) % 256 == 0 ? d : nullptr;
   }
   const uint8_t* twin_dev_ = nullptr;   // the mapped twin (CudaOptions::twin)

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,21 @@ namespace coli::cuda {
 
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Whether the bytes [src, src + n) lie inside [base, base + len): where a
+// copy's source is (a registered range, the device twin's host side).
+inline bool within(const void* base, std::size_t len, const void* src, std::size_t n) {
+  const auto b = reinterpret_cast<std::uintptr_t>(base), s = reinterpret_cast<std::uintptr_t>(src);
+  return s >= b && s - b <= len && n <= len - (s - b);
+}
+// The same for any of (base, len) ranges (each registered on its own: a
+// copy that spans two is refused by the driver, so it is in neither).
+template <class Ranges>
+bool within_any(const Ranges& ranges, const void* src, std::size_t n) {
+  for (const auto& [base, len] : ranges)
+    if (within(base, len, src, n)) return true;
+  return false;
 }
 
 // The current device's compute capability major (0 when it cannot be

@@ -19,18 +19,13 @@ CudaBackend::DecodeUpload::DecodeUpload(CudaBackend& b, const Model& model) : b_
   // Which experts' weights are in pinned (registered) host memory: only
   // those can be copied asynchronously at the pinned rate.
   pinned_.assign(static_cast<std::size_t>(L) * E, 0);
-  auto is_pinned = [](const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return a.type == cudaMemoryTypeHost;
-  };
+  // Pinned: inside one of the ranges this backend registered (a copy across
+  // two would be refused).
+  auto is_pinned = [&](const Matrix& m) { return within_any(b.registered_, m.data, m.bytes()); };
   for (int l = 0; l < L; ++l)
     for (int e = 0; e < E; ++e) {
       const ExpertWeights& x = model.layer(l).moe.experts[e];
-      pinned_[static_cast<std::size_t>(l) * E + e] = is_pinned(x.gate.data) && is_pinned(x.up.data) && is_pinned(x.down.data);
+      pinned_[static_cast<std::size_t>(l) * E + e] = is_pinned(x.gate) && is_pinned(x.up) && is_pinned(x.down);
     }
   BudgetScope scope(b.budget_.get(), "the decode upload slots");
   stage_.resize(static_cast<std::size_t>(k_) * b.slot_bytes_);

@@ -52,15 +52,6 @@ PrefillStager::~PrefillStager() {
   if (ring_) cudaFreeHost(ring_);
 }
 
-bool PrefillStager::is_pinned(const void* src, std::size_t n) const {
-  const auto* s = static_cast<const uint8_t*>(src);
-  for (auto [p, len] : pinned_) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    if (s >= b && static_cast<std::size_t>(s - b) <= len && n <= len - static_cast<std::size_t>(s - b)) return true;
-  }
-  return false;
-}
-
 void PrefillStager::fail(std::exception_ptr e) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -137,7 +128,7 @@ void PrefillStager::coordinate() {
       if (!ring_) check(cudaMallocHost(&ring_, kRing * piece_), "cudaMallocHost (prefill staging ring)");
       std::vector<Piece> pieces;
       for (const Copy& c : job.copies) {
-        if (is_pinned(c.src, c.n)) {
+        if (within_any(pinned_, c.src, c.n)) {
           pieces.push_back({c.dst, c.src, c.n, 0, true});
           continue;
         }

@@ -70,7 +70,6 @@ class PrefillStager {
     uint64_t seq;  // place in the ring's sequence (staged pieces only)
     bool direct;
   };
-  bool is_pinned(const void* src, std::size_t n) const;
   void coordinate();   // the stager's thread: takes jobs, issues copies
   void fill_loop();    // the filling threads
   void fail(std::exception_ptr e);

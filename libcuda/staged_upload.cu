@@ -41,25 +41,14 @@ inline void relax() {
 StagedUploader::StagedUploader(int threads, std::size_t piece) : threads_(std::max(1, threads)), piece_(std::max<std::size_t>(4096, piece)) {}
 StagedUploader::~StagedUploader() = default;
 
-bool StagedUploader::is_pinned(const void* src, std::size_t n) const {
-  const auto* s = static_cast<const uint8_t*>(src);
-  for (auto [p, len] : pinned_) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    if (s >= b && s - b <= static_cast<std::ptrdiff_t>(len) && n <= len - static_cast<std::size_t>(s - b)) return true;
-  }
-  return false;
-}
-
 void StagedUploader::add(void* dst, const void* src, std::size_t n) {
   if (n == 0) return;
-  const auto* s = static_cast<const uint8_t*>(src);
-  const auto* t = static_cast<const uint8_t*>(twin_.host);
-  if (t && s >= t && static_cast<std::size_t>(s - t) <= twin_.n && n <= twin_.n - static_cast<std::size_t>(s - t)) {
-    device_.push_back({dst, static_cast<const uint8_t*>(twin_.dev) + (s - t), n});
+  if (twin_.host && within(twin_.host, twin_.n, src, n)) {
+    device_.push_back({dst, static_cast<const uint8_t*>(twin_.dev) + (static_cast<const uint8_t*>(src) - static_cast<const uint8_t*>(twin_.host)), n});
     pending_ += n;
     return;
   }
-  (is_pinned(src, n) ? direct_ : copies_).push_back({dst, src, n});
+  (within_any(pinned_, src, n) ? direct_ : copies_).push_back({dst, src, n});
   pending_ += n;
 }
 

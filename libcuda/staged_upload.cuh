@@ -44,7 +44,6 @@ class StagedUploader {
   };
   int threads_;
   std::size_t piece_;
-  bool is_pinned(const void* src, std::size_t n) const;
   std::vector<std::pair<const void*, std::size_t>> pinned_;
   std::vector<Copy> copies_, direct_, device_;
   struct {
