@@ -147,6 +147,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   check(cudaSetDevice(opt.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   phase("context");
+  tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
   graph_timing_ = opt_.profile == CudaProfile::kGraph;
   profile_ = opt_.profile == CudaProfile::kSteps;
   if (profile_) opt_.graphs = false;
@@ -155,11 +156,10 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     // One registration per region where the driver allows (512 GiB per call):
     // a copy whose source spans two registrations is refused.
     constexpr std::size_t kPiece = std::size_t(256) << 30;
-    const bool tiered = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
-    const bool needed = tiered && (opt_.decode_upload_max > 0 || opt_.prefill_upload);
+    const bool needed = tiered_ && (opt_.decode_upload_max > 0 || opt_.prefill_upload);
     const bool reg = opt_.register_hosts == CudaOptions::Register::kAlways || (opt_.register_hosts == CudaOptions::Register::kWhenNeeded && needed);
-    for (auto [p, n] : reg ? opt_.host_regions : decltype(opt_.host_regions){})
-      for (std::size_t o = 0; o < n; o += kPiece) {
+    for (auto [p, n] : opt_.host_regions)
+      for (std::size_t o = 0; reg && o < n; o += kPiece) {
         void* piece = const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + o;
         const std::size_t len = std::min(kPiece, n - o);
         if (cudaHostRegister(piece, len, cudaHostRegisterDefault) == cudaSuccess) registered_.push_back({piece, len});
@@ -182,7 +182,6 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     }
   }
   phase("map twin");
-  tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
   budget_ = std::make_shared<DeviceBudget>(opt_.vram_budget);
   BudgetScope scope(budget_.get(), "the weights outside the routed experts");
   // One allocation for every weight (in a tiered run: every weight but the
