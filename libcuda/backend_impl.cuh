@@ -283,6 +283,10 @@ class CudaBackend : public Backend {
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   StagedUploader* uploader_ = nullptr;  // while the constructor uploads
   std::vector<std::pair<void*, std::size_t>> registered_;  // CudaOptions::host_regions' pieces the driver took
+  // Those and the pieces another backend of this process had registered
+  // already (the driver refuses a second registration): all copy at the
+  // pinned rate; only registered_ is unregistered at the end.
+  std::vector<std::pair<void*, std::size_t>> pinned_ranges_;
   double register_ms_ = 0;
   std::vector<std::pair<std::string, double>> start_phases_;  // the constructor's timed phases
   std::unique_ptr<SwapPolicy> swap_policy_;

@@ -162,7 +162,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
       for (std::size_t o = 0; reg && o < n; o += kPiece) {
         void* piece = const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + o;
         const std::size_t len = std::min(kPiece, n - o);
-        if (cudaHostRegister(piece, len, cudaHostRegisterDefault) == cudaSuccess) registered_.push_back({piece, len});
+        const cudaError_t r = cudaHostRegister(piece, len, cudaHostRegisterDefault);
+        if (r == cudaSuccess) registered_.push_back({piece, len}), pinned_ranges_.push_back({piece, len});
+        else if (r == cudaErrorHostMemoryAlreadyRegistered) cudaGetLastError(), pinned_ranges_.push_back({piece, len});  // by another backend here: not ours to unregister
         else cudaGetLastError();  // not registrable: the pageable path
       }
     register_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -206,7 +208,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   // The weights' large copies are pipelined through pinned staging on
   // every core and complete before the constructor returns.
   StagedUploader uploader(default_upload_threads(), opt_.tuning.upload_piece_bytes);
-  for (auto [p, n] : registered_) uploader.add_pinned(p, n);  // copied from where they are
+  for (auto [p, n] : pinned_ranges_) uploader.add_pinned(p, n);  // copied from where they are
   if (twin_dev_) uploader.add_twin(twin_host_, twin_bytes_, twin_dev_);  // device to device (the tier's slots)
   arena_.set_uploader(&uploader, opt_.tuning.upload_min_bytes);
   uploader_ = &uploader;

@@ -19,9 +19,9 @@ CudaBackend::DecodeUpload::DecodeUpload(CudaBackend& b, const Model& model) : b_
   // Which experts' weights are in pinned (registered) host memory: only
   // those can be copied asynchronously at the pinned rate.
   pinned_.assign(static_cast<std::size_t>(L) * E, 0);
-  // Pinned: inside one of the ranges this backend registered (a copy across
-  // two would be refused).
-  auto is_pinned = [&](const Matrix& m) { return within_any(b.registered_, m.data, m.bytes()); };
+  // Pinned: inside one of the registered ranges (a copy across two would be
+  // refused).
+  auto is_pinned = [&](const Matrix& m) { return within_any(b.pinned_ranges_, m.data, m.bytes()); };
   for (int l = 0; l < L; ++l)
     for (int e = 0; e < E; ++e) {
       const ExpertWeights& x = model.layer(l).moe.experts[e];

@@ -41,7 +41,7 @@ void CudaBackend::init_prefill_upload(std::size_t) {
   // its own (the host computes no experts while a chunk uploads); registered
   // ones straight.
   std::vector<std::pair<const void*, std::size_t>> pinned;
-  for (auto [p, n] : registered_) pinned.push_back({p, n});
+  for (auto [p, n] : pinned_ranges_) pinned.push_back({p, n});
   const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 1, 8);
   pu_.stager = std::make_unique<PrefillStager>(opt_.device, pu_.stream, threads, std::size_t(8) << 20, std::move(pinned));
   for (int b = 0; b < 2; ++b) {
