@@ -2,8 +2,8 @@
 # coli-place's predictions against measurements (issue 19, docs/perf/place.md):
 # a routing-skewed model, its heat recorded by a first benchmark run, this
 # machine probed, then at each VRAM budget a plan (coli-place --explain) and
-# the measured tg128 and pp512 of coli-bench following it, with the error of
-# each prediction. Prints one table last.
+# the measured tg128 and pp512 of coli-bench following it (experts from a
+# coli-pin mirror), with the error of each prediction. Prints one table last.
 # Usage: scripts/bench_place.sh WORKDIR [LAYERS] [BUDGETS]   (env BIN=build/bin)
 #   BUDGETS: space-separated --vram-budget values (default "6G 8G 10G 12G 16G")
 set -uo pipefail
@@ -16,10 +16,18 @@ export XDG_CACHE_HOME="$work/cache"  # this run's heat and rates only
 mkdir -p "$work" "$XDG_CACHE_HOME"
 [ -f "$model" ] || "$bin/coli-convert" synth -o "$model" --layers "$layers" --seed 1 --routing-skew 1.0 \
   --experts int4-g32 --trunk int4-g32 --lm-head int4-g32 >/dev/null || exit 1
-# Heat: a first run records the routing of 2 x (512 + 128) tokens.
+# Heat: a first run records the routing of 2 x (512 + 128) tokens (from
+# the container: the mirror below is not up yet).
 "$bin/coli-bench" -m "$model" -p 512 -n 128 -r 1 --no-warmup --vram-budget 16G >/dev/null 2>&1
 "$bin/coli-place" heat -m "$model" | awk 'NR > 1 { n += $3 } END { print "heat: " n " routings recorded" }'
 "$bin/coli-place" probe -m "$model" --seconds 2 -o "$work/rates.txt" || exit 1
+# The experts in a locked shared-memory mirror (coli-pin), as a hybrid
+# setup runs: prefill uploads copy from it at the pinned rate the probe
+# measured (from the container's pageable mapping they go through a
+# bounce buffer at a fraction of it).
+ulimit -l unlimited 2>/dev/null || echo "note: RLIMIT_MEMLOCK stays $(ulimit -l) KiB: coli-pin may refuse to lock"
+"$bin/coli-pin" start --model "$model" --heat none || exit 1
+trap '"$bin/coli-pin" stop --model "$model" >/dev/null 2>&1' EXIT
 ctx=641  # coli-bench's context for pp512 + tg128
 rows=()
 for b in $budgets; do

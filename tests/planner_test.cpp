@@ -2,6 +2,7 @@
 // inputs give the same plan, the greedy order by time saved (hand-worked
 // cases, including a layer whose GPU part already bounds it), and the cost
 // model's predictions at the extremes.
+#include <cmath>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -110,7 +111,9 @@ TEST(Planner, PredictionsAtTheExtremes) {
   const Plan p = coli::plan_placement(in, &none);
   EXPECT_EQ(p.count(Tier::kDisk), 32);
   EXPECT_DOUBLE_EQ(none.hit_rate, 0.0);
-  const double per_layer = 20e-6 + 2 * 1e6 / 0.1e9 + 3e-6;  // the trunk, then k reads at disk rate (p = k / E each, E of them), the handoff
+  // The trunk, then k reads at disk rate (p = k / E each, E of them), the
+  // handoff for the tokens with a miss there: k = 2 expected, 1 - e^-2 of them.
+  const double per_layer = 20e-6 + 2 * 1e6 / 0.1e9 + 3e-6 * (1 - std::exp(-2.0));
   EXPECT_NEAR(none.decode_tok_s, 1.0 / (100e-6 + 4 * per_layer), 1e-3);
   EXPECT_EQ(none.decode_bound, "disk reads");
   EXPECT_NEAR(none.disk_bytes_per_token, 4 * 2 * 1e6, 1e-3);
@@ -167,4 +170,25 @@ TEST(Planner, PrefillStagingComesOutOfTheSlots) {
   // Without uploads, every slot holds an expert.
   in.prefill_staging_extra = -1;
   EXPECT_EQ(coli::plan_placement(in).count(Tier::kVram), 12);
+}
+
+// The round trip is paid by the tokens that miss in the layer: a layer
+// whose only non-resident expert is cold pays 1 - e^-p of handoff_s, one
+// whose non-residents take k misses per token nearly all of it.
+TEST(Planner, RareMissesPayTheHandoffRarely) {
+  PlannerInputs in = small(1, 4, 1);
+  in.rates.gpu_layer_s = 20e-6, in.rates.handoff_s = 100e-6, in.rates.token_fixed_s = 50e-6;
+  in.heat = {500, 399, 100, 0};  // p = (count + 1/4) / 1001
+  in.heat_tokens = 1000;
+  Plan plan;
+  plan.fingerprint = in.fingerprint, plan.layers = 1, plan.experts = 4;
+  plan.tier = {Tier::kVram, Tier::kVram, Tier::kVram, Tier::kRam};
+  const double p3 = 0.25 / 1001;
+  const Prediction cold = coli::predict(in, plan);
+  EXPECT_NEAR(1 / cold.decode_tok_s, 50e-6 + 20e-6 + p3 * 1e-3 + 100e-6 * (1 - std::exp(-p3)), 1e-12);
+  plan.tier = {Tier::kRam, Tier::kVram, Tier::kVram, Tier::kVram};
+  const double p0 = 500.25 / 1001;
+  const Prediction hot = coli::predict(in, plan);
+  EXPECT_NEAR(1 / hot.decode_tok_s, 50e-6 + 20e-6 + p0 * 1e-3 + 100e-6 * (1 - std::exp(-p0)), 1e-12);
+  EXPECT_LT(100e-6 * (1 - std::exp(-p3)), 0.03e-6);  // the cold layer: under 0.03 us of the 100
 }

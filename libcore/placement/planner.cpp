@@ -55,8 +55,11 @@ double read_s(const PlannerInputs& in, Tier t) {
 // The GPU's expert work of a layer, which runs while the CPU computes.
 double gpu_part(const PlannerInputs& in) { return in.k * in.rates.gpu_expert_s; }
 
-double layer_time(const PlannerInputs& in, double cpu) {
-  return in.rates.gpu_layer_s + std::max(gpu_part(in), cpu) + (cpu > 0 ? in.rates.handoff_s : 0);
+// misses: the expected number of the layer's routed experts outside VRAM
+// per token. The round trip is paid by the tokens that have one or more
+// (Poisson: 1 - e^-misses); a layer whose misses are rare mostly skips it.
+double layer_time(const PlannerInputs& in, double cpu, double misses) {
+  return in.rates.gpu_layer_s + std::max(gpu_part(in), cpu) + in.rates.handoff_s * -std::expm1(-std::max(0.0, misses));
 }
 
 // Times equal to a relative 1e-9 are a tie: sums over different layers
@@ -85,18 +88,19 @@ Prediction predict(const PlannerInputs& in, const Plan& plan) {
   Prediction r;
   double token = in.rates.token_fixed_s, vram_p = 0, all_p = 0, ram_s = 0, disk_s = 0, upload_bytes = 0;
   for (int l = 0; l < in.layers; ++l) {
-    double cpu = 0;
+    double cpu = 0, misses = 0;
     for (int e = 0; e < in.experts; ++e) {
       const std::size_t i = static_cast<std::size_t>(l) * in.experts + e;
       const Tier t = plan.tier[i];
       all_p += p[i];
+      if (t != Tier::kVram) misses += p[i];
       if (t == Tier::kVram) vram_p += p[i], r.vram_bytes_per_token += p[i] * B;
       if (t == Tier::kRam) r.ram_bytes_per_token += p[i] * B, ram_s += p[i] * read_s(in, t);
       if (t == Tier::kDisk) r.disk_bytes_per_token += p[i] * B, disk_s += p[i] * read_s(in, t);
       cpu += p[i] * read_s(in, t);
     }
     (cpu > gpu_part(in) ? r.cpu_bound_layers : r.gpu_bound_layers) += 1;
-    token += layer_time(in, cpu);
+    token += layer_time(in, cpu, misses);
   }
   r.hit_rate = all_p > 0 ? vram_p / all_p : 1;
   r.decode_tok_s = 1.0 / token;
@@ -139,9 +143,9 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
     const double* pl = p.data() + static_cast<std::size_t>(l) * E;
     std::stable_sort(order[l].begin(), order[l].end(), [&](int a, int b) { return pl[a] > pl[b]; });
   }
-  std::vector<double> cpu(L, 0);
+  std::vector<double> cpu(L, 0), misses(L, 0);
   for (int l = 0; l < L; ++l)
-    for (int e = 0; e < E; ++e) cpu[l] += p[static_cast<std::size_t>(l) * E + e] * read_s(in, start);
+    for (int e = 0; e < E; ++e) cpu[l] += p[static_cast<std::size_t>(l) * E + e] * read_s(in, start), misses[l] += p[static_cast<std::size_t>(l) * E + e];
   // Moves up to `room` experts into tier `to`, each time the one whose move
   // saves the most predicted time (then the most CPU time, then the layer
   // with the most CPU time left, then the lower layer): each layer's
@@ -160,7 +164,8 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
         if (e < 0) continue;
         const std::size_t i = static_cast<std::size_t>(l) * E + e;
         const double saved = p[i] * (read_s(in, plan.tier[i]) - read_s(in, to));
-        const double gain = layer_time(in, cpu[l]) - layer_time(in, std::max(0.0, cpu[l] - saved));
+        const double fewer = to == Tier::kVram ? p[i] : 0;  // a move into RAM leaves the miss a miss
+        const double gain = layer_time(in, cpu[l], misses[l]) - layer_time(in, std::max(0.0, cpu[l] - saved), misses[l] - fewer);
         // Ties (even routing; equal up to rounding, which differs between
         // layers with different sums): the expert that saves more CPU time,
         // then the layer with the most CPU time left, so that layers fill evenly.
@@ -171,6 +176,7 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
       if (best_l < 0) return;
       const std::size_t i = static_cast<std::size_t>(best_l) * E + best_e;
       cpu[best_l] = std::max(0.0, cpu[best_l] - p[i] * (read_s(in, plan.tier[i]) - read_s(in, to)));
+      if (to == Tier::kVram) misses[best_l] = std::max(0.0, misses[best_l] - p[i]);
       plan.tier[i] = to;
     }
   };
@@ -178,7 +184,7 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
   // the most non-residents leaves out (plus the swaps in flight): fewer
   // experts in VRAM until plan and staging fit the slots together.
   const std::vector<Tier> start_tier = plan.tier;
-  const std::vector<double> start_cpu = cpu;
+  const std::vector<double> start_cpu = cpu, start_misses = misses;
   uint64_t room = std::min<uint64_t>(n, slots_total);
   for (;;) {
     fill(Tier::kVram, room);
@@ -188,11 +194,11 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
     const uint64_t staging = most_out == 0 ? 0 : 2 * uint64_t(std::min<int64_t>(E, most_out + in.prefill_staging_extra));
     const uint64_t used = uint64_t(plan.count(Tier::kVram)) + staging;
     if (used <= slots_total || room == 0) {
-      if (used > slots_total) plan.tier = start_tier, cpu = start_cpu;  // not even the staging fits: no prefill uploads, nothing resident
+      if (used > slots_total) plan.tier = start_tier, cpu = start_cpu, misses = start_misses;  // not even the staging fits: no prefill uploads, nothing resident
       break;
     }
     room -= std::min(room, std::max<uint64_t>(1, used - slots_total));
-    plan.tier = start_tier, cpu = start_cpu;
+    plan.tier = start_tier, cpu = start_cpu, misses = start_misses;
   }
   if (start == Tier::kDisk) fill(Tier::kRam, std::min<uint64_t>(n, ram_slots));
   const Prediction r = predict(in, plan);

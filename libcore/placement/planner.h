@@ -8,13 +8,17 @@
 //             (without heat: k / experts for every expert)
 //   cpu(l)  = sum over e not in VRAM of p(l,e) * bytes / rate(tier(e))
 //             rate: host_expert_gbs for ram, disk_gbs for disk
-//   layer   = gpu_layer_s + max(k * gpu_expert_s, cpu(l)) + handoff_s when cpu(l) > 0
+//   m(l)    = sum over e not in VRAM of p(l,e): the layer's expected misses
+//   layer   = gpu_layer_s + max(k * gpu_expert_s, cpu(l)) + handoff_s * (1 - e^-m(l))
 //   token   = sum over layers + token_fixed_s (embedding, lm_head, sampling)
 // The GPU's trunk work of a layer (norms, attention or DeltaNet, router:
 // gpu_layer_s) comes before the routing is known, so it is serial with the
 // CPU's part; the GPU's expert work (the shared and resident experts) runs
 // while the CPU computes the misses. handoff_s is what a layer with misses
-// costs beyond both: the round trip and the CPU threads' start.
+// costs beyond both: the round trip and the CPU threads' start, paid by the
+// tokens with one miss or more there (Poisson: 1 - e^-m). Charging it to
+// every layer with any chance of a miss predicted a 40-layer skewed model
+// at 99 % hits 36 % slow (docs/perf/place.md).
 // and per prompt chunk of T tokens (hybrid prefill, --prefill-upload):
 //   upload  = bytes of the chunk's non-resident experts / pcie_gbs
 //   compute = T * layers * prefill_layer_token_s
