@@ -31,7 +31,7 @@ int num_tokens(const ExpertPair* pairs, int n) {
 }  // namespace
 
 
-CpuBackend::CpuBackend(const Model& model, CpuOptions opt) : m_(model), s_(model.spec()), fast_(opt.fast), gdn_chunked_(opt.fast && opt.gdn_chunked) {
+CpuBackend::CpuBackend(const Model& model, CpuOptions opt) : m_(model), s_(model.spec()), fast_(opt.fast), gdn_chunked_(opt.fast && opt.gdn_chunked), one_token_run_(opt.one_token_run) {
   if (!fast_) return;
   pool_ = std::make_unique<ThreadPool>(opt.threads);
   // A prefill chunk allocates and frees buffers of 100 KB - 30 MB in every
@@ -217,6 +217,10 @@ void CpuBackend::shared_expert(int layer, int T, const float* hn, float* out) {
 void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) {
   const MoeWeights& moe = m_.layer(layer).moe;
   const int H = s_.hidden_size;
+  if (fast_ && one_token_run_ && one_token_applies(moe, pairs, n)) {
+    routed_experts_one_token(moe, pairs, n, hn, out);
+    return;
+  }
   if (fast_) {
     routed_experts_fast(moe, pairs, n, hn, out);
     return;

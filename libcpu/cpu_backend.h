@@ -7,7 +7,9 @@
 //     and Gated DeltaNet in parallel, and the routed experts of a layer as two
 //     parallel jobs (gate+up+SiLU for every expert, then down and combine).
 #pragma once
+#include <atomic>
 #include <functional>
+#include <memory>
 
 #include "engine/backend.h"
 #include "kernels_amx.h"
@@ -32,6 +34,10 @@ struct CpuState : BackendState {
 struct CpuOptions {
   int threads = 1;     // <= 0: all cores
   bool fast = false;   // SIMD kernels and fused jobs
+  // A decode step's routed experts as one parallel run without a barrier
+  // between the gate/up and the down projections (expert_one_token.cpp);
+  // off: two runs (the prefill path). The same results either way.
+  bool one_token_run = true;
   // Gated DeltaNet prompts in the chunked (WY) form (fast mode, 16 tokens
   // or more). Off by default: on the CPU the vectorised token step is
   // faster (docs/perf/cpu.md); the chunked form is what the GPU runs.
@@ -74,6 +80,10 @@ class CpuBackend : public Backend {
   // qa (and aa, if given) for x[T, cols], token ranges in parallel.
   void quantize_parallel(const float* x, int T, int64_t cols, QuantizedActs* qa, AmxActs* aa);
   void routed_experts_fast(const MoeWeights& moe, const ExpertPair* pairs, int n, const float* hn, float* out);
+  // One token's experts as one parallel run (expert_one_token.cpp); applies
+  // to distinct experts whose matrices take the VNNI kernel.
+  bool one_token_applies(const MoeWeights& moe, const ExpertPair* pairs, int n) const;
+  void routed_experts_one_token(const MoeWeights& moe, const ExpertPair* pairs, int n, const float* hn, float* out);
   // out[T, H] = down(silu(gate . x) * (up . x)) for T rows of x.
   void swiglu_mm(const ExpertWeights& e, const float* x, int T, float* out);
 
@@ -86,6 +96,18 @@ class CpuBackend : public Backend {
   QuantizedActs mm_qa_;
   AmxActs mm_aa_;
   Bf16Acts mm_bf16_;
+  // routed_experts_one_token's arrays, kept between calls.
+  struct OneToken {
+    QuantizedActs x;                                  // the token's row, int8 codes
+    std::vector<float> gate, up;                      // [n][I]
+    std::vector<QuantizedActs> act;                   // [n]: SiLU(gate) * up, int8 codes
+    std::unique_ptr<std::atomic<int>[]> left, ready;  // [n]: gate/up units not done; activations made
+    int capacity = 0;
+    std::vector<int> order, down_start;
+    std::atomic<int> next{0};
+  };
+  std::unique_ptr<OneToken> one_token_;
+  bool one_token_run_ = true;
 };
 
 

@@ -78,6 +78,13 @@ void quantize_acts_rows(const float* x, int t0, int t1, QuantizedActs* qa) {
 }
 
 namespace {
+int g_prefetch_bytes = 2048;  // how far ahead of a row's codes (set_vnni_prefetch)
+bool g_prefetch_scales = false;
+}  // namespace
+
+void set_vnni_prefetch(int bytes, bool scales) { g_prefetch_bytes = bytes, g_prefetch_scales = scales; }
+
+namespace {
 
 // Rows [r0, r1) for tokens t0 .. t0+T-1 of qa, R rows at a time: a decode
 // step (T = 1) takes two rows per pass, so each core keeps two independent
@@ -153,7 +160,9 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
         lanes[t] = _mm512_loadu_ps(qa.lanes.data() + ((t0 + t) * nsb + sb) * 16);
       }
       for (int i = 0; i < R; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(row[i] + sb * 64) + 2048, _MM_HINT_T0);
+        if (g_prefetch_bytes) _mm_prefetch(reinterpret_cast<const char*>(row[i] + sb * 64) + g_prefetch_bytes, _MM_HINT_T0);
+        if (g_prefetch_scales && sb % 8 == 0 && sb * 8 < static_cast<int64_t>(l.scale_row_bytes))
+          _mm_prefetch(reinterpret_cast<const char*>(sc[i] + sb * 8) + g_prefetch_bytes / l.row_stride * l.scale_row_bytes, _MM_HINT_T0);
         const __m512i c = _mm512_loadu_si512(row[i] + sb * 64);
         const __m512i lo = _mm512_and_si512(c, mask), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
         const __m512 sw = lane_scales(sc[i], row_scale[i], sb);

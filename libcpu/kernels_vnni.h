@@ -34,6 +34,9 @@ void quantize_acts(const float* x, int T, int64_t cols, QuantizedActs* out);  //
 // Rows [t0, t1) of x (x points at row 0) into qa, already sized; disjoint
 // ranges may run in parallel.
 void quantize_acts_rows(const float* x, int t0, int t1, QuantizedActs* qa);
+// Tuning for benchmarks: software prefetch distance ahead of a row's codes
+// (0: none; default 2048) and whether the scale rows are prefetched too.
+void set_vnni_prefetch(int bytes, bool scales);
 void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy);
 
 }  // namespace coli::cpu

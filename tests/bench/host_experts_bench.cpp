@@ -5,9 +5,11 @@
 // the roofline quantity (host bytes per token over the host read rate).
 //
 // Needs a container: COLI_BENCH_MODEL=PATH (e.g. coli-convert synth -o).
-// Two sources of the same bytes: the container's file mapping (page cache,
-// 4 KiB pages) and a private anonymous copy that asked for transparent huge
-// pages (MADV_HUGEPAGE), so the cost of the mapping's page walks shows.
+// Arg 0, two sources of the same bytes: the container's file mapping (page
+// cache, 4 KiB pages) and a private anonymous copy that asked for
+// transparent huge pages (MADV_HUGEPAGE), so the cost of the mapping's page
+// walks shows. Arg 1: threads. Arg 2: the one-token run (1) or the two
+// parallel runs (0) of CpuBackend::routed_experts.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -86,6 +88,7 @@ std::vector<int> pick_experts(std::mt19937& rng, int k, int E) {
 void BM_HostExperts(benchmark::State& st) {
   const bool anon = st.range(0) != 0;
   const int threads = static_cast<int>(st.range(1));
+  const bool one_run = st.range(2) != 0;  // CpuOptions::one_token_run
   static std::unique_ptr<Model> models[2];
   if (!models[anon]) models[anon] = load_model(anon);
   if (!models[anon]) {
@@ -94,7 +97,9 @@ void BM_HostExperts(benchmark::State& st) {
   }
   const Model& m = *models[anon];
   const ModelSpec& s = m.spec();
-  cpu::CpuBackend cpu(m, cpu::CpuOptions{threads, true});
+  cpu::CpuOptions o{threads, true};
+  o.one_token_run = one_run;
+  cpu::CpuBackend cpu(m, o);
   std::mt19937 rng(7);
   std::vector<float> hn(s.hidden_size), out(s.hidden_size);
   std::normal_distribution<float> nd;
@@ -115,9 +120,9 @@ void BM_HostExperts(benchmark::State& st) {
     layer = (layer + 1) % s.num_layers;
   }
   st.SetBytesProcessed(static_cast<int64_t>(bytes));
-  st.SetLabel(anon ? "anon-hugepage-copy" : "container-mapping");
+  st.SetLabel(std::string(anon ? "anon-hugepage-copy" : "container-mapping") + (one_run ? ", one run" : ", two runs"));
 }
-BENCHMARK(BM_HostExperts)->ArgsProduct({{0, 1}, {8, 14, 15, 16}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_HostExperts)->ArgsProduct({{0, 1}, {8, 14, 15, 16}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The same experts' bytes only read (64-byte loads summed), split like the
 // expert kernels' jobs: the bound the access pattern allows.
@@ -217,5 +222,60 @@ void BM_VnniPhase(benchmark::State& st) {
   st.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 BENCHMARK(BM_VnniPhase)->ArgsProduct({{0, 1, 2}, {15, 16}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace
+
+namespace {
+
+// Gate and up of 8 random experts of a layer (layers in turn), their 8192
+// rows split into one contiguous range per thread (no job queue): the VNNI
+// kernel's streaming rate at P threads, against ReadBandwidth/P. Arg 1 is
+// the software prefetch: 0 none, 1/2/3 codes 2/4/8 KiB ahead, 4/5 the same
+// as 1/2 plus the scale rows.
+void BM_VnniStream(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0)), pf = static_cast<int>(st.range(1));
+  static std::unique_ptr<Model> model;
+  if (!model) model = load_model(false);
+  if (!model) {
+    st.SkipWithError("set COLI_BENCH_MODEL to a container");
+    return;
+  }
+  const int dist[] = {0, 2048, 4096, 8192, 2048, 4096};
+  cpu::set_vnni_prefetch(dist[pf], pf >= 4);
+  const ModelSpec& s = model->spec();
+  const int H = s.hidden_size, I = s.moe_intermediate_size, k = s.num_experts_per_tok;
+  cpu::ThreadPool pool(threads);
+  std::mt19937 rng(7);
+  std::vector<float> x(H);
+  std::normal_distribution<float> nd;
+  for (float& v : x) v = nd(rng);
+  cpu::QuantizedActs qx;
+  cpu::quantize_acts(x.data(), 1, H, &qx);
+  std::vector<float> y(static_cast<std::size_t>(k) * 2 * I);
+  std::size_t bytes = 0;
+  int layer = 0;
+  const int rows = k * 2 * I;
+  for (auto _ : st) {
+    std::vector<const Matrix*> mats;
+    for (int e : pick_experts(rng, k, s.num_experts)) {
+      const ExpertWeights& w = model->layer(layer).moe.experts[e];
+      mats.push_back(&w.gate), mats.push_back(&w.up);
+      bytes += w.gate.bytes() + w.up.bytes();
+    }
+    pool.run(threads, [&](int t) {
+      const int r0 = static_cast<int>(int64_t(rows) * t / threads), r1 = static_cast<int>(int64_t(rows) * (t + 1) / threads);
+      for (int r = r0; r < r1;) {
+        const int m = r / I, a = r % I, b = std::min(I, a + (r1 - r));
+        cpu::matmul_rows_vnni(*mats[m], qx, a, b, y.data() + m * I, 1);
+        r += b - a;
+      }
+    });
+    benchmark::DoNotOptimize(y.data());
+    layer = (layer + 1) % s.num_layers;
+  }
+  cpu::set_vnni_prefetch(2048, false);
+  st.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+BENCHMARK(BM_VnniStream)->ArgsProduct({{1, 4, 8, 15}, {0, 1, 2, 3, 4, 5}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
