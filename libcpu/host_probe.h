@@ -17,7 +17,8 @@ namespace coli::cpu {
 double measure_read_gbs(std::size_t bytes, int threads, double seconds);
 
 // One token's k routed experts per layer, random experts (fixed seed),
-// through CpuExpertHost: expert bytes read per second.
+// through CpuExpertHost: expert bytes read per second, the median pass
+// (one pass: every layer once).
 double measure_expert_gbs(const Model& model, int threads, double seconds);
 
 }  // namespace coli::cpu

@@ -122,11 +122,14 @@ TEST(Planner, PredictionsAtTheExtremes) {
   EXPECT_EQ(none.prefill_chunk, 4096);
   EXPECT_EQ(none.prefill_bound, "gpu");
   EXPECT_NEAR(none.prefill_tok_s, 4096 / (4096e-6 + 3.2e-3 / 4), 1.0);
-  in.chunks = {512};  // 0.5 ms of compute: the upload bounds it
+  // 0.5 ms of compute (0.128 ms a layer) against 0.8 ms of upload a layer:
+  // the first layer's upload, three layers waiting for the next upload,
+  // the last layer's compute.
+  in.chunks = {512};
   Prediction small_chunks;
   coli::plan_placement(in, &small_chunks);
   EXPECT_EQ(small_chunks.prefill_bound, "pcie");
-  EXPECT_NEAR(small_chunks.prefill_tok_s, 512 / (3.2e-3 * 1.25), 1.0);
+  EXPECT_NEAR(small_chunks.prefill_tok_s, 512 / (0.8e-3 + 3 * 0.8e-3 + 0.128e-3), 1.0);
 }
 
 TEST(Planner, BadInputsAreErrors) {

@@ -20,9 +20,10 @@
 // every layer with any chance of a miss predicted a 40-layer skewed model
 // at 99 % hits 36 % slow (docs/perf/place.md).
 // and per prompt chunk of T tokens (hybrid prefill, --prefill-upload):
-//   upload  = bytes of the chunk's non-resident experts / pcie_gbs
-//   compute = T * layers * prefill_layer_token_s
-//   chunk   = max(upload, compute) + upload of one layer (the first, not hidden)
+//   up(l)   = bytes of layer l's experts outside VRAM / pcie_gbs (all of
+//             them: a layer's upload runs a layer ahead of its routing)
+//   compute = T * prefill_layer_token_s per layer
+//   chunk   = up(0) + sum over l of max(compute, up(l + 1))
 //
 // plan_placement() fills VRAM first, then RAM, each greedily by the time an
 // expert saves per byte (all experts of a model have one size, so: by the
