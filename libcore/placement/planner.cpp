@@ -62,6 +62,10 @@ double layer_time(const PlannerInputs& in, double cpu, double misses) {
   return in.rates.gpu_layer_s + std::max(gpu_part(in), cpu) + in.rates.handoff_s * -std::expm1(-std::max(0.0, misses));
 }
 
+double pick_time(const PlannerInputs& in, double cpu) {
+  return in.rates.gpu_layer_s + std::max(gpu_part(in), cpu) + (cpu > 0 ? in.rates.handoff_s : 0);
+}
+
 // Times equal to a relative 1e-9 are a tie: sums over different layers
 // round differently.
 constexpr double kTie = 1e-9;
@@ -150,9 +154,9 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
     const double* pl = p.data() + static_cast<std::size_t>(l) * E;
     std::stable_sort(order[l].begin(), order[l].end(), [&](int a, int b) { return pl[a] > pl[b]; });
   }
-  std::vector<double> cpu(L, 0), misses(L, 0);
+  std::vector<double> cpu(L, 0);
   for (int l = 0; l < L; ++l)
-    for (int e = 0; e < E; ++e) cpu[l] += p[static_cast<std::size_t>(l) * E + e] * read_s(in, start), misses[l] += p[static_cast<std::size_t>(l) * E + e];
+    for (int e = 0; e < E; ++e) cpu[l] += p[static_cast<std::size_t>(l) * E + e] * read_s(in, start);
   // Moves up to `room` experts into tier `to`, each time the one whose move
   // saves the most predicted time (then the most CPU time, then the layer
   // with the most CPU time left, then the lower layer): each layer's
@@ -171,8 +175,12 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
         if (e < 0) continue;
         const std::size_t i = static_cast<std::size_t>(l) * E + e;
         const double saved = p[i] * (read_s(in, plan.tier[i]) - read_s(in, to));
-        const double fewer = to == Tier::kVram ? p[i] : 0;  // a move into RAM leaves the miss a miss
-        const double gain = layer_time(in, cpu[l], misses[l]) - layer_time(in, std::max(0.0, cpu[l] - saved), misses[l] - fewer);
+        // The pick goes by the makespan with the round trip charged to every
+        // layer with misses (as predicted when they are common): charged by
+        // its 1 - e^-m, the round trip would pull whole layers into VRAM
+        // under even routing, which measured no faster than the spread on
+        // the GPU machine (docs/perf/place.md).
+        const double gain = pick_time(in, cpu[l]) - pick_time(in, std::max(0.0, cpu[l] - saved));
         // Ties (even routing; equal up to rounding, which differs between
         // layers with different sums): the expert that saves more CPU time,
         // then the layer with the most CPU time left, so that layers fill evenly.
@@ -183,7 +191,6 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
       if (best_l < 0) return;
       const std::size_t i = static_cast<std::size_t>(best_l) * E + best_e;
       cpu[best_l] = std::max(0.0, cpu[best_l] - p[i] * (read_s(in, plan.tier[i]) - read_s(in, to)));
-      if (to == Tier::kVram) misses[best_l] = std::max(0.0, misses[best_l] - p[i]);
       plan.tier[i] = to;
     }
   };
@@ -191,7 +198,7 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
   // the most non-residents leaves out (plus the swaps in flight): fewer
   // experts in VRAM until plan and staging fit the slots together.
   const std::vector<Tier> start_tier = plan.tier;
-  const std::vector<double> start_cpu = cpu, start_misses = misses;
+  const std::vector<double> start_cpu = cpu;
   uint64_t room = std::min<uint64_t>(n, slots_total);
   for (;;) {
     fill(Tier::kVram, room);
@@ -201,11 +208,11 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
     const uint64_t staging = most_out == 0 ? 0 : 2 * uint64_t(std::min<int64_t>(E, most_out + in.prefill_staging_extra));
     const uint64_t used = uint64_t(plan.count(Tier::kVram)) + staging;
     if (used <= slots_total || room == 0) {
-      if (used > slots_total) plan.tier = start_tier, cpu = start_cpu, misses = start_misses;  // not even the staging fits: no prefill uploads, nothing resident
+      if (used > slots_total) plan.tier = start_tier, cpu = start_cpu;  // not even the staging fits: no prefill uploads, nothing resident
       break;
     }
     room -= std::min(room, std::max<uint64_t>(1, used - slots_total));
-    plan.tier = start_tier, cpu = start_cpu, misses = start_misses;
+    plan.tier = start_tier, cpu = start_cpu;
   }
   if (start == Tier::kDisk) fill(Tier::kRam, std::min<uint64_t>(n, ram_slots));
   const Prediction r = predict(in, plan);

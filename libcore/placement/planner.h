@@ -29,7 +29,10 @@
 // expert saves per byte (all experts of a model have one size, so: by the
 // predicted token time it saves), recomputing its layer's makespan after
 // every pick: an expert in a layer whose GPU part already bounds it saves
-// nothing and is skipped for a hotter layer's. Deterministic: ties go to
+// nothing and is skipped for a hotter layer's. The picks charge the round
+// trip to every layer with misses, not by 1 - e^-m: that would pull whole
+// layers into VRAM under even routing, measured no faster than spreading
+// them (docs/perf/place.md). Deterministic: ties go to
 // the layer with the most CPU time left (even routing fills the layers
 // evenly), then to the lower (layer, expert). Never over a budget: at most
 // floor(vram_bytes / expert_bytes) experts in VRAM (less the prefill

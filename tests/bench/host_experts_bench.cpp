@@ -5,10 +5,10 @@
 // the roofline quantity (host bytes per token over the host read rate).
 //
 // Needs a container: COLI_BENCH_MODEL=PATH (e.g. coli-convert synth -o).
-// Arg 0, two sources of the same bytes: the container's file mapping (page
-// cache, 4 KiB pages) and a private anonymous copy that asked for
-// transparent huge pages (MADV_HUGEPAGE), so the cost of the mapping's page
-// walks shows. Arg 1: threads. Arg 2: the one-token run (1) or the two
+// Arg 0, three sources of the same bytes: the container's file mapping
+// (page cache) and private anonymous copies that asked for transparent huge
+// pages (MADV_HUGEPAGE) or refused them (MADV_NOHUGEPAGE, as a coli-pin
+// mirror's shared memory is mapped), so the cost of page walks shows. Arg 1: threads. Arg 2: the one-token run (1) or the two
 // parallel runs (0) of CpuBackend::routed_experts.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
@@ -36,13 +36,13 @@ using namespace coli;
 // A container's tensors copied into one anonymous huge-page arena.
 class AnonCopySource : public TensorSource {
  public:
-  explicit AnonCopySource(std::shared_ptr<Container> c) : c_(std::move(c)) {
+  AnonCopySource(std::shared_ptr<Container> c, bool huge) : c_(std::move(c)) {
     size_ = 0;
     for (const std::string& n : c_->names()) size_ += (c_->find(n)->nbytes + 4095) / 4096 * 4096;
     size_ = (size_ + (2u << 20) - 1) / (2u << 20) * (2u << 20);
     void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap");
-    madvise(p, size_, MADV_HUGEPAGE);
+    madvise(p, size_, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     arena_ = static_cast<uint8_t*>(p);
   }
   ~AnonCopySource() override { munmap(arena_, size_); }
@@ -67,12 +67,14 @@ class AnonCopySource : public TensorSource {
   std::map<std::string, SourceTensor> copies_;
 };
 
-std::unique_ptr<Model> load_model(bool anon) {
+// source 0: the container's mapping; 1: an anonymous copy in huge pages;
+// 2: one in 4 KiB pages (as a shared-memory mirror is mapped).
+std::unique_ptr<Model> load_model(int source) {
   const char* path = std::getenv("COLI_BENCH_MODEL");
   if (!path) return nullptr;
   auto c = std::make_shared<Container>(path);
-  if (!anon) return Model::bind_container(*c, c, path);
-  return Model::bind_container(*c, std::make_shared<AnonCopySource>(c), path);
+  if (source == 0) return Model::bind_container(*c, c, path);
+  return Model::bind_container(*c, std::make_shared<AnonCopySource>(c, source == 1), path);
 }
 
 // k distinct experts of E, drawn uniformly (a layer's routing for one token).
@@ -86,10 +88,10 @@ std::vector<int> pick_experts(std::mt19937& rng, int k, int E) {
 }
 
 void BM_HostExperts(benchmark::State& st) {
-  const bool anon = st.range(0) != 0;
+  const int anon = static_cast<int>(st.range(0));
   const int threads = static_cast<int>(st.range(1));
   const bool one_run = st.range(2) != 0;  // CpuOptions::one_token_run
-  static std::unique_ptr<Model> models[2];
+  static std::unique_ptr<Model> models[3];
   if (!models[anon]) models[anon] = load_model(anon);
   if (!models[anon]) {
     st.SkipWithError("set COLI_BENCH_MODEL to a container");
@@ -120,9 +122,10 @@ void BM_HostExperts(benchmark::State& st) {
     layer = (layer + 1) % s.num_layers;
   }
   st.SetBytesProcessed(static_cast<int64_t>(bytes));
-  st.SetLabel(std::string(anon ? "anon-hugepage-copy" : "container-mapping") + (one_run ? ", one run" : ", two runs"));
+  const char* source[] = {"container-mapping", "anon-hugepage-copy", "anon-4k-copy"};
+  st.SetLabel(std::string(source[anon]) + (one_run ? ", one run" : ", two runs"));
 }
-BENCHMARK(BM_HostExperts)->ArgsProduct({{0, 1}, {8, 14, 15, 16}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_HostExperts)->ArgsProduct({{0, 1, 2}, {8, 14, 15, 16}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The same experts' bytes only read (64-byte loads summed), split like the
 // expert kernels' jobs: the bound the access pattern allows.
@@ -139,7 +142,7 @@ void BM_HostExpertsStream(benchmark::State& st) {
   const int threads = static_cast<int>(st.range(1));
   const int64_t chunk = st.range(0);
   static std::unique_ptr<Model> model;
-  if (!model) model = load_model(false);
+  if (!model) model = load_model(0);
   if (!model) {
     st.SkipWithError("set COLI_BENCH_MODEL to a container");
     return;
@@ -174,7 +177,7 @@ void BM_VnniPhase(benchmark::State& st) {
   const int phase = static_cast<int>(st.range(0));
   const int threads = static_cast<int>(st.range(1));
   static std::unique_ptr<Model> model;
-  if (!model) model = load_model(false);
+  if (!model) model = load_model(0);
   if (!model) {
     st.SkipWithError("set COLI_BENCH_MODEL to a container");
     return;
@@ -235,7 +238,7 @@ namespace {
 void BM_VnniStream(benchmark::State& st) {
   const int threads = static_cast<int>(st.range(0)), pf = static_cast<int>(st.range(1));
   static std::unique_ptr<Model> model;
-  if (!model) model = load_model(false);
+  if (!model) model = load_model(0);
   if (!model) {
     st.SkipWithError("set COLI_BENCH_MODEL to a container");
     return;
