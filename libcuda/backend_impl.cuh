@@ -66,6 +66,11 @@ struct DevExperts {
   ExpertTable table;
   bool shared_at_E = false;  // entry E of the pointer tables is the shared expert (decode folds it in)
   DeviceArray<const uint8_t*> gate_ptrs, up_ptrs, down_ptrs;
+  // One-token steps' table when some experts outside the tier are read
+  // over PCIe in place (CudaOptions::pcie_read_share): their entries point
+  // into registered host memory; otherwise the same as table.
+  ExpertTable one_table;
+  DeviceArray<const uint8_t*> one_gate_ptrs, one_up_ptrs, one_down_ptrs;
 };
 
 struct DevLayer {
@@ -280,6 +285,9 @@ class CudaBackend : public Backend {
   bool prefill_uploads(int T) const { return pu_.on && T >= kGroupedMinTokens; }
   bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
   void free_prefill_upload();
+  // Zero-copy decode reads (CudaOptions::pcie_read_share; cuda_backend.cu).
+  std::vector<uint8_t> pcie_read_set(const Model& model);
+  const uint8_t* mapped(const uint8_t* host) const;
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   StagedUploader* uploader_ = nullptr;  // while the constructor uploads
   std::vector<std::pair<void*, std::size_t>> registered_;  // CudaOptions::host_regions' pieces the driver took
@@ -311,6 +319,8 @@ class CudaBackend : public Backend {
   TierPlan plan_;
   DeviceArray<uint8_t> slots_;                // slot 0: the zero expert; then one slot per resident expert
   std::vector<DeviceArray<uint8_t>> resident_;  // per layer [E] flags
+  std::vector<DeviceArray<uint8_t>> one_resident_;  // the same plus the experts read over PCIe (pcie_read_share; empty: off)
+  long long pcie_read_ = 0;                      // how many
   std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
   int full_layers_ = 0;                       // how many such layers
   std::unique_ptr<DecodeUpload> decode_upload_;  // after budget_ (its arrays are charged to it), before handoff_ (whose thread calls it)

@@ -80,16 +80,24 @@ const float** dev_vector(DevLayer& d, const TensorDesc& t) {
 
 // The device pointer tables of a layer's experts: entry e -> its gate / up
 // / down bytes, then entry E: the shared expert, when it folds in.
-void set_expert_pointers(DevLayer& d, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp) {
+// one_token: the one-token steps' table instead (DevExperts::one_table);
+// the main table is set too whenever it is, so one_table defaults to it.
+void set_expert_pointers(DevLayer& d, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp,
+                         bool one_token = false) {
   if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
   const std::size_t np = gp.size();
-  d.experts.gate_ptrs.resize(np), d.experts.up_ptrs.resize(np), d.experts.down_ptrs.resize(np);
-  check(cudaMemcpy(d.experts.gate_ptrs.get(), gp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-  check(cudaMemcpy(d.experts.up_ptrs.get(), upp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-  check(cudaMemcpy(d.experts.down_ptrs.get(), dp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
-  d.experts.table.gate_ptrs = d.experts.gate_ptrs.get();
-  d.experts.table.up_ptrs = d.experts.up_ptrs.get();
-  d.experts.table.down_ptrs = d.experts.down_ptrs.get();
+  DevExperts& x = d.experts;
+  auto& g = one_token ? x.one_gate_ptrs : x.gate_ptrs;
+  auto& u = one_token ? x.one_up_ptrs : x.up_ptrs;
+  auto& w = one_token ? x.one_down_ptrs : x.down_ptrs;
+  g.resize(np), u.resize(np), w.resize(np);
+  check(cudaMemcpy(g.get(), gp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  check(cudaMemcpy(u.get(), upp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  check(cudaMemcpy(w.get(), dp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  ExpertTable& t = one_token ? x.one_table : x.table;
+  t = x.table;  // format and shape
+  t.gate_ptrs = g.get(), t.up_ptrs = u.get(), t.down_ptrs = w.get();
+  if (!one_token && !x.one_gate_ptrs.get()) x.one_table = t;
 }
 
 }  // namespace
@@ -156,7 +164,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     // One registration per region where the driver allows (512 GiB per call):
     // a copy whose source spans two registrations is refused.
     constexpr std::size_t kPiece = std::size_t(256) << 30;
-    const bool needed = tiered_ && (opt_.decode_upload_max > 0 || opt_.prefill_upload);
+    const bool needed = tiered_ && (opt_.decode_upload_max > 0 || opt_.pcie_read_share > 0 || opt_.prefill_upload);
     const bool reg = opt_.register_hosts == CudaOptions::Register::kAlways || (opt_.register_hosts == CudaOptions::Register::kWhenNeeded && needed);
     for (auto [p, n] : opt_.host_regions)
       for (std::size_t o = 0; reg && o < n; o += kPiece) {
@@ -298,6 +306,42 @@ std::size_t CudaBackend::runtime_reserve() const {
   return bytes + (8u << 20);  // decode graphs (measured 0.7 MiB), allocation rounding
 }
 
+// The device address of host bytes in a registered range (the same
+// address where the device can use host pointers; else the driver's).
+const uint8_t* CudaBackend::mapped(const uint8_t* host) const {
+  int same = 0;
+  if (cudaDeviceGetAttribute(&same, cudaDevAttrCanUseHostPointerForRegisteredMem, opt_.device) == cudaSuccess && same) return host;
+  cudaGetLastError();
+  void* d = nullptr;
+  check(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host), 0), "cudaHostGetDevicePointer (PCIe reads)");
+  return static_cast<const uint8_t*>(d);
+}
+
+// Which experts outside the tier one-token steps read over PCIe in place
+// (CudaOptions::pcie_read_share): the next ones in the tier's own order
+// (plan_tier's ranking: the heat, else the even spread), as many as the
+// share of the experts outside it, those whose three matrices lie in a
+// registered range. Empty: none (off, or nothing registered).
+std::vector<uint8_t> CudaBackend::pcie_read_set(const Model& model) {
+  const int L = s_.num_layers, E = s_.num_experts;
+  pcie_read_ = 0;
+  if (!(opt_.pcie_read_share > 0) || plan_.all() || pinned_ranges_.empty()) return {};
+  if (opt_.decode_upload_max > 0) throw Error("CUDA backend: pcie_read_share and decode_upload_max are two ways to the same misses: choose one");
+  const int64_t outside = int64_t(L) * E - plan_.count;
+  const int64_t want = std::llround(std::min(1.0, opt_.pcie_read_share) * double(outside));
+  const TierPlan wider = plan_tier(L, E, plan_.count + want, opt_.heat.empty() ? nullptr : &opt_.heat);
+  std::vector<uint8_t> set(static_cast<std::size_t>(L) * E, 0);
+  auto pinned = [&](const Matrix& m) { return within_any(pinned_ranges_, m.data, m.bytes()); };
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e) {
+      const std::size_t i = static_cast<std::size_t>(l) * E + e;
+      const ExpertWeights& x = model.layer(l).moe.experts[e];
+      if (wider.resident[i] && !plan_.resident[i] && pinned(x.gate) && pinned(x.up) && pinned(x.down)) set[i] = 1, ++pcie_read_;
+    }
+  if (!pcie_read_) return {};
+  return set;
+}
+
 void CudaBackend::build_tier(const Model& model) {
   const int L = s_.num_layers, E = s_.num_experts;
   ensure_buffers(std::max(1, opt_.max_chunk));  // charged before the slots take the rest
@@ -311,7 +355,9 @@ void CudaBackend::build_tier(const Model& model) {
   const uint64_t avail = budget_->available();
   // What the decode upload's slots and buffers will take (DecodeUpload).
   const std::size_t up_k = std::max(0, opt_.decode_upload_max);
-  const uint64_t reserve = runtime_reserve() +
+  // And the one-token tables of the PCIe reads (pcie_read_share).
+  const uint64_t one_tables = opt_.pcie_read_share > 0 ? uint64_t(L) * ((E + 1) * 3 * sizeof(void*) + E + 3 * 256) : 0;
+  const uint64_t reserve = runtime_reserve() + one_tables +
                            (up_k ? up_k * slot + (up_k * s_.moe_intermediate_size + s_.hidden_size + up_k) * 4 * 3 + (2u << 20) : 0);
   // What the run will charge later (KV cache, state, scratch, logits) and
   // the zero expert must fit now, or the run would fail part-way.
@@ -356,6 +402,8 @@ void CudaBackend::build_tier(const Model& model) {
   }
   resident_.resize(L);
   layer_full_.assign(L, 0);
+  const std::vector<uint8_t> pcie = pcie_read_set(model);
+  if (!pcie.empty()) one_resident_.resize(L);
   for (int l = 0; l < L; ++l) {
     DevLayer& d = layers_[l];
     const MoeWeights& moe = model.layer(l).moe;
@@ -381,6 +429,18 @@ void CudaBackend::build_tier(const Model& model) {
       BudgetScope scope(budget_.get(), "the expert tables");
       resident_[l].resize(E);
       check(cudaMemcpy(resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
+      if (!pcie.empty()) {  // the one-token table: the PCIe experts' entries point at their host bytes
+        for (int e = 0; e < E; ++e) {
+          if (!pcie[static_cast<std::size_t>(l) * E + e]) continue;
+          const ExpertWeights& x = moe.experts[e];
+          gp[e] = mapped(x.gate.data), upp[e] = mapped(x.up.data), dp[e] = mapped(x.down.data), flags[e] = 1;
+        }
+        one_resident_[l].resize(E);
+        check(cudaMemcpy(one_resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
+        set_expert_pointers(d, gp, upp, dp, true);
+        for (int e = 0; e < E; ++e)  // back to the tier's own entries
+          if (pcie[static_cast<std::size_t>(l) * E + e]) gp[e] = zero, upp[e] = zero + pg, dp[e] = zero + pg + pu;
+      }
       set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));
     }
   }
@@ -412,6 +472,7 @@ TierStats CudaBackend::tier_stats() const {
   t.tokens = tokens_;
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
   t.prefill_upload_bytes = pu_.bytes;
+  t.pcie_read = pcie_read_;
   t.vram_budget = opt_.vram_budget;
   t.vram_peak = budget_->peak();
   return t;
@@ -620,7 +681,11 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   const bool upload = uploads_layer(l, T);
   if (upload) upload_pairs_ += static_cast<long long>(T) * K;
   const bool handoff = handoff_ && !layer_full_[l] && !upload;
-  ExpertTable table = L.experts.table;
+  // One-token steps read the PCIe experts in place (pcie_read_share): their
+  // table and flags; prompt chunks the tier's.
+  const bool one = T == 1 && !one_resident_.empty();
+  ExpertTable table = one ? L.experts.one_table : L.experts.table;
+  const uint8_t* resident = one ? one_resident_[l].get() : handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
   if (upload) {
     table.gate_ptrs = pu_.gate[l].get(), table.up_ptrs = pu_.up[l].get(), table.down_ptrs = pu_.down[l].get();
     // The next uploaded layer's copies start now when they go to the other
@@ -628,12 +693,12 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
     const int next = next_upload_layer(l);
     if (next >= 0 && next % 2 != l % 2) upload_layer_experts(next);
   }
-  if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident_[l].get(), hn_.get(), stream_); });
+  if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident, hn_.get(), stream_); });
   const DevMatrix& eg = L.experts.table.gate;
   if (fold) {
     step("experts", [&] {
-      moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q);
-      moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_);
+      moe_gate_up(table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q);
+      moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_);
     });
     if (handoff) step("handoff", [&] { handoff_->join(routed_.get(), T, stream_); });
     return;

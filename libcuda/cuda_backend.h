@@ -87,8 +87,8 @@ struct CudaOptions {
   // per GB in every process, and the start's uploads need none (their
   // staged pipeline, staged_upload.cuh). register_hosts says when:
   // kWhenNeeded registers only for the options that copy experts during a
-  // run from pinned memory (decode_upload_max, prefill_upload under a
-  // tier). Registered whole (256 GiB pieces: a copy whose source spans two
+  // run from pinned memory (decode_upload_max, pcie_read_share,
+  // prefill_upload under a tier). Registered whole (256 GiB pieces: a copy whose source spans two
   // registrations is refused); a piece the driver refuses is skipped.
   std::vector<std::pair<const void*, std::size_t>> host_regions;
   enum class Register { kNever, kWhenNeeded, kAlways } register_hosts = Register::kWhenNeeded;
@@ -114,6 +114,17 @@ struct CudaOptions {
   // beyond the CPU kernels' own error, as for any placement.
   int decode_upload_max = 0;
   double decode_upload_share = 0.4;
+  // Zero-copy decode reads (issue 16's lever): this share of the experts
+  // outside the tier (the next ones in the tier's own order: heat, else the
+  // even spread), where their bytes lie in registered host memory (a
+  // mirror: host_regions), are computed by the device in one-token steps,
+  // its expert kernels reading their weights over PCIe in place, while the
+  // CPU computes the other misses. No copy and no host call per step; the
+  // host's cores read at most about 70 of the host's 80-95 GB/s, the rest
+  // can cross PCIe. Prompt chunks leave them to the host (or to
+  // prefill_upload): a grouped GEMM would read them once per token tile.
+  // 0: off. Same kernels as resident experts: results as for any placement.
+  double pcie_read_share = 0;
   // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
   // tier are uploaded, a whole layer at a time, into one of two staging
   // areas on a copy stream of their own, the next tiered layer's while the

@@ -62,6 +62,13 @@ void CudaBackend::set_entry(int pair, const uint8_t* slot, bool resident) {
   set_entry_kernel<<<1, 1, 0, stream_>>>(x.gate_ptrs.get(), x.up_ptrs.get(), x.down_ptrs.get(), resident_[l].get(), e, slot, slot + slot_up_,
                                          slot + slot_down_, resident ? 1 : 0);
   check(cudaGetLastError(), "expert tier entry");
+  // The one-token table the same (a swap's candidate may have been read
+  // over PCIe: now from its slot; its victim goes to the host).
+  if (!one_resident_.empty()) {
+    set_entry_kernel<<<1, 1, 0, stream_>>>(x.one_gate_ptrs.get(), x.one_up_ptrs.get(), x.one_down_ptrs.get(), one_resident_[l].get(), e, slot,
+                                           slot + slot_up_, slot + slot_down_, resident ? 1 : 0);
+    check(cudaGetLastError(), "expert tier entry");
+  }
 }
 
 void CudaBackend::drain_heat_window() {

@@ -310,6 +310,59 @@ TEST(CudaTier, DecodeMissesOverPcieKeepTokens) {
   }
 }
 
+// Zero-copy decode reads (CudaOptions::pcie_read_share): a share of the
+// experts outside the tier is computed by the device in one-token steps,
+// its kernels reading their weights from the registered mirror over PCIe.
+// Tokens stay those of the whole model at a quarter of the experts
+// resident; with no slots and share 1 every decode miss is the device's:
+// the decode logits are the whole model's up to float rounding (the same
+// kernels), and the host computes none of the decode steps' misses.
+TEST(CudaTier, PcieReadsKeepTokens) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  MirroredModel mm(QuantFormat::I4_G32, "zerocopy");
+  ASSERT_NE(mm.loaded.mirror, nullptr);
+  const Model& m = mm.model();
+  const ModelSpec& s = m.spec();
+  const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+  auto whole = cuda::make_cuda_backend(m);
+  Engine ew(s, *whole, 64);
+  const float tol = 2 * cpu_quantization_error(m);
+  {
+    cuda::CudaOptions o = tier_options(m, all / 4);
+    o.pcie_read_share = 0.5;
+    o.host_regions.push_back(mm.region());
+    auto tier = cuda::make_cuda_backend(m, o);
+    Engine et(s, *tier, 64);
+    for (const auto& p : test::tiny_goldens()["prompts"]) {
+      const std::vector<int> ids = p["ids"];
+      EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids)) << "prompt " << ids.size();
+    }
+    const TierStats ts = tier->tier_stats();
+    EXPECT_EQ(ts.pcie_read, (all - ts.resident + 1) / 2) << "half the experts outside the tier";
+    EXPECT_GT(ts.misses, 0) << "the host keeps the others";
+  }
+  cuda::CudaOptions a = tier_options(m, 0);
+  a.pcie_read_share = 1.0;
+  a.host_regions.push_back(mm.region());
+  auto b = cuda::make_cuda_backend(m, a);
+  Engine eb(s, *b, 64);
+  EXPECT_EQ(b->tier_stats().pcie_read, all);
+  const std::vector<int> ids = test::tiny_goldens()["prompts"][0]["ids"];
+  const std::vector<int> cont = test::greedy_tokens(ew, ids, 16);
+  Session sw = ew.new_session(), sb = eb.new_session();
+  EXPECT_LT(max_abs_diff(ew.forward(sw, ids), eb.forward(sb, ids)), tol) << "the prompt's misses on the host";
+  const TierStats b0 = b->tier_stats();
+  float e = 0;
+  for (int tok : cont) e = std::max(e, max_abs_diff(ew.forward(sw, std::vector<int>{tok}), eb.forward(sb, std::vector<int>{tok})));
+  const TierStats b1 = b->tier_stats();
+  std::printf("[ info     ] pcie_read_share 1, no slots: %lld of %lld experts over PCIe, %lld decode pairs, %lld host misses, max |dlogit| %.2e\n",
+              b1.pcie_read, all, b1.pairs - b0.pairs, b1.misses - b0.misses, e);
+  EXPECT_GT(b1.pairs - b0.pairs, 0);
+  EXPECT_EQ(b1.misses - b0.misses, 0) << "every decode miss on the device";
+  EXPECT_LT(e, 1e-3f);
+}
+
 // Hybrid prefill (CudaOptions::prefill_upload): a prompt chunk's experts
 // outside the tier are uploaded (from a registered mirror) and run with the
 // same kernels as resident ones, so a chunk's logits are bit for bit those

@@ -84,6 +84,7 @@ int run(int argc, char** argv) {
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME")
       ("plan", po::value<std::string>(), "under a budget: the expert tier starts with this coli-place plan's VRAM experts (one -m)")
       ("decode-upload", po::value<int>()->default_value(0), "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)")
+      ("pcie-read", po::value<double>()->default_value(0.0), "under a budget with a mirror: this share of the experts outside the tier read over PCIe in place by the GPU in decode steps (0: off)")
       ("prefill-upload", po::bool_switch(), "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)")
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
@@ -162,6 +163,8 @@ int run(int argc, char** argv) {
   co.swap = !vm["no-swap"].as<bool>();
   co.decode_upload_max = vm["decode-upload"].as<int>();
   if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
+  co.pcie_read_share = vm["pcie-read"].as<double>();
+  if (!(co.pcie_read_share >= 0 && co.pcie_read_share <= 1)) throw coli::UsageError("--pcie-read must be a share from 0 to 1");
   co.prefill_upload = vm["prefill-upload"].as<bool>();
   // A plan (coli-place) names the tier's first experts; it must be the model's.
   std::optional<coli::Plan> plan;

@@ -213,6 +213,7 @@ int run(int argc, char** argv) {
                                           "with --vram-budget the tier starts with its VRAM experts and its prefill chunk is the default "
                                           "(auto: planned at start from the budget, the heat and this machine's rates)")
       ("decode-upload", po::value<int>()->default_value(0), "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)")
+      ("pcie-read", po::value<double>()->default_value(0.0), "with --vram-budget and a mirror: this share of the experts outside the tier are read over PCIe in place by the GPU in decode steps while the CPU computes the other misses (0: off)")
       ("prefill-upload", po::bool_switch(), "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
@@ -308,6 +309,8 @@ int run(int argc, char** argv) {
     co.swap = !f.get<bool>("no-swap");
     co.decode_upload_max = f.get<int>("decode-upload");
     if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
+    co.pcie_read_share = f.get<double>("pcie-read");
+    if (!(co.pcie_read_share >= 0 && co.pcie_read_share <= 1)) throw coli::UsageError("--pcie-read must be a share from 0 to 1");
     co.prefill_upload = f.get<bool>("prefill-upload");
     if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
