@@ -91,6 +91,7 @@ void print_tier(const coli::TierStats& t) {
   if (t.vram_budget) std::fprintf(stderr, " of %.2f GiB", t.vram_budget / double(1 << 30));
   if (t.swaps) std::fprintf(stderr, ", %lld swaps (%.1f MB copied)", t.swaps, t.swap_bytes / 1e6);
   if (t.prefill_upload_bytes) std::fprintf(stderr, ", prompts uploaded %.1f MB of experts", t.prefill_upload_bytes / 1e6);
+  if (t.pcie_read) std::fprintf(stderr, ", %lld experts read over PCIe in decode steps (their pairs count as hits)", t.pcie_read);
   std::fprintf(stderr, "\n");
 }
 
