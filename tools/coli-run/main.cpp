@@ -365,6 +365,8 @@ int run(int argc, char** argv) {
     backend_ptr = std::make_unique<coli::cpu::CpuBackend>(*model, coli::cpu::CpuOptions{f.get<int>("threads"), !f.get<bool>("reference")});
   }
   coli::Backend& backend = *backend_ptr;
+  if (const coli::TierStats t = backend.tier_stats(); co.pcie_read_share > 0 && t.tiered && t.resident < t.experts && t.pcie_read == 0)
+    std::fprintf(stderr, "coli-run: --pcie-read: no expert outside the tier is in a registered mirror (start coli-pin for this model): off\n");
   if (verbose) {  // where the start's time went (time to first token = this + the prompt)
     const auto now = std::chrono::steady_clock::now();
     std::string line = "coli-run: start: ready after " + fixed1(std::chrono::duration<double, std::milli>(now - t_start).count()) + " ms: load " +
