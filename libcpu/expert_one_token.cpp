@@ -74,7 +74,7 @@ void CpuBackend::routed_experts_one_token(const MoeWeights& moe, const ExpertPai
   std::sort(w.order.begin(), w.order.end(), [&](int a, int b) { return pairs[a].expert < pairs[b].expert; });
   quantize_acts(hn, 1, H, &w.x);
   const int up_units = I / kGateUpRows;
-  const int nd = down_blocks(H, &w.down_start);
+  const int nd = w.down_start.empty() ? down_blocks(H, &w.down_start) : static_cast<int>(w.down_start.size()) - 1;  // H is the model's
   for (int i = 0; i < n; ++i) w.left[i].store(up_units, std::memory_order_relaxed), w.ready[i].store(0, std::memory_order_relaxed);
   w.next.store(0, std::memory_order_relaxed);
   const int units = n * up_units + nd;

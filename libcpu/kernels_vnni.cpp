@@ -138,6 +138,10 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
     for (; g < ng; ++g) corr += f16_to_f32(h[g]) * xgt[g];
     return -8.0f * corr;
   };
+  // The prefetch settings (set_vnni_prefetch), read once per call; the
+  // scale rows as far ahead as the codes (-1: not prefetched).
+  const int pf = g_prefetch_bytes;
+  const int64_t pf_scales = g_prefetch_scales ? static_cast<int64_t>(pf / l.row_stride * l.scale_row_bytes) : -1;
   int64_t r = r0;
   for (; r + R <= r1; r += R) {
     const uint8_t* row[R];
@@ -160,9 +164,9 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
         lanes[t] = _mm512_loadu_ps(qa.lanes.data() + ((t0 + t) * nsb + sb) * 16);
       }
       for (int i = 0; i < R; ++i) {
-        if (g_prefetch_bytes) _mm_prefetch(reinterpret_cast<const char*>(row[i] + sb * 64) + g_prefetch_bytes, _MM_HINT_T0);
-        if (g_prefetch_scales && sb % 8 == 0 && sb * 8 < static_cast<int64_t>(l.scale_row_bytes))
-          _mm_prefetch(reinterpret_cast<const char*>(sc[i] + sb * 8) + g_prefetch_bytes / l.row_stride * l.scale_row_bytes, _MM_HINT_T0);
+        if (pf) _mm_prefetch(reinterpret_cast<const char*>(row[i] + sb * 64) + pf, _MM_HINT_T0);
+        if (pf_scales >= 0 && sb % 8 == 0 && sb * 8 < static_cast<int64_t>(l.scale_row_bytes))
+          _mm_prefetch(reinterpret_cast<const char*>(sc[i] + sb * 8) + pf_scales, _MM_HINT_T0);
         const __m512i c = _mm512_loadu_si512(row[i] + sb * 64);
         const __m512i lo = _mm512_and_si512(c, mask), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
         const __m512 sw = lane_scales(sc[i], row_scale[i], sb);

@@ -321,6 +321,7 @@ class CudaBackend : public Backend {
   std::vector<DeviceArray<uint8_t>> resident_;  // per layer [E] flags
   std::vector<DeviceArray<uint8_t>> one_resident_;  // the same plus the experts read over PCIe (pcie_read_share; empty: off)
   long long pcie_read_ = 0;                      // how many
+  bool host_ptrs_ = false;                       // the device reads registered memory at its host addresses
   std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
   int full_layers_ = 0;                       // how many such layers
   std::unique_ptr<DecodeUpload> decode_upload_;  // after budget_ (its arrays are charged to it), before handoff_ (whose thread calls it)

@@ -306,12 +306,11 @@ std::size_t CudaBackend::runtime_reserve() const {
   return bytes + (8u << 20);  // decode graphs (measured 0.7 MiB), allocation rounding
 }
 
-// The device address of host bytes in a registered range (the same
-// address where the device can use host pointers; else the driver's).
+// The device address of host bytes in a registered range: the same
+// address where the device can use host pointers (host_ptrs_, asked once
+// by pcie_read_set), else the driver's.
 const uint8_t* CudaBackend::mapped(const uint8_t* host) const {
-  int same = 0;
-  if (cudaDeviceGetAttribute(&same, cudaDevAttrCanUseHostPointerForRegisteredMem, opt_.device) == cudaSuccess && same) return host;
-  cudaGetLastError();
+  if (host_ptrs_) return host;
   void* d = nullptr;
   check(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host), 0), "cudaHostGetDevicePointer (PCIe reads)");
   return static_cast<const uint8_t*>(d);
@@ -339,6 +338,9 @@ std::vector<uint8_t> CudaBackend::pcie_read_set(const Model& model) {
       if (wider.resident[i] && !plan_.resident[i] && pinned(x.gate) && pinned(x.up) && pinned(x.down)) set[i] = 1, ++pcie_read_;
     }
   if (!pcie_read_) return {};
+  int same = 0;
+  host_ptrs_ = cudaDeviceGetAttribute(&same, cudaDevAttrCanUseHostPointerForRegisteredMem, opt_.device) == cudaSuccess && same;
+  cudaGetLastError();
   return set;
 }
 
@@ -429,17 +431,17 @@ void CudaBackend::build_tier(const Model& model) {
       BudgetScope scope(budget_.get(), "the expert tables");
       resident_[l].resize(E);
       check(cudaMemcpy(resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
-      if (!pcie.empty()) {  // the one-token table: the PCIe experts' entries point at their host bytes
+      if (!pcie.empty()) {  // the one-token table: the tier's, the PCIe experts' entries pointing at their host bytes
+        std::vector<const uint8_t*> og = gp, ou = upp, od = dp;
+        std::vector<uint8_t> of = flags;
         for (int e = 0; e < E; ++e) {
           if (!pcie[static_cast<std::size_t>(l) * E + e]) continue;
           const ExpertWeights& x = moe.experts[e];
-          gp[e] = mapped(x.gate.data), upp[e] = mapped(x.up.data), dp[e] = mapped(x.down.data), flags[e] = 1;
+          og[e] = mapped(x.gate.data), ou[e] = mapped(x.up.data), od[e] = mapped(x.down.data), of[e] = 1;
         }
         one_resident_[l].resize(E);
-        check(cudaMemcpy(one_resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
-        set_expert_pointers(d, gp, upp, dp, true);
-        for (int e = 0; e < E; ++e)  // back to the tier's own entries
-          if (pcie[static_cast<std::size_t>(l) * E + e]) gp[e] = zero, upp[e] = zero + pg, dp[e] = zero + pg + pu;
+        check(cudaMemcpy(one_resident_[l].get(), of.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
+        set_expert_pointers(d, std::move(og), std::move(ou), std::move(od), true);
       }
       set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));
     }
