@@ -66,9 +66,10 @@ struct DevExperts {
   ExpertTable table;
   bool shared_at_E = false;  // entry E of the pointer tables is the shared expert (decode folds it in)
   DeviceArray<const uint8_t*> gate_ptrs, up_ptrs, down_ptrs;
-  // One-token steps' table when some experts outside the tier are read
-  // over PCIe in place (CudaOptions::pcie_read_share): their entries point
-  // into registered host memory; otherwise the same as table.
+  // One-token steps' table when experts outside the tier are read over
+  // PCIe in place (CudaOptions::pcie_read_share): their entries point into
+  // registered host memory, entry E + 1 at the zero expert (the split post
+  // sends the host's misses there); otherwise the same as table.
   ExpertTable one_table;
   DeviceArray<const uint8_t*> one_gate_ptrs, one_up_ptrs, one_down_ptrs;
 };
@@ -287,6 +288,7 @@ class CudaBackend : public Backend {
   void free_prefill_upload();
   // Zero-copy decode reads (CudaOptions::pcie_read_share; cuda_backend.cu).
   std::vector<uint8_t> pcie_read_set(const Model& model);
+  bool pcie_readable(const ExpertWeights& x) const;  // its three matrices in registered host memory
   const uint8_t* mapped(const uint8_t* host) const;
   const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
   StagedUploader* uploader_ = nullptr;  // while the constructor uploads
@@ -319,8 +321,8 @@ class CudaBackend : public Backend {
   TierPlan plan_;
   DeviceArray<uint8_t> slots_;                // slot 0: the zero expert; then one slot per resident expert
   std::vector<DeviceArray<uint8_t>> resident_;  // per layer [E] flags
-  std::vector<DeviceArray<uint8_t>> one_resident_;  // the same plus the experts read over PCIe (pcie_read_share; empty: off)
-  long long pcie_read_ = 0;                      // how many
+  std::vector<DeviceArray<uint8_t>> one_resident_;  // one-token steps' flags: 1 resident, 2 readable over PCIe (pcie_read_share; empty: off)
+  long long pcie_read_ = 0;                      // how many experts are readable over PCIe
   bool host_ptrs_ = false;                       // the device reads registered memory at its host addresses
   std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
   int full_layers_ = 0;                       // how many such layers

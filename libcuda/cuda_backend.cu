@@ -5,6 +5,7 @@
 #include "backend_impl.cuh"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -80,11 +81,15 @@ const float** dev_vector(DevLayer& d, const TensorDesc& t) {
 
 // The device pointer tables of a layer's experts: entry e -> its gate / up
 // / down bytes, then entry E: the shared expert, when it folds in.
-// one_token: the one-token steps' table instead (DevExperts::one_table);
-// the main table is set too whenever it is, so one_table defaults to it.
+// one_token: the one-token steps' table instead (DevExperts::one_table),
+// whose entry E + 1 is the zero expert (zero: its gate, up and down; entry
+// E too when the shared expert does not fold in); the main table is set
+// too whenever it is, so one_table defaults to it.
 void set_expert_pointers(DevLayer& d, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp,
-                         bool one_token = false) {
+                         bool one_token = false, const std::array<const uint8_t*, 3>& zero = {}) {
   if (d.experts.shared_at_E) gp.push_back(d.sh_gate.data), upp.push_back(d.sh_up.data), dp.push_back(d.sh_down.data);
+  else if (one_token) gp.push_back(zero[0]), upp.push_back(zero[1]), dp.push_back(zero[2]);
+  if (one_token) gp.push_back(zero[0]), upp.push_back(zero[1]), dp.push_back(zero[2]);  // entry E + 1
   const std::size_t np = gp.size();
   DevExperts& x = d.experts;
   auto& g = one_token ? x.one_gate_ptrs : x.gate_ptrs;
@@ -316,32 +321,31 @@ const uint8_t* CudaBackend::mapped(const uint8_t* host) const {
   return static_cast<const uint8_t*>(d);
 }
 
-// Which experts outside the tier one-token steps read over PCIe in place
-// (CudaOptions::pcie_read_share): the next ones in the tier's own order
-// (plan_tier's ranking: the heat, else the even spread), as many as the
-// share of the experts outside it, those whose three matrices lie in a
-// registered range. Empty: none (off, or nothing registered).
+// Which experts outside the tier one-token steps may read over PCIe in
+// place (CudaOptions::pcie_read_share): those whose three matrices lie in a
+// registered range; each step's split post picks among a layer's misses.
+// Empty: none (off, or nothing registered).
 std::vector<uint8_t> CudaBackend::pcie_read_set(const Model& model) {
   const int L = s_.num_layers, E = s_.num_experts;
   pcie_read_ = 0;
   if (!(opt_.pcie_read_share > 0) || plan_.all() || pinned_ranges_.empty()) return {};
   if (opt_.decode_upload_max > 0) throw Error("CUDA backend: pcie_read_share and decode_upload_max are two ways to the same misses: choose one");
-  const int64_t outside = int64_t(L) * E - plan_.count;
-  const int64_t want = std::llround(std::min(1.0, opt_.pcie_read_share) * double(outside));
-  const TierPlan wider = plan_tier(L, E, plan_.count + want, opt_.heat.empty() ? nullptr : &opt_.heat);
   std::vector<uint8_t> set(static_cast<std::size_t>(L) * E, 0);
-  auto pinned = [&](const Matrix& m) { return within_any(pinned_ranges_, m.data, m.bytes()); };
   for (int l = 0; l < L; ++l)
     for (int e = 0; e < E; ++e) {
       const std::size_t i = static_cast<std::size_t>(l) * E + e;
-      const ExpertWeights& x = model.layer(l).moe.experts[e];
-      if (wider.resident[i] && !plan_.resident[i] && pinned(x.gate) && pinned(x.up) && pinned(x.down)) set[i] = 1, ++pcie_read_;
+      if (!plan_.resident[i] && pcie_readable(model.layer(l).moe.experts[e])) set[i] = 1, ++pcie_read_;
     }
   if (!pcie_read_) return {};
   int same = 0;
   host_ptrs_ = cudaDeviceGetAttribute(&same, cudaDevAttrCanUseHostPointerForRegisteredMem, opt_.device) == cudaSuccess && same;
   cudaGetLastError();
   return set;
+}
+
+bool CudaBackend::pcie_readable(const ExpertWeights& x) const {
+  auto pinned = [&](const Matrix& m) { return within_any(pinned_ranges_, m.data, m.bytes()); };
+  return pinned(x.gate) && pinned(x.up) && pinned(x.down);
 }
 
 void CudaBackend::build_tier(const Model& model) {
@@ -358,7 +362,7 @@ void CudaBackend::build_tier(const Model& model) {
   // What the decode upload's slots and buffers will take (DecodeUpload).
   const std::size_t up_k = std::max(0, opt_.decode_upload_max);
   // And the one-token tables of the PCIe reads (pcie_read_share).
-  const uint64_t one_tables = opt_.pcie_read_share > 0 ? uint64_t(L) * ((E + 1) * 3 * sizeof(void*) + E + 3 * 256) : 0;
+  const uint64_t one_tables = opt_.pcie_read_share > 0 ? uint64_t(L) * ((E + 2) * 3 * sizeof(void*) + E + 3 * 256) : 0;
   const uint64_t reserve = runtime_reserve() + one_tables +
                            (up_k ? up_k * slot + (up_k * s_.moe_intermediate_size + s_.hidden_size + up_k) * 4 * 3 + (2u << 20) : 0);
   // What the run will charge later (KV cache, state, scratch, logits) and
@@ -431,17 +435,17 @@ void CudaBackend::build_tier(const Model& model) {
       BudgetScope scope(budget_.get(), "the expert tables");
       resident_[l].resize(E);
       check(cudaMemcpy(resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
-      if (!pcie.empty()) {  // the one-token table: the tier's, the PCIe experts' entries pointing at their host bytes
+      if (!pcie.empty()) {  // the one-token table: the tier's, the PCIe experts' entries pointing at their host bytes (flag 2)
         std::vector<const uint8_t*> og = gp, ou = upp, od = dp;
         std::vector<uint8_t> of = flags;
         for (int e = 0; e < E; ++e) {
           if (!pcie[static_cast<std::size_t>(l) * E + e]) continue;
           const ExpertWeights& x = moe.experts[e];
-          og[e] = mapped(x.gate.data), ou[e] = mapped(x.up.data), od[e] = mapped(x.down.data), of[e] = 1;
+          og[e] = mapped(x.gate.data), ou[e] = mapped(x.up.data), od[e] = mapped(x.down.data), of[e] = 2;
         }
         one_resident_[l].resize(E);
         check(cudaMemcpy(one_resident_[l].get(), of.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
-        set_expert_pointers(d, std::move(og), std::move(ou), std::move(od), true);
+        set_expert_pointers(d, std::move(og), std::move(ou), std::move(od), true, {zero, zero + pg, zero + pg + pu});
       }
       set_expert_pointers(d, std::move(gp), std::move(upp), std::move(dp));
     }
@@ -467,7 +471,7 @@ TierStats CudaBackend::tier_stats() const {
   t.pairs = full_layer_pairs_ + upload_pairs_;
   if (handoff_) {
     const ExpertHandoff::Stats h = handoff_->stats();
-    t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs, t.device_misses = h.device_misses;
+    t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs, t.device_misses = h.device_misses, t.pcie_misses = h.pcie_misses;
     t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms, t.device_experts_ms = h.device_work_ms;
     t.host_expert_bytes = static_cast<uint64_t>(h.misses - h.device_misses) * expert_bytes_;
   }
@@ -475,6 +479,7 @@ TierStats CudaBackend::tier_stats() const {
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
   t.prefill_upload_bytes = pu_.bytes;
   t.pcie_read = pcie_read_;
+  t.pcie_read_share = pcie_read_ ? opt_.pcie_read_share : 0.0;
   t.vram_budget = opt_.vram_budget;
   t.vram_peak = budget_->peak();
   return t;
@@ -695,7 +700,10 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
     const int next = next_upload_layer(l);
     if (next >= 0 && next % 2 != l % 2) upload_layer_experts(next);
   }
-  if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident, hn_.get(), stream_); });
+  // A one-token step splits its misses between the PCIe reads and the host.
+  const float share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
+  if (handoff) step("handoff", [&] { handoff_->post(l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, resident, hn_.get(), stream_, share,
+                                                  static_cast<float>(opt_.pcie_read_offset), E + 1); });
   const DevMatrix& eg = L.experts.table.gate;
   if (fold) {
     step("experts", [&] {

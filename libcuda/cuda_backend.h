@@ -114,17 +114,23 @@ struct CudaOptions {
   // beyond the CPU kernels' own error, as for any placement.
   int decode_upload_max = 0;
   double decode_upload_share = 0.4;
-  // Zero-copy decode reads (issue 16's lever): this share of the experts
-  // outside the tier (the next ones in the tier's own order: heat, else the
-  // even spread), where their bytes lie in registered host memory (a
-  // mirror: host_regions), are computed by the device in one-token steps,
-  // its expert kernels reading their weights over PCIe in place, while the
-  // CPU computes the other misses. No copy and no host call per step; the
-  // host's cores read at most about 70 of the host's 80-95 GB/s, the rest
-  // can cross PCIe. Prompt chunks leave them to the host (or to
-  // prefill_upload): a grouped GEMM would read them once per token tile.
-  // 0: off. Same kernels as resident experts: results as for any placement.
+  // Zero-copy decode reads (issue 16's lever): in a one-token step, of a
+  // layer's m misses whose bytes lie in registered host memory (a mirror:
+  // host_regions), round(share x (m + offset)) (at most m, in routing
+  // order) are computed by the device, its expert kernels reading their
+  // weights over PCIe in place, while the CPU computes the others. offset
+  // is the CPU's fixed cost of a layer counted in experts: balancing
+  // a + b (m - g) = c g (the CPU's time, a fixed and b per expert, against
+  // the device's c per expert read over PCIe) gives g = share (m + a / b)
+  // with share = b / (b + c). The split is made on the device per layer and step (the post
+  // kernel), so both sides get their share of every layer. No copy and no
+  // host call per step; the host's cores read at most about 70 of the
+  // host's 80-95 GB/s, the rest can cross PCIe. Prompt chunks leave them
+  // to the host (or to prefill_upload): a grouped GEMM would read them
+  // once per token tile. 0: off. Same kernels as resident experts: results
+  // as for any placement (a split is a fixed function of the routing).
   double pcie_read_share = 0;
+  double pcie_read_offset = 2;
   // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
   // tier are uploaded, a whole layer at a time, into one of two staging
   // areas on a copy stream of their own, the next tiered layer's while the

@@ -2,6 +2,7 @@
 // them (see expert_handoff.cuh).
 #include "expert_handoff.cuh"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -20,6 +21,16 @@ struct HandoffBox {
   volatile int n_dev;  // misses the device part computed: join adds its row too
 };
 
+// The device-side words of a handoff (device memory): the sequence number,
+// the last post's host miss count (the join reads it here, not over PCIe),
+// the timers and the counts.
+struct HandoffCounters {
+  unsigned seq;
+  int n;  // the last post's misses for the host (0: nothing posted, nothing to wait for)
+  unsigned long long wait_ns, post_ns, work_ns;
+  unsigned long long pairs, pcie;  // routed pairs posted; of the misses, read over PCIe by the device
+};
+
 namespace {
 
 constexpr std::size_t kPairsAt = 512;
@@ -35,60 +46,119 @@ __device__ __forceinline__ unsigned long long global_ns() {
 
 // One block: the misses in pair order (a per-thread count, an exclusive
 // scan, then each thread writes its own range), the rows, then the flag.
-__global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, const int* idx, const float* w, int ks, int K, int T, const uint8_t* resident, int E,
-                                                           const float* hn, int H, HandoffBox* box, ExpertPair* pairs, float* rows, unsigned* seq,
-                                                           unsigned long long* post_ns) {
+// A split post (share > 0, one token: the PCIe reads, see post()) takes the
+// first round(share x (misses + offset)) misses flagged 2 for the device,
+// leaves their ids, and points the host's ones at the zero entry. With no miss for the
+// host nothing is posted and the join does not wait.
+__global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx, const float* w, int ks, int K, int T, const uint8_t* resident, int E,
+                                                           float share, float offset, int zero_entry, const float* hn, int H, HandoffBox* box, ExpertPair* pairs,
+                                                           float* rows, HandoffCounters* c) {
   griddep_wait();
   __shared__ int start[kPostThreads + 1];
   const int n = T * K, tid = threadIdx.x;
-  const int per = (n + kPostThreads - 1) / kPostThreads, p0 = min(n, tid * per), p1 = min(n, p0 + per);
-  auto missing = [&](int p, int* e) {
-    *e = idx[(p / K) * ks + p % K];
-    return *e < E && !resident[*e];  // column K may hold the shared expert as E: resident
-  };
-  int c = 0, e;
-  for (int p = p0; p < p1; ++p) c += missing(p, &e);
-  start[tid + 1] = c;
-  __syncthreads();
-  if (tid == 0) {
-    start[0] = 0;
-    for (int i = 1; i <= kPostThreads; ++i) start[i] += start[i - 1];
+  if (share > 0 && T == 1) {
+    if (tid == 0) {
+      int m = 0, cand = 0;
+      for (int k = 0; k < K; ++k) {
+        const int e = idx[k];
+        if (e < E && resident[e] != 1) m += 1, cand += resident[e] == 2;
+      }
+      const int g = min(cand, static_cast<int>(floorf(share * (static_cast<float>(m) + offset) + 0.5f)));
+      int taken = 0, o = 0;
+      for (int k = 0; k < K; ++k) {
+        const int e = idx[k];
+        if (e >= E || resident[e] == 1) continue;
+        if (resident[e] == 2 && taken < g) {
+          ++taken;
+          continue;
+        }
+        pairs[o++] = ExpertPair{0, e, w[k]};
+        idx[k] = zero_entry;
+      }
+      start[kPostThreads] = o;
+      c->pcie += static_cast<unsigned long long>(taken);
+    }
+  } else {
+    const int per = (n + kPostThreads - 1) / kPostThreads, p0 = min(n, tid * per), p1 = min(n, p0 + per);
+    auto missing = [&](int p, int* e) {
+      *e = idx[(p / K) * ks + p % K];
+      return *e < E && !resident[*e];  // column K may hold the shared expert as E: resident
+    };
+    int cnt = 0, e;
+    for (int p = p0; p < p1; ++p) cnt += missing(p, &e);
+    start[tid + 1] = cnt;
+    __syncthreads();
+    if (tid == 0) {
+      start[0] = 0;
+      for (int i = 1; i <= kPostThreads; ++i) start[i] += start[i - 1];
+    }
+    __syncthreads();
+    int o = start[tid];
+    for (int p = p0; p < p1; ++p)
+      if (missing(p, &e)) pairs[o++] = ExpertPair{p / K, e, w[(p / K) * ks + p % K]};
   }
   __syncthreads();
-  int o = start[tid];
-  for (int p = p0; p < p1; ++p)
-    if (missing(p, &e)) pairs[o++] = ExpertPair{p / K, e, w[(p / K) * ks + p % K]};
-  for (long long i = tid; i < static_cast<long long>(T) * H; i += kPostThreads) rows[i] = hn[i];
+  const int misses = start[kPostThreads];
+  if (misses > 0) {
+    const long long n4 = static_cast<long long>(T) * H / 4;
+    if (static_cast<long long>(T) * H % 4 == 0)
+      for (long long i = tid; i < n4; i += kPostThreads) reinterpret_cast<float4*>(rows)[i] = reinterpret_cast<const float4*>(hn)[i];
+    else
+      for (long long i = tid; i < static_cast<long long>(T) * H; i += kPostThreads) rows[i] = hn[i];
+  }
   __syncthreads();
   if (tid == 0) {
-    box->layer = layer, box->n = start[kPostThreads], box->T = T;
-    const unsigned s = *seq + 1;
-    *seq = s;
-    __threadfence_system();  // the pairs, rows and header before the flag
-    box->posted = s;
-    *post_ns = global_ns();
+    c->n = misses;
+    c->pairs += static_cast<unsigned long long>(n);
+    if (misses > 0) {
+      box->layer = layer, box->n = misses, box->T = T;
+      const unsigned s = c->seq + 1;
+      c->seq = s;
+      __threadfence_system();  // the pairs, rows and header before the flag
+      box->posted = s;
+      c->post_ns = global_ns();
+    }
   }
 }
 
 // Waits for the host's done flag to reach the last posted number, then adds
 // the host's partial sums (read past every cache: the same addresses carry
-// a new layer's sums each time).
-__global__ void join_kernel(HandoffBox* box, const float* part, const unsigned* seq, float* routed, long long n, unsigned long long* wait_ns,
-                            const unsigned long long* post_ns, unsigned long long* work_ns, const float* dpart) {
+// a new layer's sums each time). A post with no host misses posted nothing:
+// no wait. Each thread's loads are issued together (one PCIe round trip).
+__global__ void join_kernel(HandoffBox* box, const float* part, HandoffCounters* c, float* routed, long long n, const float* dpart) {
   griddep_wait();
   __shared__ int any, dev;
   if (threadIdx.x == 0) {
-    const unsigned s = *seq;
-    const unsigned long long t0 = global_ns();
-    if (blockIdx.x == 0) atomicAdd(work_ns, t0 - *post_ns);  // the device's own work since the post
-    while (box->done != s) __nanosleep(100);
-    if (blockIdx.x == 0) atomicAdd(wait_ns, global_ns() - t0);
-    any = box->n > 0;
-    dev = dpart && box->n_dev > 0;
+    any = c->n > 0;
+    dev = 0;
+    if (any) {
+      const unsigned s = c->seq;
+      const unsigned long long t0 = global_ns();
+      if (blockIdx.x == 0) atomicAdd(&c->work_ns, t0 - c->post_ns);  // the device's own work since the post
+      while (box->done != s) {
+      }
+      if (blockIdx.x == 0) atomicAdd(&c->wait_ns, global_ns() - t0);
+      dev = dpart && box->n_dev > 0;
+    }
   }
   __syncthreads();
   if (!any) return;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long long>(gridDim.x) * blockDim.x)
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  if (n % 4 == 0) {
+    const long long n4 = n / 4;
+    auto* r4 = reinterpret_cast<float4*>(routed);
+    const auto* p4 = reinterpret_cast<const float4*>(part);
+    const auto* d4 = reinterpret_cast<const float4*>(dpart);
+    for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n4; i += stride) {
+      const float4 a = __ldcv(p4 + i);
+      const float4 b = dev ? __ldcv(d4 + i) : make_float4(0, 0, 0, 0);
+      float4 r = r4[i];
+      r.x += a.x + b.x, r.y += a.y + b.y, r.z += a.z + b.z, r.w += a.w + b.w;
+      r4[i] = r;
+    }
+    return;
+  }
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n; i += stride)
     routed[i] += __ldcv(part + i) + (dev ? __ldcv(dpart + i) : 0.0f);
 }
 
@@ -109,11 +179,8 @@ ExpertHandoff::ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E) :
   box_ = static_cast<Box*>(p);
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_box_), p, 0), "cudaHostGetDevicePointer");
   h_ = arrays_at(box_), d_ = arrays_at(d_box_);
-  // The sequence number, then the wait, the last post's time and the work, in ns.
-  check(cudaMalloc(&d_seq_, 32), "cudaMalloc (expert handoff counters)");
-  d_wait_ns_ = reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_seq_) + 8);
-  d_post_ns_ = d_wait_ns_ + 1, d_work_ns_ = d_wait_ns_ + 2;
-  check(cudaMemset(d_seq_, 0, 32), "cudaMemset");
+  check(cudaMalloc(&d_counters_, sizeof(HandoffCounters)), "cudaMalloc (expert handoff counters)");
+  check(cudaMemset(d_counters_, 0, sizeof(HandoffCounters)), "cudaMemset");
   worker_ = std::thread([this] { serve(); });
 }
 
@@ -124,7 +191,7 @@ ExpertHandoff::~ExpertHandoff() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  if (d_seq_) cudaFree(d_seq_);
+  if (d_counters_) cudaFree(d_counters_);
   if (box_) cudaFreeHost(box_);
 }
 
@@ -134,15 +201,19 @@ ExpertHandoff::Arrays ExpertHandoff::arrays_at(Box* base) const {
   return {reinterpret_cast<ExpertPair*>(b + kPairsAt), reinterpret_cast<float*>(b + rows), reinterpret_cast<float*>(b + rows + row_bytes)};
 }
 
-void ExpertHandoff::post(int layer, const int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s) {
+void ExpertHandoff::post(int layer, int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s, float share,
+                         float offset, int zero_entry) {
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
-  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, hn, H_, d_box_, d_.pairs, d_.rows, d_seq_, d_post_ns_);
+  if (share > 0 && (T != 1 || ks > K_ + 1)) throw Error("CUDA backend: a split post is for one token (internal)");
+  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, hn, H_, d_box_, d_.pairs, d_.rows,
+         d_counters_);
 }
 
 void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {
   const long long n = static_cast<long long>(T) * H_;
-  const int blocks = static_cast<int>(std::min<long long>((n + 1023) / 1024, 264));
-  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_seq_, routed, n, d_wait_ns_, d_post_ns_, d_work_ns_, dpart_);
+  const long long per_thread = n % 4 == 0 ? 4 : 1;  // one float4 or one float per thread and pass
+  const int blocks = static_cast<int>(std::clamp<long long>((n / per_thread + 255) / 256, 1, 264));
+  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_counters_, routed, n, dpart_);
 }
 
 void ExpertHandoff::begin() {
@@ -197,7 +268,7 @@ void ExpertHandoff::serve() {
       if (!error_) error_ = std::current_exception();
     }
     host_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    handoffs_ += 1, pairs_ += static_cast<long>(T) * K_, misses_ += n, device_misses_ += g;
+    handoffs_ += 1, misses_ += n, device_misses_ += g;
     std::atomic_thread_fence(std::memory_order_release);
     box_->done = p;
   }
@@ -205,11 +276,13 @@ void ExpertHandoff::serve() {
 
 ExpertHandoff::Stats ExpertHandoff::stats() const {
   Stats s;
-  s.handoffs = handoffs_, s.pairs = pairs_, s.misses = misses_, s.device_misses = device_misses_;
+  s.handoffs = handoffs_, s.misses = misses_, s.device_misses = device_misses_;
   s.host_ms = host_ns_ / 1e6;
-  unsigned long long ns = 0;
-  if (cudaMemcpy(&ns, d_wait_ns_, sizeof ns, cudaMemcpyDeviceToHost) == cudaSuccess) s.device_wait_ms = ns / 1e6;
-  if (cudaMemcpy(&ns, d_work_ns_, sizeof ns, cudaMemcpyDeviceToHost) == cudaSuccess) s.device_work_ms = ns / 1e6;
+  HandoffCounters c{};
+  if (cudaMemcpy(&c, d_counters_, sizeof c, cudaMemcpyDeviceToHost) == cudaSuccess) {
+    s.device_wait_ms = c.wait_ns / 1e6, s.device_work_ms = c.work_ns / 1e6;
+    s.pairs = static_cast<long>(c.pairs), s.pcie_misses = static_cast<long>(c.pcie);
+  }
   return s;
 }
 

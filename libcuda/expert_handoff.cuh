@@ -35,7 +35,8 @@
 
 namespace coli::cuda::detail {
 
-struct HandoffBox;  // pinned, mapped: flags, pairs, rows, partial sums (expert_handoff.cu)
+struct HandoffBox;       // pinned, mapped: flags, pairs, rows, partial sums (expert_handoff.cu)
+struct HandoffCounters;  // device: sequence number, the last post's count, timers, counts
 
 class ExpertHandoff {
  public:
@@ -49,8 +50,16 @@ class ExpertHandoff {
   // Enqueues the post of layer `layer`: idx and w are [T, ks] on the device
   // (the first K columns are routed experts; a column may hold the shared
   // expert as expert E, which is resident), resident [E] flags on the
-  // device, hn [T, H] on the device.
-  void post(int layer, const int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s);
+  // device, hn [T, H] on the device. A post with no miss for the host
+  // posts nothing (the host never sees it; the join adds nothing).
+  // share > 0 (one token only): a split post for the PCIe reads. Flags are
+  // then 1 resident, 2 readable by the device over PCIe, 0 neither; the
+  // first round(share x (misses + offset)) misses flagged 2 stay the
+  // device's (their ids untouched: its table points at their host bytes)
+  // and the others' ids in idx become zero_entry (the table's zero expert)
+  // and go to the host. Otherwise flags are 0 or 1 and idx is only read.
+  void post(int layer, int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s, float share = 0,
+            float offset = 0, int zero_entry = 0);
   // Enqueues routed[T, H] += the host's partial sum of the last post.
   void join(float* routed, int T, cudaStream_t s);
 
@@ -78,7 +87,8 @@ class ExpertHandoff {
   struct Stats {
     long handoffs = 0;        // posts served
     long pairs = 0;           // routed pairs of the posted layers
-    long misses = 0;          // of them, not resident (the host's and the device part's)
+    long misses = 0;          // of them, computed off the tier by the host or the device part
+    long pcie_misses = 0;     // not resident and read over PCIe by the device (split posts; not in misses)
     long device_misses = 0;   // of those, uploaded and computed by the device part
     double host_ms = 0;       // in ExpertHost::compute
     double device_wait_ms = 0;  // the device's join kernels waiting for the host
@@ -101,15 +111,12 @@ class ExpertHandoff {
   Box* box_ = nullptr;        // host address
   Box* d_box_ = nullptr;      // the same memory, device address
   Arrays h_, d_;
-  unsigned* d_seq_ = nullptr; // device: the last sequence number posted
-  unsigned long long* d_wait_ns_ = nullptr;  // device: join kernels' wait
-  unsigned long long* d_post_ns_ = nullptr;  // device: when the last post flagged the host
-  unsigned long long* d_work_ns_ = nullptr;  // device: post-to-join time summed
+  HandoffCounters* d_counters_ = nullptr;
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> active_{false}, stop_{false};
-  std::atomic<long> handoffs_{0}, pairs_{0}, misses_{0}, device_misses_{0};
+  std::atomic<long> handoffs_{0}, misses_{0}, device_misses_{0};
   DevicePart* dev_ = nullptr;
   const float* dpart_ = nullptr;
   std::atomic<long long> host_ns_{0};

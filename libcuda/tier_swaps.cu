@@ -63,10 +63,15 @@ void CudaBackend::set_entry(int pair, const uint8_t* slot, bool resident) {
                                          slot + slot_down_, resident ? 1 : 0);
   check(cudaGetLastError(), "expert tier entry");
   // The one-token table the same (a swap's candidate may have been read
-  // over PCIe: now from its slot; its victim goes to the host).
+  // over PCIe: now from its slot; its victim is read over PCIe from now on
+  // when its bytes are registered, else the host's).
   if (!one_resident_.empty()) {
-    set_entry_kernel<<<1, 1, 0, stream_>>>(x.one_gate_ptrs.get(), x.one_up_ptrs.get(), x.one_down_ptrs.get(), one_resident_[l].get(), e, slot,
-                                           slot + slot_up_, slot + slot_down_, resident ? 1 : 0);
+    const ExpertWeights& w = model_->layer(l).moe.experts[e];
+    const bool pcie = !resident && pcie_readable(w);
+    const uint8_t *g = slot, *u = slot + slot_up_, *d = slot + slot_down_;
+    if (pcie) g = mapped(w.gate.data), u = mapped(w.up.data), d = mapped(w.down.data);
+    set_entry_kernel<<<1, 1, 0, stream_>>>(x.one_gate_ptrs.get(), x.one_up_ptrs.get(), x.one_down_ptrs.get(), one_resident_[l].get(), e, g, u, d,
+                                           resident ? 1 : pcie ? 2 : 0);
     check(cudaGetLastError(), "expert tier entry");
   }
 }

@@ -37,7 +37,8 @@ for b in $budgets; do
   pred_tg=$(awk '/^decode:/ { print $2 }' "$work/explain-$b.txt")
   pred_pp=$(awk '/^prefill/ { print $3 }' "$work/explain-$b.txt")
   pred_hit=$(awk '/^hit rate:/ { print $3 }' "$work/explain-$b.txt")
-  "$bin/coli-bench" -m "$model" --plan "$plan" --vram-budget "$b" -p 512 -n 128 -r 3 --no-swap --prefill-upload --heat none \
+  # --pcie-read off: the planner's decode model has no PCIe reads yet (auto would use them with the mirror).
+  "$bin/coli-bench" -m "$model" --plan "$plan" --vram-budget "$b" -p 512 -n 128 -r 3 --no-swap --prefill-upload --pcie-read off --heat none \
     > "$work/bench-$b.tsv" 2>"$work/bench-$b.err"
   read -r meas_pp meas_tg meas_hit < <(python3 - "$work/bench-$b.tsv" <<'PY'
 import csv, sys

@@ -4,6 +4,8 @@
 // budget is never exceeded. Skipped, with the reason, without a device.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "cpu_backend.h"
 #include "cpu_expert_host.h"
 #include "cuda_backend.h"
@@ -310,13 +312,15 @@ TEST(CudaTier, DecodeMissesOverPcieKeepTokens) {
   }
 }
 
-// Zero-copy decode reads (CudaOptions::pcie_read_share): a share of the
-// experts outside the tier is computed by the device in one-token steps,
-// its kernels reading their weights from the registered mirror over PCIe.
-// Tokens stay those of the whole model at a quarter of the experts
-// resident; with no slots and share 1 every decode miss is the device's:
-// the decode logits are the whole model's up to float rounding (the same
-// kernels), and the host computes none of the decode steps' misses.
+// Zero-copy decode reads (CudaOptions::pcie_read_share): in one-token
+// steps a share of each layer's misses is computed by the device, its
+// kernels reading the weights from the registered mirror over PCIe, the
+// rest by the host. Tokens stay those of the whole model at a quarter of
+// the experts resident. With no slots every routed pair is a miss, so the
+// split is known by hand: share 1 gives the device all of them (the decode
+// logits are the whole model's up to float rounding: the same kernels; the
+// host computes none and is never posted to), share 0.5 round(0.5 (K + 2))
+// of each layer's K (offset 2, the default).
 TEST(CudaTier, PcieReadsKeepTokens) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -339,28 +343,38 @@ TEST(CudaTier, PcieReadsKeepTokens) {
       EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids)) << "prompt " << ids.size();
     }
     const TierStats ts = tier->tier_stats();
-    EXPECT_EQ(ts.pcie_read, (all - ts.resident + 1) / 2) << "half the experts outside the tier";
-    EXPECT_GT(ts.misses, 0) << "the host keeps the others";
+    EXPECT_EQ(ts.pcie_read, all - ts.resident) << "every expert outside the tier lies in the mirror";
+    EXPECT_GT(ts.misses, 0) << "the host keeps a share";
+    EXPECT_GT(ts.pcie_misses, 0) << "the device reads a share";
   }
-  cuda::CudaOptions a = tier_options(m, 0);
-  a.pcie_read_share = 1.0;
-  a.host_regions.push_back(mm.region());
-  auto b = cuda::make_cuda_backend(m, a);
-  Engine eb(s, *b, 64);
-  EXPECT_EQ(b->tier_stats().pcie_read, all);
   const std::vector<int> ids = test::tiny_goldens()["prompts"][0]["ids"];
   const std::vector<int> cont = test::greedy_tokens(ew, ids, 16);
-  Session sw = ew.new_session(), sb = eb.new_session();
-  EXPECT_LT(max_abs_diff(ew.forward(sw, ids), eb.forward(sb, ids)), tol) << "the prompt's misses on the host";
-  const TierStats b0 = b->tier_stats();
-  float e = 0;
-  for (int tok : cont) e = std::max(e, max_abs_diff(ew.forward(sw, std::vector<int>{tok}), eb.forward(sb, std::vector<int>{tok})));
-  const TierStats b1 = b->tier_stats();
-  std::printf("[ info     ] pcie_read_share 1, no slots: %lld of %lld experts over PCIe, %lld decode pairs, %lld host misses, max |dlogit| %.2e\n",
-              b1.pcie_read, all, b1.pairs - b0.pairs, b1.misses - b0.misses, e);
-  EXPECT_GT(b1.pairs - b0.pairs, 0);
-  EXPECT_EQ(b1.misses - b0.misses, 0) << "every decode miss on the device";
-  EXPECT_LT(e, 1e-3f);
+  const int K = s.num_experts_per_tok;
+  for (const double share : {1.0, 0.5}) {  // with the default offset
+    cuda::CudaOptions a = tier_options(m, 0);
+    a.pcie_read_share = share;
+    a.host_regions.push_back(mm.region());
+    auto b = cuda::make_cuda_backend(m, a);
+    Engine eb(s, *b, 64);
+    EXPECT_EQ(b->tier_stats().pcie_read, all);
+    Session sw = ew.new_session(), sb = eb.new_session();
+    EXPECT_LT(max_abs_diff(ew.forward(sw, ids), eb.forward(sb, ids)), tol) << "the prompt's misses on the host";
+    const TierStats b0 = b->tier_stats();
+    float e = 0;
+    for (int tok : cont) e = std::max(e, max_abs_diff(ew.forward(sw, std::vector<int>{tok}), eb.forward(sb, std::vector<int>{tok})));
+    const TierStats b1 = b->tier_stats();
+    const long long pairs = b1.pairs - b0.pairs, host = b1.misses - b0.misses, pcie = b1.pcie_misses - b0.pcie_misses;
+    std::printf("[ info     ] pcie_read_share %.1f, no slots: %lld decode pairs, %lld over PCIe, %lld on the host in %lld posts, max |dlogit| %.2e\n",
+                share, pairs, pcie, host, b1.handoffs - b0.handoffs, e);
+    EXPECT_EQ(pairs, static_cast<long long>(cont.size()) * s.num_layers * K);
+    const long long device_per_layer = std::min<long long>(K, static_cast<long long>(std::floor(share * (K + a.pcie_read_offset) + 0.5)));
+    EXPECT_EQ(pcie, static_cast<long long>(cont.size()) * s.num_layers * device_per_layer) << "round(share x (misses + offset)) of every layer";
+    EXPECT_EQ(host, pairs - pcie);
+    const bool host_part = device_per_layer < K;
+    EXPECT_EQ(b1.handoffs - b0.handoffs, host_part ? static_cast<long long>(cont.size()) * s.num_layers : 0) << "a layer with no host miss posts nothing";
+    if (share == 1.0) EXPECT_LT(e, 1e-3f) << "every decode pair on the device: the whole model's kernels";
+    else EXPECT_LT(e, tol);
+  }
 }
 
 // Hybrid prefill (CudaOptions::prefill_upload): a prompt chunk's experts

@@ -80,6 +80,22 @@ TEST(ParseSize, UnitsAsLlamaCppUsersWriteThem) {
   for (const char* bad : {"", "G", "-1G", "8X", "nan", "inf", "0x10", "8 G", "1e30T"}) EXPECT_THROW(parse_size(bad, "--vram-budget"), UsageError) << bad;
 }
 
+TEST(ParsePcieRead, AutoOffOrAShare) {
+  EXPECT_EQ(parse_pcie_read("auto", "--pcie-read"), -1);
+  EXPECT_EQ(parse_pcie_read("off", "--pcie-read"), 0);
+  EXPECT_EQ(parse_pcie_read("0", "--pcie-read"), 0);
+  EXPECT_EQ(parse_pcie_read("0.35", "--pcie-read"), 0.35);
+  EXPECT_EQ(parse_pcie_read("1", "--pcie-read"), 1);
+  for (const char* bad : {"", "-1", "1.5", "nan", "inf", "0x1", "0.3x", "abc", "1e9", "Auto"}) {
+    try {
+      parse_pcie_read(bad, "--pcie-read");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--pcie-read"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CpuExpertHost, ComputesThePairsItIsGivenAndZerosTheRest) {
   auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
   const int H = m->spec().hidden_size, T = 3;

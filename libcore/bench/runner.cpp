@@ -212,7 +212,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
               double expert_bytes = 0, tokens_for_bytes = 0;
               StageTimes stages{};
               // The expert tier's counters over the timed parts only (not depth, not warm-up).
-              long long tier_pairs = 0, tier_misses = 0;
+              long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0;
               double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0;
               const bool tiered = backend->tier_stats().tiered;
               for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) {
@@ -272,6 +272,7 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                 if (tiered) {
                   const TierStats tier1 = backend->tier_stats();
                   tier_pairs += tier1.pairs - tier0.pairs, tier_misses += tier1.misses - tier0.misses;
+                  tier_pcie += tier1.pcie_misses - tier0.pcie_misses;
                   tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
                   tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
                   tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes) + double(tier1.prefill_upload_bytes - tier0.prefill_upload_bytes);
@@ -322,6 +323,8 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
                 rec["peak_vram_mb"] = static_cast<double>(ts.vram_peak) / (1 << 20);
                 rec["tier_resident"] = ts.experts ? double(ts.resident) / double(ts.experts) : 1.0;
                 rec["tier_hit_rate"] = tier_pairs ? 1.0 - double(tier_misses) / double(tier_pairs) : 1.0;
+                rec["tier_pcie_read"] = ts.pcie_read_share;
+                rec["tier_pcie_pairs"] = tier_pairs ? double(tier_pcie) / double(tier_pairs) : 0.0;
                 rec["host_bytes_per_token"] = tier_host_bytes / tokens_for_bytes;
                 rec["bytes_uploaded_per_token"] = tier_swap_bytes / tokens_for_bytes;  // the tier's swaps and prompt uploads
                 rec["t_cpu_experts_ms"] = tier_host_ms / reps;

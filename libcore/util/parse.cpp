@@ -60,4 +60,16 @@ uint64_t parse_size(const std::string& s, const std::string& flag) {
   return static_cast<uint64_t>(bytes);
 }
 
+double parse_pcie_read(const std::string& s, const std::string& flag) {
+  if (s == "auto") return -1;
+  if (s == "off") return 0;
+  const char* p = s.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(p, &end);
+  if (end == p || *end || errno || !(v >= 0 && v <= 1) || s.find_first_of("xXpPnN") != std::string::npos)
+    throw UsageError(flag + ": '" + s + "' is not a share from 0 to 1, auto or off");
+  return v;
+}
+
 }  // namespace coli

@@ -24,4 +24,14 @@ int check_thread_count(int n, const std::string& flag);
 // negative or overflowing, throws coli::UsageError naming the flag.
 uint64_t parse_size(const std::string& s, const std::string& flag);
 
+// --pcie-read's share (coli-run, coli-bench): "auto" (returns -1: the tool
+// takes kPcieReadAutoShare when the experts come from a coli-pin mirror,
+// else 0), "off" (0), or a number from 0 to 1. Anything else throws
+// coli::UsageError naming the flag.
+double parse_pcie_read(const std::string& s, const std::string& flag);
+// What "auto" reads over PCIe with a mirror (with the default offset of 2):
+// the best of the splits measured on the H200 machine, 8 and 40 layers at
+// 1.75-16 GiB (docs/perf/hybrid.md).
+constexpr double kPcieReadAutoShare = 0.35;
+
 }  // namespace coli

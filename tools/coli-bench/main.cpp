@@ -84,7 +84,8 @@ int run(int argc, char** argv) {
       ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME")
       ("plan", po::value<std::string>(), "under a budget: the expert tier starts with this coli-place plan's VRAM experts (one -m)")
       ("decode-upload", po::value<int>()->default_value(0), "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)")
-      ("pcie-read", po::value<double>()->default_value(0.0), "under a budget with a mirror: this share of the experts outside the tier read over PCIe in place by the GPU in decode steps (0: off)")
+      ("pcie-read", po::value<std::string>()->default_value("auto"), "under a budget with a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place while the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)")
+      ("pcie-read-offset", po::value<double>()->default_value(2.0), "the CPU's fixed cost of a layer in experts, for --pcie-read's split")
       ("prefill-upload", po::bool_switch(), "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)")
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
@@ -163,8 +164,9 @@ int run(int argc, char** argv) {
   co.swap = !vm["no-swap"].as<bool>();
   co.decode_upload_max = vm["decode-upload"].as<int>();
   if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
-  co.pcie_read_share = vm["pcie-read"].as<double>();
-  if (!(co.pcie_read_share >= 0 && co.pcie_read_share <= 1)) throw coli::UsageError("--pcie-read must be a share from 0 to 1");
+  const double pcie_read = coli::parse_pcie_read(vm["pcie-read"].as<std::string>(), "--pcie-read");  // -1: auto, per model below
+  co.pcie_read_offset = vm["pcie-read-offset"].as<double>();
+  if (!(co.pcie_read_offset >= 0 && co.pcie_read_offset <= 64)) throw coli::UsageError("--pcie-read-offset must be from 0 to 64 experts");
   co.prefill_upload = vm["prefill-upload"].as<bool>();
   // A plan (coli-place) names the tier's first experts; it must be the model's.
   std::optional<coli::Plan> plan;
@@ -191,6 +193,8 @@ int run(int argc, char** argv) {
         coli::cuda::CudaOptions c = co;
         c.vram_budget = vram_budget;
         if (plan) c.heat = coli::plan_as_heat(*plan);
+        // auto: with a mirror, unless --decode-upload takes the misses.
+        c.pcie_read_share = pcie_read >= 0 ? pcie_read : mirror && c.decode_upload_max == 0 ? coli::kPcieReadAutoShare : 0.0;
         if (mirror) {
           c.host_regions.push_back({mirror->base(), mirror->size()});  // registered when an option needs it
           // coli-pin start --gpu: the keeper's device copy, read in place

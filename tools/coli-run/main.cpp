@@ -91,7 +91,8 @@ void print_tier(const coli::TierStats& t) {
   if (t.vram_budget) std::fprintf(stderr, " of %.2f GiB", t.vram_budget / double(1 << 30));
   if (t.swaps) std::fprintf(stderr, ", %lld swaps (%.1f MB copied)", t.swaps, t.swap_bytes / 1e6);
   if (t.prefill_upload_bytes) std::fprintf(stderr, ", prompts uploaded %.1f MB of experts", t.prefill_upload_bytes / 1e6);
-  if (t.pcie_read) std::fprintf(stderr, ", %lld experts read over PCIe in decode steps (their pairs count as hits)", t.pcie_read);
+  if (t.pcie_read)
+    std::fprintf(stderr, ", GPU read %lld pairs over PCIe in decode steps (counted as hits; %lld experts readable)", t.pcie_misses, t.pcie_read);
   std::fprintf(stderr, "\n");
 }
 
@@ -214,7 +215,8 @@ int run(int argc, char** argv) {
                                           "with --vram-budget the tier starts with its VRAM experts and its prefill chunk is the default "
                                           "(auto: planned at start from the budget, the heat and this machine's rates)")
       ("decode-upload", po::value<int>()->default_value(0), "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)")
-      ("pcie-read", po::value<double>()->default_value(0.0), "with --vram-budget and a mirror: this share of the experts outside the tier are read over PCIe in place by the GPU in decode steps while the CPU computes the other misses (0: off)")
+      ("pcie-read", po::value<std::string>()->default_value("auto"), "with --vram-budget and a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place while the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)")
+      ("pcie-read-offset", po::value<double>()->default_value(2.0), "the CPU's fixed cost of a layer in experts, for --pcie-read's split")
       ("prefill-upload", po::bool_switch(), "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
       ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
       ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
@@ -299,6 +301,7 @@ int run(int argc, char** argv) {
   const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
   coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
   int plan_chunk = f.get<int>("prefill-chunk");  // a plan's prefill chunk replaces the default
+  bool pcie_read_asked = false;                  // --pcie-read SHARE given (auto says nothing when it cannot)
   co.max_chunk = plan_chunk;
   if (f.has("vram-budget")) {
     // The expert tier: what the budget leaves after the trunk, the KV cache
@@ -310,8 +313,12 @@ int run(int argc, char** argv) {
     co.swap = !f.get<bool>("no-swap");
     co.decode_upload_max = f.get<int>("decode-upload");
     if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
-    co.pcie_read_share = f.get<double>("pcie-read");
-    if (!(co.pcie_read_share >= 0 && co.pcie_read_share <= 1)) throw coli::UsageError("--pcie-read must be a share from 0 to 1");
+    const double pcie_read = coli::parse_pcie_read(f.get<std::string>("pcie-read"), "--pcie-read");
+    pcie_read_asked = pcie_read > 0;
+    // auto: with a mirror (registered at the start: 0.08 s per GB), unless --decode-upload takes the misses.
+    co.pcie_read_share = pcie_read >= 0 ? pcie_read : loaded.mirror && co.decode_upload_max == 0 ? coli::kPcieReadAutoShare : 0.0;
+    co.pcie_read_offset = f.get<double>("pcie-read-offset");
+    if (!(co.pcie_read_offset >= 0 && co.pcie_read_offset <= 64)) throw coli::UsageError("--pcie-read-offset must be from 0 to 64 experts");
     co.prefill_upload = f.get<bool>("prefill-upload");
     if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
@@ -365,7 +372,7 @@ int run(int argc, char** argv) {
     backend_ptr = std::make_unique<coli::cpu::CpuBackend>(*model, coli::cpu::CpuOptions{f.get<int>("threads"), !f.get<bool>("reference")});
   }
   coli::Backend& backend = *backend_ptr;
-  if (const coli::TierStats t = backend.tier_stats(); co.pcie_read_share > 0 && t.tiered && t.resident < t.experts && t.pcie_read == 0)
+  if (const coli::TierStats t = backend.tier_stats(); pcie_read_asked && t.tiered && t.resident < t.experts && t.pcie_read == 0)
     std::fprintf(stderr, "coli-run: --pcie-read: no expert outside the tier is in a registered mirror (start coli-pin for this model): off\n");
   if (verbose) {  // where the start's time went (time to first token = this + the prompt)
     const auto now = std::chrono::steady_clock::now();
