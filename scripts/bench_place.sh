@@ -4,12 +4,14 @@
 # machine probed, then at each VRAM budget a plan (coli-place --explain) and
 # the measured tg128 and pp512 of coli-bench following it (experts from a
 # coli-pin mirror), with the error of each prediction. Prints one table last.
-# Usage: scripts/bench_place.sh WORKDIR [LAYERS] [BUDGETS]   (env BIN=build/bin)
+# Usage: scripts/bench_place.sh WORKDIR [LAYERS] [BUDGETS] [PCIE_READ]   (env BIN=build/bin)
 #   BUDGETS: space-separated --vram-budget values (default "6G 8G 10G 12G 16G")
+#   PCIE_READ: --pcie-read of both the plan and the runs (default auto: on with the mirror)
 set -uo pipefail
 work=${1:?usage: bench_place.sh WORKDIR [LAYERS] [BUDGETS]}
 layers=${2:-40}
 budgets=${3:-6G 8G 10G 12G 16G}
+pcie=${4:-auto}
 bin=${BIN:-build/bin}
 model="$work/q4-L$layers-skew.coli"
 export XDG_CACHE_HOME="$work/cache"  # this run's heat and rates only
@@ -32,13 +34,13 @@ ctx=641  # coli-bench's context for pp512 + tg128
 rows=()
 for b in $budgets; do
   plan="$work/plan-$b.txt"
-  "$bin/coli-place" -m "$model" --vram "$b" --rates "$work/rates.txt" --ctx $ctx --chunks 512 --prefill-upload -o "$plan" --explain \
+  "$bin/coli-place" -m "$model" --vram "$b" --rates "$work/rates.txt" --ctx $ctx --chunks 512 --prefill-upload --pcie-read "$pcie" -o "$plan" --explain \
     > "$work/explain-$b.txt" || exit 1
   pred_tg=$(awk '/^decode:/ { print $2 }' "$work/explain-$b.txt")
   pred_pp=$(awk '/^prefill/ { print $3 }' "$work/explain-$b.txt")
-  pred_hit=$(awk '/^hit rate:/ { print $3 }' "$work/explain-$b.txt")
-  # --pcie-read off: the planner's decode model has no PCIe reads yet (auto would use them with the mirror).
-  "$bin/coli-bench" -m "$model" --plan "$plan" --vram-budget "$b" -p 512 -n 128 -r 3 --no-swap --prefill-upload --pcie-read off --heat none \
+  # The GPU's pairs: VRAM hits and PCIe reads (tier_hit_rate counts both).
+  pred_hit=$(awk '/^hit rate:/ { h = $3 } /^PCIe reads:/ { r = $3 } END { print h + r }' "$work/explain-$b.txt")
+  "$bin/coli-bench" -m "$model" --plan "$plan" --vram-budget "$b" -p 512 -n 128 -r 3 --no-swap --prefill-upload --pcie-read "$pcie" --heat none \
     > "$work/bench-$b.tsv" 2>"$work/bench-$b.err"
   read -r meas_pp meas_tg meas_hit < <(python3 - "$work/bench-$b.tsv" <<'PY'
 import csv, sys
@@ -53,5 +55,5 @@ PY
   rows+=("$(awk -v b="$b" -v pt="$pred_tg" -v mt="$meas_tg" -v pp="$pred_pp" -v mp="$meas_pp" -v ph="$pred_hit" -v mh="$meas_hit" 'BEGIN {
     printf "%-6s %9.1f %9.1f %+7.1f%% %9.0f %9.0f %+7.1f%% %6.3f %6.3f", b, pt, mt, 100 * (pt - mt) / mt, pp, mp, 100 * (pp - mp) / mp, ph, mh }')")
 done
-echo "budget  tg128 pred  measured   error  pp512 pred  measured   error  hit pred  measured"
+echo "budget  tg128 pred  measured   error  pp512 pred  measured   error  GPU pairs pred  measured   (--pcie-read $pcie)"
 printf '%s\n' "${rows[@]}"

@@ -195,3 +195,53 @@ TEST(Planner, RareMissesPayTheHandoffRarely) {
   EXPECT_NEAR(1 / hot.decode_tok_s, 50e-6 + 20e-6 + p0 * 1e-3 + 100e-6 * (1 - std::exp(-p0)), 1e-12);
   EXPECT_LT(100e-6 * (1 - std::exp(-p3)), 0.03e-6);  // the cold layer: under 0.03 us of the 100
 }
+
+// The runs' PCIe reads (--pcie-read): over a layer's misses M ~
+// Binomial(k, m / k) the split g = min(round(f M), round(s (M + o)), M)
+// gives the GPU G pairs and the host H on average; the layer takes the
+// trunk and the longer of the GPU's part (its k experts and G reads over
+// PCIe) and the host's (H reads and the round trip when it has any).
+// Hand-worked: 1 layer of 4 experts, k = 2.
+TEST(Planner, PcieReadsSplitEachStepsMisses) {
+  PlannerInputs in = small(1, 4, 2);
+  in.rates.gpu_layer_s = 20e-6, in.rates.gpu_expert_s = 5e-6, in.rates.handoff_s = 100e-6, in.rates.token_fixed_s = 50e-6;
+  in.rates.pcie_read_gbs = 0.5;  // 2 ms per expert over PCIe; the host reads one in 1 ms
+  Plan plan;
+  plan.fingerprint = in.fingerprint, plan.layers = 1, plan.experts = 4;
+  plan.tier = {Tier::kRam, Tier::kRam, Tier::kRam, Tier::kRam};
+  const Prediction off = coli::predict(in, plan);
+  // Off: both misses on the host (p = 1/2 each): max(10 us, 2 ms) + (1 - e^-2) of the round trip.
+  EXPECT_NEAR(1 / off.decode_tok_s, 50e-6 + 20e-6 + 2e-3 + 100e-6 * (1 - std::exp(-2.0)), 1e-12);
+  EXPECT_EQ(off.pcie_read_pairs, 0);
+  // Every step misses both (q = 1): share 0.5, offset 0 gives round(1) = 1
+  // to the GPU: max(10 us + 2 ms, 1 ms + the round trip).
+  in.pcie_read_share = 0.5, in.pcie_read_offset = 0;
+  const Prediction half = coli::predict(in, plan);
+  EXPECT_NEAR(1 / half.decode_tok_s, 50e-6 + 20e-6 + 10e-6 + 2e-3, 1e-12);
+  EXPECT_NEAR(half.pcie_read_pairs, 0.5, 1e-12);
+  // Two of the four in VRAM: m = 1, so M = 0, 1, 2 with 1/4, 1/2, 1/4.
+  // Share 0.35, offset 2: M = 1 gives round(1.05) = 1 to the GPU (no round
+  // trip), M = 2 round(1.4) = 1 and the host the other: G = 0.75, H = 0.25,
+  // P(H > 0) = 0.25; max(10 us + 1.5 ms, 0.25 ms + 25 us).
+  plan.tier = {Tier::kVram, Tier::kVram, Tier::kRam, Tier::kRam};
+  in.pcie_read_share = 0.35, in.pcie_read_offset = 2;
+  const Prediction split = coli::predict(in, plan);
+  EXPECT_NEAR(1 / split.decode_tok_s, 50e-6 + 20e-6 + 10e-6 + 1.5e-3, 1e-12);
+  // A fast bus: the host's part bounds it (H reads and its round trip).
+  in.rates.pcie_read_gbs = 100;
+  EXPECT_NEAR(1 / coli::predict(in, plan).decode_tok_s, 50e-6 + 20e-6 + 0.25e-3 + 25e-6, 1e-12);
+  in.rates.pcie_read_gbs = 0.5;
+  EXPECT_NEAR(split.pcie_read_pairs, (0.5 * 1 + 0.25 * 1) / 2, 1e-12);
+  // Experts on disk are not readable over PCIe: with the two misses' experts
+  // on disk the split gives the GPU none, and the model is the binomial
+  // expectation of the host's reads (10 ms each) and the round trip.
+  plan.tier = {Tier::kVram, Tier::kVram, Tier::kDisk, Tier::kDisk};
+  const Prediction disk = coli::predict(in, plan);
+  EXPECT_EQ(disk.pcie_read_pairs, 0);
+  EXPECT_NEAR(1 / disk.decode_tok_s, 50e-6 + 20e-6 + 1e-2 + 100e-6 * (1 - std::exp(-1.0)), 1e-12) << "no RAM misses: the model without reads";
+  PlannerInputs bad = in;
+  bad.pcie_read_share = 1.5;
+  EXPECT_THROW(coli::predict(bad, plan), coli::Error);
+  bad = in, bad.rates.pcie_read_gbs = 0;
+  EXPECT_THROW(coli::predict(bad, plan), coli::Error);
+}

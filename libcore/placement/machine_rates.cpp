@@ -26,6 +26,7 @@ constexpr Field kFields[] = {
     {"pcie_gbs", &MachineRates::pcie_gbs, true},               {"gpu_layer_s", &MachineRates::gpu_layer_s, false},
     {"gpu_expert_s", &MachineRates::gpu_expert_s, false},      {"handoff_s", &MachineRates::handoff_s, false},
     {"token_fixed_s", &MachineRates::token_fixed_s, true},    {"prefill_layer_token_s", &MachineRates::prefill_layer_token_s, true},
+    {"pcie_read_gbs", &MachineRates::pcie_read_gbs, true},
 };
 
 }  // namespace

@@ -34,12 +34,14 @@ void check_inputs(const PlannerInputs& in) {
   if (!in.heat.empty() && in.heat.size() != static_cast<std::size_t>(in.layers) * in.experts)
     throw Error("planner: heat of " + std::to_string(in.heat.size()) + " counts for " + std::to_string(in.layers * in.experts) + " experts");
   const MachineRates& r = in.rates;
-  for (double v : {r.host_expert_gbs, r.disk_gbs, r.pcie_gbs})
+  for (double v : {r.host_expert_gbs, r.disk_gbs, r.pcie_gbs, r.pcie_read_gbs})
     if (!(v > 0) || !std::isfinite(v)) throw Error("planner: a transfer rate must be a positive number of GB/s");
   for (double v : {r.gpu_layer_s, r.gpu_expert_s, r.handoff_s})
     if (!(v >= 0) || !std::isfinite(v)) throw Error("planner: a time must be a non-negative number of seconds");
   for (double v : {r.token_fixed_s, r.prefill_layer_token_s})  // what makes a token's and a chunk's time more than 0
     if (!(v > 0) || !std::isfinite(v)) throw Error("planner: token_fixed_s and prefill_layer_token_s must be positive numbers of seconds");
+  if (!(in.pcie_read_share >= 0 && in.pcie_read_share <= 1)) throw Error("planner: the PCIe reads' share must be from 0 to 1");
+  if (!(in.pcie_read_offset >= 0 && in.pcie_read_offset <= 64)) throw Error("planner: the PCIe reads' offset must be from 0 to 64 experts");
   if (in.chunks.empty()) throw Error("planner: no prefill chunk size to pick from");
   for (int c : in.chunks)
     if (c < 1 || c > (1 << 20)) throw Error("planner: prefill chunk of " + std::to_string(c) + " tokens");
@@ -60,6 +62,30 @@ double gpu_part(const PlannerInputs& in) { return in.k * in.rates.gpu_expert_s; 
 // (Poisson: 1 - e^-misses); a layer whose misses are rare mostly skips it.
 double layer_time(const PlannerInputs& in, double cpu, double misses) {
   return in.rates.gpu_layer_s + std::max(gpu_part(in), cpu) + in.rates.handoff_s * -std::expm1(-std::max(0.0, misses));
+}
+
+// With the runs' PCIe reads (planner.h): the split's expected pairs for
+// the GPU and the host over the step's misses M ~ Binomial(k, misses / k)
+// (ram_misses of the expected misses lie in RAM, readable over PCIe), then
+// the GPU's part against the host's with its round trip, which the GPU's
+// own reads hide. *pcie: the expected pairs the GPU reads.
+double split_layer_time(const PlannerInputs& in, double cpu, double misses, double ram_misses, double* pcie, bool* gpu_bound) {
+  const int k = in.k;
+  const double q = std::clamp(misses / k, 0.0, 1.0), per_miss = misses > 0 ? cpu / misses : 0, f = misses > 0 ? ram_misses / misses : 0;
+  const double read = double(in.expert_bytes) / (in.rates.pcie_read_gbs * 1e9), s = in.pcie_read_share, o = in.pcie_read_offset;
+  double gpu_pairs = 0, host_pairs = 0, host_any = 0;
+  for (int M = 0; M <= k; ++M) {
+    // C(k, M) q^M (1 - q)^(k - M), exact at q = 0 and q = 1.
+    const double prob = q == 0 ? (M == 0) : q == 1 ? (M == k)
+                                           : std::exp(std::lgamma(k + 1.0) - std::lgamma(M + 1.0) - std::lgamma(k - M + 1.0) + M * std::log(q) +
+                                                      (k - M) * std::log1p(-q));
+    const int g = std::min({static_cast<int>(std::floor(f * M + 0.5)), static_cast<int>(std::floor(s * (M + o) + 0.5)), M});
+    gpu_pairs += prob * g, host_pairs += prob * (M - g), host_any += M > g ? prob : 0;
+  }
+  *pcie = gpu_pairs;
+  const double gpu = gpu_part(in) + gpu_pairs * read, host = host_pairs * per_miss + host_any * in.rates.handoff_s;
+  *gpu_bound = gpu >= host;
+  return in.rates.gpu_layer_s + std::max(gpu, host);
 }
 
 double pick_time(const PlannerInputs& in, double cpu) {
@@ -90,25 +116,36 @@ Prediction predict(const PlannerInputs& in, const Plan& plan) {
   const std::vector<double> p = route_probabilities(in);
   const double B = double(in.expert_bytes);
   Prediction r;
-  double token = in.rates.token_fixed_s, vram_p = 0, all_p = 0, ram_s = 0, disk_s = 0;
+  double token = in.rates.token_fixed_s, vram_p = 0, all_p = 0, ram_s = 0, disk_s = 0, pcie_pairs = 0;
   for (int l = 0; l < in.layers; ++l) {
-    double cpu = 0, misses = 0;
+    double cpu = 0, misses = 0, ram_misses = 0;
     for (int e = 0; e < in.experts; ++e) {
       const std::size_t i = static_cast<std::size_t>(l) * in.experts + e;
       const Tier t = plan.tier[i];
       all_p += p[i];
       if (t != Tier::kVram) misses += p[i];
+      if (t == Tier::kRam) ram_misses += p[i];
       if (t == Tier::kVram) vram_p += p[i], r.vram_bytes_per_token += p[i] * B;
       if (t == Tier::kRam) r.ram_bytes_per_token += p[i] * B, ram_s += p[i] * read_s(in, t);
       if (t == Tier::kDisk) r.disk_bytes_per_token += p[i] * B, disk_s += p[i] * read_s(in, t);
       cpu += p[i] * read_s(in, t);
     }
-    (cpu > gpu_part(in) ? r.cpu_bound_layers : r.gpu_bound_layers) += 1;
-    token += layer_time(in, cpu, misses);
+    if (in.pcie_read_share > 0 && ram_misses > 0) {
+      double pcie = 0;
+      bool gpu_bound = false;
+      token += split_layer_time(in, cpu, misses, ram_misses, &pcie, &gpu_bound);
+      pcie_pairs += pcie;
+      (gpu_bound ? r.gpu_bound_layers : r.cpu_bound_layers) += 1;
+    } else {
+      token += layer_time(in, cpu, misses);
+      (cpu > gpu_part(in) ? r.cpu_bound_layers : r.gpu_bound_layers) += 1;
+    }
   }
   r.hit_rate = all_p > 0 ? vram_p / all_p : 1;
+  r.pcie_read_pairs = all_p > 0 ? pcie_pairs / all_p : 0;
   r.decode_tok_s = 1.0 / token;
-  r.decode_bound = r.cpu_bound_layers == 0 ? "gpu" : disk_s > ram_s ? "disk reads" : "host RAM reads (CPU experts)";
+  r.decode_bound = r.cpu_bound_layers == 0 ? (pcie_pairs > 0 ? "gpu (with its reads over PCIe)" : "gpu")
+                   : disk_s > ram_s ? "disk reads" : "host RAM reads (CPU experts)";
   // Prefill: a chunk uploads every non-resident expert of each layer one
   // layer ahead of its compute (the routing of a layer is not known before
   // it runs), so a layer takes the longer of its compute and the next

@@ -11,14 +11,18 @@
 //   m(l)    = sum over e not in VRAM of p(l,e): the layer's expected misses
 //   layer   = gpu_layer_s + max(k * gpu_expert_s, cpu(l)) + handoff_s * (1 - e^-m(l))
 //   token   = sum over layers + token_fixed_s (embedding, lm_head, sampling)
-// The GPU's trunk work of a layer (norms, attention or DeltaNet, router:
-// gpu_layer_s) comes before the routing is known, so it is serial with the
-// CPU's part; the GPU's expert work (the shared and resident experts) runs
-// while the CPU computes the misses. handoff_s is what a layer with misses
-// costs beyond both: the round trip and the CPU threads' start, paid by the
-// tokens with one miss or more there (Poisson: 1 - e^-m). Charging it to
-// every layer with any chance of a miss predicted a 40-layer skewed model
-// at 99 % hits 36 % slow (docs/perf/place.md).
+// With the runs' PCIe reads (pcie_read_share s > 0, --pcie-read: the GPU
+// reads round(s (M + o)) of a step's M misses over PCIe in place, at most
+// the ones in RAM), over M ~ Binomial(k, m(l) / k) the split's expected
+// pairs G for the GPU and H for the host, and P(H > 0), give
+//   layer   = gpu_layer_s + max(k * gpu_expert_s + G * bytes / pcie_read_gbs,
+//                               H * cpu(l) / m(l) + handoff_s * P(H > 0))
+// with g = min(round(f M), round(s (M + o)), M), f the RAM tier's share of
+// the layer's expected misses: the round trip runs while the GPU reads
+// its share, so it counts on the host's side (measured on a skewed
+// 40-layer model at 6-16 GiB: with the round trip outside the max the
+// predictions were 8-22 % slow, this way 2-7 %, docs/perf/place.md). The
+// picks below do not use this term.
 // and per prompt chunk of T tokens (hybrid prefill, --prefill-upload):
 //   up(l)   = bytes of layer l's experts outside VRAM / pcie_gbs (all of
 //             them: a layer's upload runs a layer ahead of its routing)
@@ -59,6 +63,7 @@ struct MachineRates {
   double gpu_expert_s = 1e-6;           // one routed expert for one token on the GPU (k of them: the layer's GPU expert part)
   double handoff_s = 39e-6;             // a layer with misses: the GPU -> CPU -> GPU round trip and the CPU threads' start
   double token_fixed_s = 140e-6;        // per token outside the layers (embedding, lm_head, sampling)
+  double pcie_read_gbs = 44;            // the GPU's expert kernels reading registered host RAM over PCIe in place (--pcie-read)
   double prefill_layer_token_s = 2.5e-6;  // prompt processing per token and layer, every expert resident
 };
 
@@ -77,16 +82,20 @@ struct PlannerInputs {
   // two staging areas hold the most experts a layer leaves out plus this
   // many (the swaps in flight), out of vram_bytes.
   int prefill_staging_extra = -1;
+  // The runs' PCIe reads of RAM-tier misses in decode steps (--pcie-read
+  // SHARE and --pcie-read-offset; 0: off, the model above).
+  double pcie_read_share = 0, pcie_read_offset = 2;
 };
 
 struct Prediction {
   double hit_rate = 0;             // share of routed pairs served from VRAM
+  double pcie_read_pairs = 0;      // share of routed pairs the GPU reads over PCIe (pcie_read_share > 0)
   double vram_bytes_per_token = 0, ram_bytes_per_token = 0, disk_bytes_per_token = 0;
   double decode_tok_s = 0;
   double prefill_tok_s = 0;        // at the chosen chunk size
   int prefill_chunk = 0;
   int gpu_bound_layers = 0, cpu_bound_layers = 0;  // which side bounds each layer
-  std::string decode_bound;        // "gpu", "host RAM reads (CPU experts)" or "disk reads": what bounds decode
+  std::string decode_bound;        // "gpu", "gpu (with its reads over PCIe)", "host RAM reads (CPU experts)" or "disk reads": what bounds decode
   std::string prefill_bound;       // "pcie" or "gpu"
 };
 

@@ -129,6 +129,9 @@ void print_prediction(const coli::PlannerInputs& in, const coli::Plan& p, const 
   std::printf("experts: %lld in VRAM, %lld in RAM, %lld on disk (of %d x %d, %.2f MB each)\n", (long long)p.count(coli::Tier::kVram),
               (long long)p.count(coli::Tier::kRam), (long long)p.count(coli::Tier::kDisk), in.layers, in.experts, in.expert_bytes / 1e6);
   std::printf("hit rate: %.3f of the routed pairs on the GPU\n", r.hit_rate);
+  if (in.pcie_read_share > 0)
+    std::printf("PCIe reads: %.3f of the routed pairs read by the GPU from RAM (--pcie-read %.2f, offset %.1f)\n", r.pcie_read_pairs, in.pcie_read_share,
+                in.pcie_read_offset);
   std::printf("per token: %.1f MB read from VRAM, %.1f MB from RAM, %.1f MB from disk\n", r.vram_bytes_per_token / 1e6, r.ram_bytes_per_token / 1e6,
               r.disk_bytes_per_token / 1e6);
   std::printf("decode: %.1f tok/s predicted; bound by %s (%d layers GPU-bound, %d CPU-bound)\n", r.decode_tok_s, r.decode_bound.c_str(),
@@ -136,8 +139,8 @@ void print_prediction(const coli::PlannerInputs& in, const coli::Plan& p, const 
   std::printf("prefill (--prefill-upload): %.0f tok/s predicted at chunks of %d tokens; bound by %s\n", r.prefill_tok_s, r.prefill_chunk,
               r.prefill_bound.c_str());
   const coli::MachineRates& m = in.rates;
-  std::printf("rates: host experts %.1f GB/s, disk %.1f GB/s, PCIe %.1f GB/s, GPU layer %.1f us + %.1f us per expert, handoff %.1f us\n",
-              m.host_expert_gbs, m.disk_gbs, m.pcie_gbs, m.gpu_layer_s * 1e6, m.gpu_expert_s * 1e6, m.handoff_s * 1e6);
+  std::printf("rates: host experts %.1f GB/s, disk %.1f GB/s, PCIe %.1f GB/s (GPU reading RAM in place %.1f GB/s), GPU layer %.1f us + %.1f us per expert, handoff %.1f us\n",
+              m.host_expert_gbs, m.disk_gbs, m.pcie_gbs, m.pcie_read_gbs, m.gpu_layer_s * 1e6, m.gpu_expert_s * 1e6, m.handoff_s * 1e6);
 }
 
 struct Loaded {
@@ -168,7 +171,9 @@ void common_options(po::options_description& o) {
       ("ctx", po::value<int>()->default_value(4096), "context tokens the KV cache is planned for")
       ("ubatch", po::value<int>()->default_value(512), "prefill chunk the activations are planned for")
       ("chunks", po::value<std::string>()->default_value("512,1024,2048,4096"), "prefill chunk sizes the plan picks from, those up to --ubatch (whose activations the VRAM is planned for)")
-      ("prefill-upload", po::bool_switch(), "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM");
+      ("prefill-upload", po::bool_switch(), "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM")
+      ("pcie-read", po::value<std::string>()->default_value("auto"), "the runs' --pcie-read: the GPU reads that share of a decode layer's RAM misses over PCIe (auto: 0.35, as coli-run with a coli-pin mirror; off)")
+      ("pcie-read-offset", po::value<double>()->default_value(2.0), "the runs' --pcie-read-offset");
 }
 
 coli::PlannerInputs inputs(const po::variables_map& vm, const Loaded& l, uint64_t vram, uint64_t ram) {
@@ -178,6 +183,10 @@ coli::PlannerInputs inputs(const po::variables_map& vm, const Loaded& l, uint64_
   const coli::Heat h = heat_of(vm, *l.c, l.spec);
   if (h.tokens() > 0) in.heat.assign(h.counts().begin(), h.counts().end()), in.heat_tokens = h.tokens();
   in.rates = rates_of(vm, coli::expert_format_name(*l.c));
+  const double pcie = coli::parse_pcie_read(vm["pcie-read"].as<std::string>(), "--pcie-read");
+  in.pcie_read_share = pcie >= 0 ? pcie : coli::kPcieReadAutoShare;  // the RAM tier is the mirror the runs read
+  in.pcie_read_offset = vm["pcie-read-offset"].as<double>();
+  if (!(in.pcie_read_offset >= 0 && in.pcie_read_offset <= 64)) throw coli::UsageError("--pcie-read-offset must be from 0 to 64 experts");
   // Chunks up to --ubatch: the VRAM above holds that chunk's activations,
   // not a larger one's.
   const int ubatch = vm["ubatch"].as<int>();
