@@ -135,8 +135,11 @@ __global__ void join_kernel(HandoffBox* box, const float* part, HandoffCounters*
       const unsigned s = c->seq;
       const unsigned long long t0 = global_ns();
       if (blockIdx.x == 0) atomicAdd(&c->work_ns, t0 - c->post_ns);  // the device's own work since the post
-      while (box->done != s) {
-      }
+      // One-token joins (a block or two) spin on the flag; a prompt chunk's
+      // many blocks back off between reads, as before, to leave the bus be.
+      const bool back_off = gridDim.x > 8;
+      while (box->done != s)
+        if (back_off) __nanosleep(100);
       if (blockIdx.x == 0) atomicAdd(&c->wait_ns, global_ns() - t0);
       dev = dpart && box->n_dev > 0;
     }
