@@ -2,10 +2,32 @@
 //
 // One call per layer step, so a backend can fuse inside a step and a
 // scheduler can split work between backends. Activations are row-major
-// float32 [T, hidden] host arrays at this interface. A backend owns the
-// memory of the weights it was given and the per-session state it creates.
-// The CPU backend implements every operation; it is the reference the others
-// are tested against.
+// float32 [T, hidden] host arrays at this interface. The CPU backend
+// implements every operation; it is the reference the others are tested
+// against (and the always-available fake of a device in tests).
+//
+// Threads: a backend is not thread-safe. One thread at a time calls it (the
+// engine's); a backend may run threads of its own inside a call (the CPU
+// backend's pool, the CUDA backend's hybrid handoff thread), and those are
+// idle or parked again when the call returns, except between start_chunk
+// and finish_chunk, when the chunk may still be running on them.
+//
+// Lifetimes: the model given at construction must outlive the backend;
+// the backend owns what it made of the weights (device copies, packed
+// rows) and the per-session state new_state() returns, which is used only
+// with the backend that made it and must outlive any chunk started on it.
+// Pointers passed to a call are read or written during that call only;
+// start_chunk's ids are read until finish_chunk returns.
+//
+// What a failed call leaves: an operation that throws coli::Error leaves
+// the weights intact and the session state it was given undefined (a
+// layer's KV cache or recurrent state may be part advanced): start a new
+// session. The backend stays usable unless the device itself failed (a
+// sticky CUDA error, named in the message). A chunk started and never
+// finished is drained by a device backend's next call, or forgotten by the
+// default start_chunk (which had not run it); its logits are dropped
+// either way. finish_chunk rethrows what failed while the chunk ran, and
+// that chunk's logits are then void.
 #pragma once
 #include <cstddef>
 #include <cstdint>
