@@ -4,6 +4,10 @@
 
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
+
+#include "util/error.h"
 
 using namespace coli;
 
@@ -83,4 +87,46 @@ TEST(Sampler, SeededDrawsAreReproducibleAndFollowTheDistribution) {
   EXPECT_NEAR(count[0] / 20000.0, 0.6, 0.02);
   EXPECT_NEAR(count[1] / 20000.0, 0.3, 0.02);
   EXPECT_NEAR(count[2] / 20000.0, 0.1, 0.02);
+}
+
+// The top-k scan (blocks skipped on their maximum, a heap of the best)
+// keeps exactly what a sort of every id keeps, in the same order: by
+// logit, ties to the lower id. Logits on a coarse grid make ties common,
+// across blocks and inside them; lengths not a multiple of the block, and
+// k from 1 to past a block.
+TEST(Sampler, TopKScanMatchesAFullSort) {
+  std::mt19937 g(7);
+  for (const std::size_t n : {std::size_t(5), std::size_t(63), std::size_t(64), std::size_t(1000), std::size_t(4097)}) {
+    for (const int grid : {3, 50}) {
+      std::uniform_int_distribution<int> u(0, grid);
+      std::vector<float> l(n);
+      for (auto& x : l) x = 0.25f * u(g);
+      for (const int k : {1, 2, 7, 40, 65, 200}) {
+        if (static_cast<std::size_t>(k) >= n) continue;
+        SamplingParams p;
+        p.temperature = 1, p.top_p = 1, p.min_p = 0, p.top_k = k;
+        const auto d = Sampler(p).distribution(l, {});
+        std::vector<int> ids(n);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return l[a] > l[b]; });  // equal logits keep the lower id first
+        ASSERT_EQ(d.size(), static_cast<std::size_t>(k)) << n << " " << grid << " " << k;
+        double z = 0;
+        for (int i = 0; i < k; ++i) z += std::exp(double(l[ids[i]]) - l[ids[0]]);
+        for (int i = 0; i < k; ++i) {
+          EXPECT_EQ(d[i].first, ids[i]) << "n " << n << " grid " << grid << " k " << k << " rank " << i;
+          EXPECT_NEAR(d[i].second, std::exp(double(l[ids[i]]) - l[ids[0]]) / z, 1e-6);
+        }
+      }
+    }
+  }
+  // Greedy: the first largest, with and without a penalty's copy.
+  std::vector<float> l(1000, 1.0f);
+  l[700] = 3.0f, l[900] = 3.0f, l[5] = 2.0f;
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(Sampler(p).sample(l, {}), 700);
+  p.repeat_penalty = 2.0f;
+  const std::vector<int> hist = {700, 900};  // both to 1.5: 2.0 leads
+  EXPECT_EQ(Sampler(p).sample(l, hist), 5);
+  EXPECT_THROW(Sampler(p).sample(std::vector<float>{}, {}), coli::Error);
 }

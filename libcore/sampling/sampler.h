@@ -39,9 +39,13 @@ class Sampler {
   std::vector<std::pair<int, float>> distribution(std::span<const float> logits, std::span<const int> history) const;
 
  private:
-  std::vector<float> penalised(std::span<const float> logits, std::span<const int> history) const;
+  // The logits after the penalties: logits itself when none applies, else
+  // buf (resized, reused across calls) holding the penalised copy.
+  const float* penalised(std::span<const float> logits, std::span<const int> history, std::vector<float>& buf) const;
+  std::vector<std::pair<int, float>> distribution(std::span<const float> logits, std::span<const int> history, std::vector<float>& buf) const;
   SamplingParams p_;
   std::mt19937_64 rng_;
+  std::vector<float> buf_;  // sample()'s penalised logits
 };
 
 }  // namespace coli
