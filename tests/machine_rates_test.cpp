@@ -15,7 +15,7 @@ bool mentions(const coli::Error& e, const std::string& what) { return std::strin
 TEST(MachineRates, RoundTripAndDefaults) {
   coli::MachineRates r;
   r.host_expert_gbs = 61.25, r.pcie_gbs = 55.31, r.disk_gbs = 3.5, r.gpu_layer_s = 44e-6, r.gpu_expert_s = 0.7e-6, r.handoff_s = 2.5e-6;
-  r.token_fixed_s = 151e-6, r.prefill_layer_token_s = 2.4e-6;
+  r.token_fixed_s = 151e-6, r.prefill_layer_token_s = 2.4e-6, r.pcie_read_gbs = 41.5;
   const coli::MachineRates b = coli::parse_rates(coli::format_rates(r, "a comment"), "r.txt");
   EXPECT_DOUBLE_EQ(b.host_expert_gbs, 61.25);
   EXPECT_DOUBLE_EQ(b.pcie_gbs, 55.31);
@@ -25,6 +25,7 @@ TEST(MachineRates, RoundTripAndDefaults) {
   EXPECT_DOUBLE_EQ(b.handoff_s, 2.5e-6);
   EXPECT_DOUBLE_EQ(b.token_fixed_s, 151e-6);
   EXPECT_DOUBLE_EQ(b.prefill_layer_token_s, 2.4e-6);
+  EXPECT_DOUBLE_EQ(b.pcie_read_gbs, 41.5);
   // A key left out keeps the base's value.
   coli::MachineRates base;
   base.disk_gbs = 7;
@@ -40,6 +41,7 @@ TEST(MachineRates, MalformedFilesAreErrors) {
       {"coli-rates 2\n", ":1:"},
       {"coli-rates 1\npcie_gbs\n", ":2:"},
       {"coli-rates 1\npcie_gbs 0\n", "positive"},
+      {"coli-rates 1\npcie_read_gbs 0\n", "positive"},
       {"coli-rates 1\npcie_gbs -3\n", "positive"},
       {"coli-rates 1\nhandoff_s -1e-6\n", "non-negative"},
       {"coli-rates 1\npcie_gbs nan\n", ":2:"},
