@@ -3,6 +3,8 @@
 // against the CPU backend's own routed experts.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <numeric>
 
 #include "cpu_backend.h"
@@ -94,6 +96,16 @@ TEST(ParsePcieRead, AutoOffOrAShare) {
       EXPECT_NE(std::string(e.what()).find("--pcie-read"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(ParsePcieRead, AutoTakesTheShareWithAMirrorOnly) {
+  EXPECT_EQ(pcie_read_share(-1, true, false), kPcieReadAutoShare);
+  EXPECT_EQ(pcie_read_share(-1, false, false), 0) << "no mirror: nothing registered to read";
+  EXPECT_EQ(pcie_read_share(-1, true, true), 0) << "--decode-upload takes the misses";
+  EXPECT_EQ(pcie_read_share(0.5, false, false), 0.5) << "a given share is kept";
+  EXPECT_EQ(pcie_read_share(0, true, false), 0);
+  EXPECT_EQ(check_pcie_read_offset(2, "--pcie-read-offset"), 2);
+  for (double bad : {-1.0, 65.0, std::nan("")}) EXPECT_THROW(check_pcie_read_offset(bad, "--pcie-read-offset"), UsageError) << bad;
 }
 
 TEST(CpuExpertHost, ComputesThePairsItIsGivenAndZerosTheRest) {

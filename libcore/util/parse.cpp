@@ -72,4 +72,14 @@ double parse_pcie_read(const std::string& s, const std::string& flag) {
   return v;
 }
 
+double pcie_read_share(double parsed, bool mirror, bool decode_upload) {
+  if (parsed >= 0) return parsed;
+  return mirror && !decode_upload ? kPcieReadAutoShare : 0.0;
+}
+
+double check_pcie_read_offset(double v, const std::string& flag) {
+  if (!(v >= 0 && v <= 64)) throw UsageError(flag + " must be from 0 to 64 experts");
+  return v;
+}
+
 }  // namespace coli

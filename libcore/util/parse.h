@@ -33,5 +33,11 @@ double parse_pcie_read(const std::string& s, const std::string& flag);
 // the best of the splits measured on the H200 machine, 8 and 40 layers at
 // 1.75-16 GiB (docs/perf/hybrid.md).
 constexpr double kPcieReadAutoShare = 0.35;
+// The share a run takes from parse_pcie_read's value: a given share as is;
+// auto (-1) kPcieReadAutoShare when its experts come from a mirror and no
+// --decode-upload takes the misses, else 0.
+double pcie_read_share(double parsed, bool mirror, bool decode_upload);
+// --pcie-read-offset (experts, 0 to 64); else coli::UsageError naming the flag.
+double check_pcie_read_offset(double v, const std::string& flag);
 
 }  // namespace coli

@@ -165,8 +165,7 @@ int run(int argc, char** argv) {
   co.decode_upload_max = vm["decode-upload"].as<int>();
   if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
   const double pcie_read = coli::parse_pcie_read(vm["pcie-read"].as<std::string>(), "--pcie-read");  // -1: auto, per model below
-  co.pcie_read_offset = vm["pcie-read-offset"].as<double>();
-  if (!(co.pcie_read_offset >= 0 && co.pcie_read_offset <= 64)) throw coli::UsageError("--pcie-read-offset must be from 0 to 64 experts");
+  co.pcie_read_offset = coli::check_pcie_read_offset(vm["pcie-read-offset"].as<double>(), "--pcie-read-offset");
   co.prefill_upload = vm["prefill-upload"].as<bool>();
   // A plan (coli-place) names the tier's first experts; it must be the model's.
   std::optional<coli::Plan> plan;
@@ -194,7 +193,7 @@ int run(int argc, char** argv) {
         c.vram_budget = vram_budget;
         if (plan) c.heat = coli::plan_as_heat(*plan);
         // auto: with a mirror, unless --decode-upload takes the misses.
-        c.pcie_read_share = pcie_read >= 0 ? pcie_read : mirror && c.decode_upload_max == 0 ? coli::kPcieReadAutoShare : 0.0;
+        c.pcie_read_share = coli::pcie_read_share(pcie_read, mirror != nullptr, c.decode_upload_max > 0);
         if (mirror) {
           c.host_regions.push_back({mirror->base(), mirror->size()});  // registered when an option needs it
           // coli-pin start --gpu: the keeper's device copy, read in place

@@ -184,9 +184,8 @@ coli::PlannerInputs inputs(const po::variables_map& vm, const Loaded& l, uint64_
   if (h.tokens() > 0) in.heat.assign(h.counts().begin(), h.counts().end()), in.heat_tokens = h.tokens();
   in.rates = rates_of(vm, coli::expert_format_name(*l.c));
   const double pcie = coli::parse_pcie_read(vm["pcie-read"].as<std::string>(), "--pcie-read");
-  in.pcie_read_share = pcie >= 0 ? pcie : coli::kPcieReadAutoShare;  // the RAM tier is the mirror the runs read
-  in.pcie_read_offset = vm["pcie-read-offset"].as<double>();
-  if (!(in.pcie_read_offset >= 0 && in.pcie_read_offset <= 64)) throw coli::UsageError("--pcie-read-offset must be from 0 to 64 experts");
+  in.pcie_read_share = coli::pcie_read_share(pcie, /*mirror=*/true, false);  // the RAM tier is the mirror the runs read
+  in.pcie_read_offset = coli::check_pcie_read_offset(vm["pcie-read-offset"].as<double>(), "--pcie-read-offset");
   // Chunks up to --ubatch: the VRAM above holds that chunk's activations,
   // not a larger one's.
   const int ubatch = vm["ubatch"].as<int>();

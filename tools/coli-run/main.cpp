@@ -316,9 +316,8 @@ int run(int argc, char** argv) {
     const double pcie_read = coli::parse_pcie_read(f.get<std::string>("pcie-read"), "--pcie-read");
     pcie_read_asked = pcie_read > 0;
     // auto: with a mirror (registered at the start: 0.08 s per GB), unless --decode-upload takes the misses.
-    co.pcie_read_share = pcie_read >= 0 ? pcie_read : loaded.mirror && co.decode_upload_max == 0 ? coli::kPcieReadAutoShare : 0.0;
-    co.pcie_read_offset = f.get<double>("pcie-read-offset");
-    if (!(co.pcie_read_offset >= 0 && co.pcie_read_offset <= 64)) throw coli::UsageError("--pcie-read-offset must be from 0 to 64 experts");
+    co.pcie_read_share = coli::pcie_read_share(pcie_read, loaded.mirror != nullptr, co.decode_upload_max > 0);
+    co.pcie_read_offset = coli::check_pcie_read_offset(f.get<double>("pcie-read-offset"), "--pcie-read-offset");
     co.prefill_upload = f.get<bool>("prefill-upload");
     if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
     // The tier starts with the experts earlier runs routed to most.
