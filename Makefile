@@ -35,7 +35,7 @@ endif
 # Include paths enforce the layering: libcore sees only itself, each backend
 # sees libcore and itself (never the other backend), the tools and tests see
 # everything. Pattern-specific values below narrow INCLUDES per library.
-INCLUDES  := -Ilibcore -Ilibcpu -Ilibcuda -Itools
+INCLUDES  := -Ilibcore -Ilibcpu -Ilibcuda/include -Itools
 WARN      := -Wall -Wextra -Wshadow -Wno-unused-parameter
 # The user's flags (optimisation, debug, extra warnings) ...
 CXXFLAGS  ?= -O2 -g
@@ -89,10 +89,20 @@ FORCE:
 
 # Each library's objects get only the include paths it may use: a backend
 # header included from libcore, or one backend's from the other, fails to
-# compile.
+# compile. Within libcuda each folder sees the ones below it and itself:
+#   include/ the public API (plain C++; all the tools and tests see)
+#   common/  checks, launches, device arrays     kernels/ device code + launchers
+#   device/  probes, registration, twins, copies tier/    the expert tier
+#   backend/ the forward pass over all of them
+# so a kernel cannot include the tier, nor the tier the backend.
+CUDA_INC_BASE := -Ilibcore -Ilibcuda/include -Ilibcuda/common
 $(BUILD)/obj/libcore/%: INCLUDES := -Ilibcore
 $(BUILD)/obj/libcpu/%:  INCLUDES := -Ilibcore -Ilibcpu
-$(BUILD)/obj/libcuda/%: INCLUDES := -Ilibcore -Ilibcuda
+$(BUILD)/obj/libcuda/cuda_stub.cpp.o: INCLUDES := -Ilibcore -Ilibcuda/include
+$(BUILD)/obj/libcuda/kernels/%: INCLUDES := $(CUDA_INC_BASE) -Ilibcuda/kernels
+$(BUILD)/obj/libcuda/device/%:  INCLUDES := $(CUDA_INC_BASE) -Ilibcuda/device
+$(BUILD)/obj/libcuda/tier/%:    INCLUDES := $(CUDA_INC_BASE) -Ilibcuda/kernels -Ilibcuda/device -Ilibcuda/tier
+$(BUILD)/obj/libcuda/backend/%: INCLUDES := $(CUDA_INC_BASE) -Ilibcuda/kernels -Ilibcuda/device -Ilibcuda/tier -Ilibcuda/backend
 
 $(BUILD)/obj/%.cpp.o: %.cpp
 	@mkdir -p $(dir $@)

@@ -24,6 +24,8 @@ std::string describe_device(int) { return "none (built without CUDA)"; }
 
 std::size_t device_free_bytes() { return 0; }
 
+std::size_t registered_host_ranges() { return 0; }
+
 void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {
   throw Error("CUDA: no usable device: built without CUDA");
 }

@@ -483,3 +483,70 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
   }
   EXPECT_GT(uploading, 0) << "some budget held part of the tier and uploaded the rest";
 }
+
+// The handoff served inline (CudaOptions::serve_handoff_inline, for
+// compute-sanitizer's racecheck): the host's part computed on the calling
+// thread after the post, graphs off. The same post and join kernels and the
+// same host kernels, so the same logits as the threaded handoff and the
+// same greedy tokens, with the same counts.
+TEST(CudaTier, InlineHandoffMatchesTheThreadedOne) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", QuantFormat::I4_G32);
+  const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+  for (long long slots : {0LL, all / 4}) {
+    auto threaded = cuda::make_cuda_backend(*m, tier_options(*m, slots));
+    cuda::CudaOptions o = tier_options(*m, slots);
+    o.serve_handoff_inline = true;
+    auto served = cuda::make_cuda_backend(*m, o);
+    Engine et(m->spec(), *threaded, 64), ei(m->spec(), *served, 64);
+    for (const auto& p : test::tiny_goldens()["prompts"]) {
+      const std::vector<int> ids = p["ids"];
+      Session st = et.new_session(), si = ei.new_session();
+      EXPECT_LE(max_abs_diff(et.forward(st, ids), ei.forward(si, ids)), 1e-5f) << "slots " << slots << " prompt " << ids.size();
+      EXPECT_EQ(test::greedy_tokens(ei, ids), test::greedy_tokens(et, ids)) << "slots " << slots << " prompt " << ids.size();
+    }
+    const TierStats a = threaded->tier_stats(), b = served->tier_stats();
+    EXPECT_EQ(a.pairs, b.pairs);
+    EXPECT_EQ(a.misses, b.misses);
+    EXPECT_EQ(a.handoffs, b.handoffs);
+    EXPECT_GT(b.handoffs, 0) << "the inline path served the misses";
+  }
+}
+
+// Host registrations are the process's, counted: two backends over one
+// mirror register its pages once (the driver refuses a second
+// registration, and every sanitizer reports the refusal), the last one to
+// go unregisters them, and a backend whose construction fails after
+// registering (a budget too small) leaves nothing registered.
+TEST(CudaTier, BackendsShareOneRegistrationOfAMirror) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  MirroredModel mm(QuantFormat::I4_G32, "registry");
+  ASSERT_NE(mm.loaded.mirror, nullptr);
+  const Model& m = mm.model();
+  const std::size_t before = cuda::registered_host_ranges();
+  auto options = [&] {
+    cuda::CudaOptions o = tier_options(m, 0);
+    o.prefill_upload = true;  // copies from the mirror during the run: registered
+    o.host_regions.push_back(mm.region());
+    return o;
+  };
+  auto a = cuda::make_cuda_backend(m, options());
+  EXPECT_EQ(cuda::registered_host_ranges(), before + 1);
+  auto b = cuda::make_cuda_backend(m, options());
+  EXPECT_EQ(cuda::registered_host_ranges(), before + 1) << "the second backend takes a reference, not a second registration";
+  Engine eb(m.spec(), *b, 64);
+  const std::vector<int> ids = test::tiny_goldens()["prompts"][0]["ids"];
+  const std::vector<int> with_both = test::greedy_tokens(eb, ids);
+  a.reset();
+  EXPECT_EQ(cuda::registered_host_ranges(), before + 1) << "b still uses the pages";
+  EXPECT_EQ(test::greedy_tokens(eb, ids), with_both);
+  b.reset();
+  EXPECT_EQ(cuda::registered_host_ranges(), before);
+  cuda::CudaOptions tight = options();
+  tight.expert_slots = -1, tight.vram_budget = 64 << 10;  // the trunk alone does not fit
+  EXPECT_THROW(cuda::make_cuda_backend(m, tight), Error);
+  EXPECT_EQ(cuda::registered_host_ranges(), before) << "a failed construction releases its registration";
+}

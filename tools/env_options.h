@@ -10,6 +10,7 @@
 //   COLI_CUDA_GDN_CHUNK=0|1             CudaOptions::chunked_gdn
 //   COLI_CUDA_PROFILE=0|1|graph         CudaOptions::profile (kOff, kSteps, kGraph)
 //   COLI_CUDA_REGISTER=0|auto|1         CudaOptions::register_hosts (kNever, kWhenNeeded, kAlways)
+//   COLI_CUDA_HANDOFF=thread|inline     CudaOptions::serve_handoff_inline (inline: for compute-sanitizer racecheck)
 //   COLI_TUNE_STREAM_MIN_ROWS=N >= 0    CudaOptions::gemv_stream_min_rows
 //   COLI_TUNE_STREAM_ROWS=0|1|2         CudaOptions::gemv_stream_rows
 //   COLI_TUNE_NORM_CLUSTER=1|2|4|8      CudaTuning::norm_cluster
@@ -114,6 +115,12 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
     else if (s == "auto") c.register_hosts = cuda::CudaOptions::Register::kWhenNeeded;
     else if (s == "1") c.register_hosts = cuda::CudaOptions::Register::kAlways;
     else bad("COLI_CUDA_REGISTER", v, "0, auto or 1");
+  }
+  if (const char* v = value_of(get, "COLI_CUDA_HANDOFF")) {
+    const std::string s = v;
+    if (s == "thread") c.serve_handoff_inline = false;
+    else if (s == "inline") c.serve_handoff_inline = true;
+    else bad("COLI_CUDA_HANDOFF", v, "thread or inline");
   }
   constexpr int kMax = 1 << 30;
   read_int(get, "COLI_TUNE_STREAM_MIN_ROWS", &c.gemv_stream_min_rows, 0, kMax);

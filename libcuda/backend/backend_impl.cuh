@@ -1,6 +1,9 @@
 // CudaBackend's declaration, shared by the files that implement it:
-// cuda_backend.cu (weights, buffers, a chunk's forward pass, decode graphs)
-// and layer_steps.cu (the per-layer Backend steps on host arrays). Internal
+// cuda_backend.cu (construction: the weights, the tier, buffers),
+// forward.cu (a chunk's forward pass, top to bottom), chunk.cu (a chunk's
+// launch and finish, decode graphs, routing heat) and layer_steps.cu (the
+// per-layer Backend steps on host arrays). The routed experts' tables,
+// slots and handoff are the ExpertTier's (tier/expert_tier.cuh). Internal
 // to libcuda: callers use cuda_backend.h.
 #pragma once
 #include <cuda_runtime.h>
@@ -15,17 +18,12 @@
 
 #include "cuda_backend.h"
 #include "cuda_util.cuh"
-#include "expert_handoff.cuh"
+#include "expert_tier.cuh"
+#include "host_registry.cuh"
 #include "kernels.cuh"
-#include "prefill_stager.cuh"
 #include "staged_upload.cuh"
-#include "placement/swap_policy.h"
-#include "placement/tier_plan.h"
 
 namespace coli::cuda::detail {
-
-constexpr int kSwapsInFlight = 8;     // background swaps at once (tier_swaps.cu)
-constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their experts' pairs
 
 // Device copies of the weights, sub-allocated from one allocation.
 class WeightArena {
@@ -62,18 +60,6 @@ DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what);
 // order (*nibble: int4's). Float-path readers use the float output.
 bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble);
 
-struct DevExperts {
-  ExpertTable table;
-  bool shared_at_E = false;  // entry E of the pointer tables is the shared expert (decode folds it in)
-  DeviceArray<const uint8_t*> gate_ptrs, up_ptrs, down_ptrs;
-  // One-token steps' table when experts outside the tier are read over
-  // PCIe in place (CudaOptions::pcie_read_share): their entries point into
-  // registered host memory, entry E + 1 at the zero expert (the split post
-  // sends the host's misses there); otherwise the same as table.
-  ExpertTable one_table;
-  DeviceArray<const uint8_t*> one_gate_ptrs, one_up_ptrs, one_down_ptrs;
-};
-
 struct DevLayer {
   LayerKind kind;
   const float *input_norm, *post_norm;
@@ -85,7 +71,6 @@ struct DevLayer {
   const float *conv1d, *dt_bias, *A_log, *gdn_norm;
   // MoE
   DevMatrix router, sh_gate, sh_up, sh_down, sh_gate_proj;
-  DevExperts experts;
 };
 
 // Per-session state on the device.
@@ -195,148 +180,29 @@ class CudaBackend : public Backend {
   bool mixer_quant(int l, bool* nibble) const;
   bool moe_quant(int l, bool* nibble) const;
 
-  // The expert tier (CudaOptions::vram_budget / expert_slots): which experts
-  // sit in slots_, each layer's resident flags on the device, and the
-  // handoff of the others to the ExpertHost.
-  void build_tier(const Model& model);
   // Bytes the tier must leave for the KV cache, state, activations and
   // workspaces of max_chunk tokens at the context size (charged later).
   std::size_t runtime_reserve() const;
   int context_tokens() const;  // CudaOptions::n_ctx, or 4096
-
-  // Background swaps of the tier (CudaOptions::swap; tier_swaps.cu). Every
-  // swap_window tokens the routing counts of the window come off the device
-  // (read_heat still sees them) into a SwapPolicy, which picks hot misses
-  // to replace cold residents. A swap then goes: staged (finish_chunk, while
-  // the device and the host experts run: the candidate's blob from host
-  // memory into a pinned buffer in the slot's layout), evicted (start_chunk:
-  // the victim's table entry to the zero expert on the compute stream, so
-  // later steps send it to the host), copied (the swap stream, after that
-  // eviction and the steps before it: nothing still reads the slot), and
-  // installed (a later start_chunk, once the copy's event is done: the
-  // candidate's entry to the slot). No step ever waits for a swap.
-  struct SwapJob {
-    enum State { kFree, kStaging, kStaged, kCopying } state = kFree;
-    int victim = -1, candidate = -1;  // (layer, expert) pair indices
-    long long slot = -1;              // the victim's slot, then the candidate's
-    uint8_t* staging = nullptr;       // pinned, one slot
-    cudaEvent_t evicted = nullptr, copied = nullptr;
-  };
-  void init_swaps(const Model& model);  // end of build_tier, when CudaOptions::swap
-  void swap_tick();                     // start_chunk, before the launch
-  void swap_stage();                    // finish_chunk, before waiting for the device
-  void drain_heat_window();             // the window's counts, once on the host: to heat_host_ and the policy
-  void free_swaps();
-  // Pair's entry in its layer's pointer tables and resident flags, on the compute stream.
-  void set_entry(int pair, const uint8_t* slot, bool resident);
-  uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
-  // Decode misses over PCIe (CudaOptions::decode_upload_max; decode_upload.cu).
-  class DecodeUpload : public ExpertHandoff::DevicePart {
-   public:
-    DecodeUpload(CudaBackend& b, const Model& model);
-    ~DecodeUpload() override;
-    int take(int layer, ExpertPair* misses, int n) override;
-    void wait() override;
-    const float* out() const { return out_.get(); }
-    bool any_pinned() const { return std::find(pinned_.begin(), pinned_.end(), uint8_t{1}) != pinned_.end(); }
-
-   private:
-    CudaBackend& b_;
-    const Model& model_;
-    int k_ = 0;                      // slots
-    std::vector<uint8_t> pinned_;    // [layers * experts]: the expert's parts are in pinned host memory
-    DeviceArray<uint8_t> stage_;     // k slots
-    DeviceArray<const uint8_t*> gate_, up_, down_;  // slot i's parts
-    DeviceArray<int> idx_;           // 0 .. k-1
-    DeviceArray<float> w_, act_, out_;
-    DeviceArray<int8_t> codes_;
-    DeviceArray<float> scale_;
-    DeviceArray<int> sum_;
-    float* h_w_ = nullptr;           // pinned weights of the taken misses
-    cudaStream_t stream_ = nullptr;
-    cudaEvent_t done_ = nullptr;
-  };
-  // Hybrid prefill's uploads (CudaOptions::prefill_upload; prefill_upload.cu).
-  struct PrefillUpload {
-    bool on = false;
-    std::size_t stage_slot = 0;       // one staged expert: gate | up | down as in the tier's slots
-    int stage_slots = 0;              // per staging area
-    DeviceArray<uint8_t> stage;       // two areas of stage_slots
-    // Per layer, pointer tables for a chunk: residents -> their tier slot,
-    // the others -> their place in staging area l % 2 (entry E: the shared expert).
-    std::vector<DeviceArray<const uint8_t*>> gate, up, down;
-    long residency_gen = -1;          // the tier's residency the tables were made for
-    cudaStream_t stream = nullptr;
-    cudaEvent_t uploaded[2] = {}, used[2] = {};
-    uint64_t bytes = 0;               // uploaded since the backend was made
-    long long experts = 0;
-    long long copies = 0;             // cudaMemcpyAsync calls those took (contiguous parts merged)
-    std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
-    std::unique_ptr<PrefillStager> stager;  // issues the copies (staged from pageable memory, direct from registered)
-    uint64_t ticket[2] = {};                // the stager's job that fills each area last
-  };
-  long residency_gen_ = 0;            // bumped by every residency change (swaps)
-  void init_prefill_upload(std::size_t avail_after_slots);
-  int prefill_stage_slots(const TierPlan& plan) const;          // per area, for a plan
-  std::size_t prefill_stage_bytes(const TierPlan& plan) const;  // both areas, for a plan
-  void refresh_prefill_tables();
-  void upload_layer_experts(int l);   // enqueue layer l's non-residents into area l % 2
-  long long upload_pairs_ = 0;        // routed pairs of uploaded layers (TierStats::pairs)
-  int next_upload_layer(int after) const;  // the next tiered, not full layer after `after`, or -1
-  bool prefill_uploads(int T) const { return pu_.on && T >= kGroupedMinTokens; }
-  bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
-  void free_prefill_upload();
-  // Zero-copy decode reads (CudaOptions::pcie_read_share; cuda_backend.cu).
-  std::vector<uint8_t> pcie_read_set(const Model& model);
-  bool pcie_readable(const ExpertWeights& x) const;  // its three matrices in registered host memory
-  const uint8_t* mapped(const uint8_t* host) const;
-  const Model* model_ = nullptr;  // the host copy of the experts (staging reads it)
-  StagedUploader* uploader_ = nullptr;  // while the constructor uploads
-  std::vector<std::pair<void*, std::size_t>> registered_;  // CudaOptions::host_regions' pieces the driver took
-  // Those and the pieces another backend of this process had registered
-  // already (the driver refuses a second registration): all copy at the
-  // pinned rate; only registered_ is unregistered at the end.
-  std::vector<std::pair<void*, std::size_t>> pinned_ranges_;
+  HostRegistry::Lease registration_;  // CudaOptions::host_regions' pieces pinned for this backend
+  HostRanges pinned_;                 // those pieces: copies from them run at the pinned rate
   double register_ms_ = 0;
   std::vector<std::pair<std::string, double>> start_phases_;  // the constructor's timed phases
-  std::unique_ptr<SwapPolicy> swap_policy_;
-  std::vector<SwapJob> swap_jobs_;
-  std::vector<long long> slot_of_;  // [layers * experts]: the pair's slot, -1 if not resident
-  std::vector<uint8_t> swap_busy_;  // [layers * experts]: in a swap in flight
-  std::size_t slot_bytes_ = 0, slot_up_ = 0, slot_down_ = 0;  // a slot's size; offsets of up and down in it
-  cudaStream_t swap_stream_ = nullptr;
-  unsigned long long* h_heat_ = nullptr;  // pinned: the last window's counts
-  cudaEvent_t heat_ev_ = nullptr;
-  bool heat_pending_ = false;
-  std::vector<uint64_t> heat_host_;  // counts taken off the device by the windows, not yet read_heat's
-  long long window_start_ = 0;       // tokens_ when the last window was read
-  long long swaps_done_ = 0;
-  uint64_t swap_bytes_ = 0;
 
   const ModelSpec& s_;
   CudaOptions opt_;
   std::shared_ptr<DeviceBudget> budget_;  // declared first among device owners: destroyed after them (sessions share it)
-  PrefillUpload pu_;  // its arrays are charged to budget_
   bool tiered_ = false;
-  TierPlan plan_;
-  DeviceArray<uint8_t> slots_;                // slot 0: the zero expert; then one slot per resident expert
-  std::vector<DeviceArray<uint8_t>> resident_;  // per layer [E] flags
-  std::vector<DeviceArray<uint8_t>> one_resident_;  // one-token steps' flags: 1 resident, 2 readable over PCIe (pcie_read_share; empty: off)
-  long long pcie_read_ = 0;                      // how many experts are readable over PCIe
-  bool host_ptrs_ = false;                       // the device reads registered memory at its host addresses
-  std::vector<char> layer_full_;              // every expert of the layer resident: no handoff
-  int full_layers_ = 0;                       // how many such layers
-  std::unique_ptr<DecodeUpload> decode_upload_;  // after budget_ (its arrays are charged to it), before handoff_ (whose thread calls it)
-  std::unique_ptr<ExpertHandoff> handoff_;
-  long long full_layer_pairs_ = 0;            // routed pairs of layers without handoff (counted per chunk)
-  long long tokens_ = 0;                      // tokens launched
-  uint64_t expert_bytes_ = 0;                 // one routed expert's gate + up + down bytes
   cudaStream_t stream_ = nullptr;
   WeightArena arena_;
   DevMatrix embed_, lm_head_;
   const float* final_norm_ = nullptr;
   DeviceArray<float> inv_freq_;  // rotary inverse frequencies, f32(1 / theta^(2i / rot)) made on the host as the reference does
   std::vector<DevLayer> layers_;
+  // The routed experts: their tables, and under a budget the slots, the
+  // handoff to the host and the tier's levers. After budget_ and stream_
+  // (destroyed before them), built at the end of the constructor.
+  std::unique_ptr<ExpertTier> tier_;
   // Activations, sized for buf_T_ tokens.
   int buf_T_ = 0;
   DeviceArray<float> gdn_work_;     // chunked DeltaNet prefill's workspace (chunked_gdn_)

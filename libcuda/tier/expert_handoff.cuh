@@ -21,6 +21,13 @@
 //
 // The host thread is the only caller of the ExpertHost. Between end() and
 // the next begin() it sleeps. Not copyable; destroy after the stream is idle.
+//
+// Served inline (serve_inline, for tools that serialise the device such as
+// compute-sanitizer's racecheck, under which a kernel spinning on a host
+// flag may never see it change): no host thread; post() waits for the
+// stream after its kernel and computes the host's part on the calling
+// thread, so the join finds it done. The same kernels and results; the
+// stream cannot be captured into a graph then (the caller turns graphs off).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -42,7 +49,7 @@ class ExpertHandoff {
  public:
   // max_T tokens per chunk, K routed pairs per token, H hidden size, E
   // routed experts per layer.
-  ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E);
+  ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E, bool serve_inline = false);
   ~ExpertHandoff();
   ExpertHandoff(const ExpertHandoff&) = delete;
   ExpertHandoff& operator=(const ExpertHandoff&) = delete;
@@ -98,7 +105,12 @@ class ExpertHandoff {
 
  private:
   void serve();
+  // Serves the post numbered p (the box holds it): the host's part, the
+  // device part's, the done flag.
+  void serve_one(unsigned p);
   using Box = HandoffBox;
+  const bool inline_;
+  unsigned inline_last_ = 0;  // the last post served inline
   ExpertHost& host_;
   const int max_T_, K_, H_, E_;
   // The box's arrays after the flags, at its host and its device address.

@@ -1,4 +1,4 @@
-// Hybrid prefill's uploads (CudaOptions::prefill_upload; backend_impl.cuh:
+// Hybrid prefill's uploads (CudaOptions::prefill_upload; expert_tier.cuh:
 // PrefillUpload). A prompt chunk's experts outside the tier come to the
 // device a whole layer at a time, one layer ahead, into two alternating
 // staging areas, and run with the residents as one grouped GEMM.
@@ -7,32 +7,32 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend_impl.cuh"
+#include "expert_tier.cuh"
+#include "prefill_stager.cuh"
 
 namespace coli::cuda::detail {
 
 // Staging slots per area: the most experts a layer leaves out, plus one
 // per swap in flight (a swap evicts its victim before the candidate's copy
 // lands, and swaps stay within a layer: SwapPolicyOptions::within_layer).
-int CudaBackend::prefill_stage_slots(const TierPlan& plan) const {
+int ExpertTier::prefill_stage_slots(const TierPlan& plan) const {
   int most = 0;
   for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
   return std::min(plan.experts, most + (opt_.swap && plan.count > 0 ? kSwapsInFlight : 0));
 }
 
-std::size_t CudaBackend::prefill_stage_bytes(const TierPlan& plan) const { return 2 * static_cast<std::size_t>(prefill_stage_slots(plan)) * slot_bytes_; }
+std::size_t ExpertTier::prefill_stage_bytes(const TierPlan& plan) const { return 2 * static_cast<std::size_t>(prefill_stage_slots(plan)) * slot_bytes_; }
 
-void CudaBackend::init_prefill_upload(std::size_t) {
+void ExpertTier::init_prefill_upload() {
   const int L = s_.num_layers, E = s_.num_experts;
-  pu_.stage_slot = slot_bytes_;
   const int most = prefill_stage_slots(plan_);
   pu_.stage_slots = most;
   {
-    BudgetScope scope(budget_.get(), "the prefill staging areas");
-    pu_.stage.resize(2 * static_cast<std::size_t>(most) * pu_.stage_slot);
+    BudgetScope scope(budget_, "the prefill staging areas");
+    pu_.stage.resize(2 * static_cast<std::size_t>(most) * slot_bytes_);
   }
   {
-    BudgetScope scope(budget_.get(), "the prefill expert tables");
+    BudgetScope scope(budget_, "the prefill expert tables");
     pu_.gate.resize(L), pu_.up.resize(L), pu_.down.resize(L);
     for (int l = 0; l < L; ++l) pu_.gate[l].resize(E + 1), pu_.up[l].resize(E + 1), pu_.down[l].resize(E + 1);
   }
@@ -41,7 +41,7 @@ void CudaBackend::init_prefill_upload(std::size_t) {
   // its own (the host computes no experts while a chunk uploads); registered
   // ones straight.
   std::vector<std::pair<const void*, std::size_t>> pinned;
-  for (auto [p, n] : pinned_ranges_) pinned.push_back({p, n});
+  for (auto [p, n] : pinned_) pinned.push_back({p, n});
   const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 1, 1, 8);
   pu_.stager = std::make_unique<PrefillStager>(opt_.device, pu_.stream, threads, std::size_t(8) << 20, std::move(pinned));
   for (int b = 0; b < 2; ++b) {
@@ -53,7 +53,7 @@ void CudaBackend::init_prefill_upload(std::size_t) {
   pu_.on = true;
 }
 
-void CudaBackend::free_prefill_upload() {
+void ExpertTier::free_prefill_upload() {
   pu_.stager.reset();
   if (pu_.stream) cudaStreamSynchronize(pu_.stream), cudaStreamDestroy(pu_.stream), pu_.stream = nullptr;
   for (int b = 0; b < 2; ++b) {
@@ -62,7 +62,7 @@ void CudaBackend::free_prefill_upload() {
   }
 }
 
-void CudaBackend::refresh_prefill_tables() {
+void ExpertTier::refresh_prefill_tables() {
   if (pu_.residency_gen == residency_gen_) return;
   // Kernels of an earlier chunk may still read the tables.
   check(cudaStreamSynchronize(stream_), "prefill expert tables");
@@ -71,17 +71,16 @@ void CudaBackend::refresh_prefill_tables() {
   pu_.layer_ok.assign(L, 0);
   for (int l = 0; l < L; ++l) {
     pu_.layer_ok[l] = E - plan_.resident_in_layer(l) <= pu_.stage_slots;
-    uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(l % 2) * pu_.stage_slots * pu_.stage_slot;
+    uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(l % 2) * pu_.stage_slots * slot_bytes_;
     int rank = 0;
     for (int e = 0; e < E; ++e) {
       const long long slot = slot_of_[static_cast<std::size_t>(l) * E + e];
       const bool res = plan_.is_resident(l, e) && slot >= 0;
-      const uint8_t* base = res ? slot_address(slot) : rank < pu_.stage_slots ? area + static_cast<std::size_t>(rank) * pu_.stage_slot : slot_address(0);
+      const uint8_t* base = res ? slot_address(slot) : rank < pu_.stage_slots ? area + static_cast<std::size_t>(rank) * slot_bytes_ : slot_address(0);
       rank += !res;
       g[e] = base, u[e] = base + slot_up_, d[e] = base + slot_down_;
     }
-    const DevLayer& dl = layers_[l];
-    g[E] = dl.sh_gate.data, u[E] = dl.sh_up.data, d[E] = dl.sh_down.data;
+    g[E] = shared_[l][0], u[E] = shared_[l][1], d[E] = shared_[l][2];
     check(cudaMemcpy(pu_.gate[l].get(), g.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.up[l].get(), u.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.down[l].get(), d.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
@@ -89,15 +88,15 @@ void CudaBackend::refresh_prefill_tables() {
   pu_.residency_gen = residency_gen_;
 }
 
-int CudaBackend::next_upload_layer(int after) const {
+int ExpertTier::next_upload_layer(int after) const {
   for (int l = after + 1; l < s_.num_layers; ++l)
     if (!layer_full_[l] && pu_.layer_ok[l]) return l;
   return -1;
 }
 
-void CudaBackend::upload_layer_experts(int l) {
+void ExpertTier::upload_layer_experts(int l) {
   const int E = s_.num_experts, b = l % 2;
-  uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(b) * pu_.stage_slots * pu_.stage_slot;
+  uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(b) * pu_.stage_slots * slot_bytes_;
   // One copy per contiguous run: an expert's gate, up and down are one
   // blob in the container and the mirror, and a slot keeps their layout
   // when their sizes are 256-byte multiples. A copy costs the copy engine
@@ -110,8 +109,8 @@ void CudaBackend::upload_layer_experts(int l) {
   int rank = 0;
   for (int e = 0; e < E; ++e) {
     if (plan_.is_resident(l, e)) continue;
-    const ExpertWeights& x = model_->layer(l).moe.experts[e];
-    uint8_t* dst = area + static_cast<std::size_t>(rank++) * pu_.stage_slot;
+    const ExpertWeights& x = model_.layer(l).moe.experts[e];
+    uint8_t* dst = area + static_cast<std::size_t>(rank++) * slot_bytes_;
     add(dst, x.gate.data, x.gate.bytes());
     add(dst + slot_up_, x.up.data, x.up.bytes());
     add(dst + slot_down_, x.down.data, x.down.bytes());

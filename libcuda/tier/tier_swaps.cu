@@ -1,10 +1,10 @@
-// The expert tier's background swaps (backend_impl.cuh: SwapJob). Placement
+// The expert tier's background swaps (expert_tier.cuh: SwapJob). Placement
 // changes speed, never results: a swapped expert is computed by the host
 // until the step after its slot holds it, then by the device.
 #include <algorithm>
 #include <cstring>
 
-#include "backend_impl.cuh"
+#include "expert_tier.cuh"
 
 namespace coli::cuda::detail {
 
@@ -22,9 +22,8 @@ __global__ void set_entry_kernel(const uint8_t** gate, const uint8_t** up, const
 
 }  // namespace
 
-void CudaBackend::init_swaps(const Model& model) {
+void ExpertTier::init_swaps() {
   const int L = s_.num_layers, E = s_.num_experts;
-  model_ = &model;
   if (opt_.swap_window < 1) throw Error("CUDA backend: swap_window must be at least 1 token");
   SwapPolicyOptions po = opt_.swap_policy;
   po.max_swaps = std::min(po.max_swaps, kSwapsInFlight);
@@ -43,7 +42,7 @@ void CudaBackend::init_swaps(const Model& model) {
   }
 }
 
-void CudaBackend::free_swaps() {
+void ExpertTier::free_swaps() {
   if (swap_stream_) cudaStreamSynchronize(swap_stream_);
   for (SwapJob& j : swap_jobs_) {
     if (j.staging) cudaFreeHost(j.staging);
@@ -56,9 +55,9 @@ void CudaBackend::free_swaps() {
   if (swap_stream_) cudaStreamDestroy(swap_stream_), swap_stream_ = nullptr;
 }
 
-void CudaBackend::set_entry(int pair, const uint8_t* slot, bool resident) {
+void ExpertTier::set_entry(int pair, const uint8_t* slot, bool resident) {
   const int E = s_.num_experts, l = pair / E, e = pair % E;
-  DevExperts& x = layers_[l].experts;
+  DevExperts& x = experts_[l];
   set_entry_kernel<<<1, 1, 0, stream_>>>(x.gate_ptrs.get(), x.up_ptrs.get(), x.down_ptrs.get(), resident_[l].get(), e, slot, slot + slot_up_,
                                          slot + slot_down_, resident ? 1 : 0);
   check(cudaGetLastError(), "expert tier entry");
@@ -66,7 +65,7 @@ void CudaBackend::set_entry(int pair, const uint8_t* slot, bool resident) {
   // over PCIe: now from its slot; its victim is read over PCIe from now on
   // when its bytes are registered, else the host's).
   if (!one_resident_.empty()) {
-    const ExpertWeights& w = model_->layer(l).moe.experts[e];
+    const ExpertWeights& w = model_.layer(l).moe.experts[e];
     const bool pcie = !resident && pcie_readable(w);
     const uint8_t *g = slot, *u = slot + slot_up_, *d = slot + slot_down_;
     if (pcie) g = mapped(w.gate.data), u = mapped(w.up.data), d = mapped(w.down.data);
@@ -76,7 +75,7 @@ void CudaBackend::set_entry(int pair, const uint8_t* slot, bool resident) {
   }
 }
 
-void CudaBackend::drain_heat_window() {
+void ExpertTier::drain_heat_window() {
   if (!heat_pending_) return;
   check(cudaEventSynchronize(heat_ev_), "routing heat window");
   heat_pending_ = false;
@@ -85,7 +84,7 @@ void CudaBackend::drain_heat_window() {
   swap_policy_->observe(reinterpret_cast<const uint64_t*>(h_heat_));
 }
 
-void CudaBackend::swap_tick() {
+void ExpertTier::swap_tick() {
   if (!swap_policy_) return;
   // Copies that finished: the candidates take their slots from this step on.
   for (SwapJob& j : swap_jobs_) {
@@ -131,21 +130,21 @@ void CudaBackend::swap_tick() {
   // The next window: its counts come off the device after the steps so far.
   if (!heat_pending_ && tokens_ - window_start_ >= opt_.swap_window) {
     const std::size_t bytes = heat_host_.size() * sizeof(unsigned long long);
-    check(cudaMemcpyAsync(h_heat_, heat_.get(), bytes, cudaMemcpyDeviceToHost, stream_), "copy routing heat");
-    check(cudaMemsetAsync(heat_.get(), 0, bytes, stream_), "cudaMemset");
+    check(cudaMemcpyAsync(h_heat_, heat_, bytes, cudaMemcpyDeviceToHost, stream_), "copy routing heat");
+    check(cudaMemsetAsync(heat_, 0, bytes, stream_), "cudaMemset");
     check(cudaEventRecord(heat_ev_, stream_), "event");
     heat_pending_ = true;
     window_start_ = tokens_;
   }
 }
 
-void CudaBackend::swap_stage() {
+void ExpertTier::stage_swaps() {
   const int E = s_.num_experts;
   int staged = 0;
   for (SwapJob& j : swap_jobs_) {
     if (j.state != SwapJob::kStaging) continue;
     if (staged++ == kStagedPerStep) break;
-    const ExpertWeights& x = model_->layer(j.candidate / E).moe.experts[j.candidate % E];
+    const ExpertWeights& x = model_.layer(j.candidate / E).moe.experts[j.candidate % E];
     std::memcpy(j.staging, x.gate.data, x.gate.bytes());
     std::memcpy(j.staging + slot_up_, x.up.data, x.up.bytes());
     std::memcpy(j.staging + slot_down_, x.down.data, x.down.bytes());

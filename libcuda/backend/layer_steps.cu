@@ -105,7 +105,7 @@ void CudaBackend::shared_expert(int layer, int T, const float* hn, float* out) {
 // token's, in pair order.
 void CudaBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) {
   const int H = s_.hidden_size, E = s_.num_experts;
-  const DevLayer& L = layers_[layer];
+  const ExpertTable& table = tier_->experts(layer).table;
   int rows = 0;
   for (int p = 0; p < n; ++p) {
     if (pairs[p].expert < 0 || pairs[p].expert >= E) throw Error("CUDA backend: routed_experts: expert " + std::to_string(pairs[p].expert) + " out of range");
@@ -128,11 +128,11 @@ void CudaBackend::routed_experts(int layer, const ExpertPair* pairs, int n, cons
     check(cudaMemcpyAsync(ridx_.get(), idx.data(), m * sizeof(int), cudaMemcpyHostToDevice, stream_), "upload pairs");
     bool grouped = false;
     if (m >= kGroupedMinTokens)
-      grouped = moe_grouped(L.experts.table, hn_.get(), ridx_.get(), rw_.get(), m, 1, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
+      grouped = moe_grouped(table, hn_.get(), ridx_.get(), rw_.get(), m, 1, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
                             routed_.get(), stream_, qx_, false);
     if (!grouped) {
-      moe_gate_up(L.experts.table, hn_.get(), ridx_.get(), m, 1, act_.get(), stream_, &qx_);
-      moe_down(L.experts.table, act_.get(), ridx_.get(), rw_.get(), m, 1, routed_.get(), stream_, &qx_);
+      moe_gate_up(table, hn_.get(), ridx_.get(), m, 1, act_.get(), stream_, &qx_);
+      moe_down(table, act_.get(), ridx_.get(), rw_.get(), m, 1, routed_.get(), stream_, &qx_);
     }
     download(y.data(), routed_.get(), y.size());
     for (int i = 0; i < m; ++i) {
@@ -142,13 +142,13 @@ void CudaBackend::routed_experts(int layer, const ExpertPair* pairs, int n, cons
     }
   }
   // Hybrid: the device gave 0 for experts outside the tier; the host adds them.
-  if (handoff_ && !layer_full_[layer]) {
+  if (tier_->hands_off(layer)) {
     std::vector<ExpertPair> misses;
     for (int p = 0; p < n; ++p)
-      if (!plan_.is_resident(layer, pairs[p].expert)) misses.push_back(pairs[p]);
+      if (!tier_->is_resident(layer, pairs[p].expert)) misses.push_back(pairs[p]);
     if (!misses.empty()) {
       std::vector<float> part(std::size_t(rows) * H);
-      opt_.expert_host->compute(layer, misses.data(), static_cast<int>(misses.size()), hn, rows, part.data());
+      tier_->host().compute(layer, misses.data(), static_cast<int>(misses.size()), hn, rows, part.data());
       for (std::size_t i = 0; i < part.size(); ++i) out[i] += part[i];
     }
   }

@@ -30,6 +30,11 @@ std::string describe_device(int i);
 // hold a --vram-budget against. 0 without a device.
 std::size_t device_free_bytes();
 
+// Host ranges this process holds registered with the device (pinned) on
+// the backends' behalf: each range once, however many backends use it, and
+// none once the last of them is gone. 0 without a device.
+std::size_t registered_host_ranges();
+
 // y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (1 + w) on device 0,
 // host pointers in and out. Throws coli::Error if no device is usable.
 void rms_norm_1p_rows(const float* x, const float* w, int rows, int n, float eps, float* y);

@@ -173,7 +173,8 @@ inline void cpu_relax() {
 
 }  // namespace
 
-ExpertHandoff::ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E) : host_(host), max_T_(max_T), K_(K), H_(H), E_(E) {
+ExpertHandoff::ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E, bool serve_inline)
+    : host_(host), max_T_(max_T), K_(K), H_(H), E_(E), inline_(serve_inline) {
   const std::size_t rows = std::size_t(max_T) * H * sizeof(float);
   const std::size_t bytes = rows_at(max_T, K) + 2 * rows;
   void* p = nullptr;
@@ -184,7 +185,7 @@ ExpertHandoff::ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E) :
   h_ = arrays_at(box_), d_ = arrays_at(d_box_);
   check(cudaMalloc(&d_counters_, sizeof(HandoffCounters)), "cudaMalloc (expert handoff counters)");
   check(cudaMemset(d_counters_, 0, sizeof(HandoffCounters)), "cudaMemset");
-  worker_ = std::thread([this] { serve(); });
+  if (!inline_) worker_ = std::thread([this] { serve(); });
 }
 
 ExpertHandoff::~ExpertHandoff() {
@@ -210,6 +211,10 @@ void ExpertHandoff::post(int layer, int* idx, const float* w, int ks, int T, con
   if (share > 0 && (T != 1 || ks > K_ + 1)) throw Error("CUDA backend: a split post is for one token (internal)");
   launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, hn, H_, d_box_, d_.pairs, d_.rows,
          d_counters_);
+  if (!inline_) return;
+  check(cudaStreamSynchronize(s), "expert handoff (inline)");
+  const unsigned p = box_->posted;
+  if (p != inline_last_) inline_last_ = p, serve_one(p);  // a post with no host miss posted nothing
 }
 
 void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {
@@ -254,27 +259,31 @@ void ExpertHandoff::serve() {
       continue;
     }
     last = p;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    const int n = box_->n, T = box_->T, layer = box_->layer;
-    const auto t0 = std::chrono::steady_clock::now();
-    int g = 0;  // misses the device part took
-    try {
-      if (dev_ && T == 1 && n > 0) g = dev_->take(layer, h_.pairs, n);
-      box_->n_dev = g;
-      host_.compute(layer, h_.pairs + g, n - g, h_.rows, T, h_.part);
-      if (g) dev_->wait();
-    } catch (...) {
-      // The device must not wait forever: it gets zeros, and end() throws.
-      std::memset(h_.part, 0, std::size_t(T) * H_ * sizeof(float));
-      box_->n_dev = 0;
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!error_) error_ = std::current_exception();
-    }
-    host_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-    handoffs_ += 1, misses_ += n, device_misses_ += g;
-    std::atomic_thread_fence(std::memory_order_release);
-    box_->done = p;
+    serve_one(p);
   }
+}
+
+void ExpertHandoff::serve_one(unsigned p) {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const int n = box_->n, T = box_->T, layer = box_->layer;
+  const auto t0 = std::chrono::steady_clock::now();
+  int g = 0;  // misses the device part took
+  try {
+    if (dev_ && T == 1 && n > 0) g = dev_->take(layer, h_.pairs, n);
+    box_->n_dev = g;
+    host_.compute(layer, h_.pairs + g, n - g, h_.rows, T, h_.part);
+    if (g) dev_->wait();
+  } catch (...) {
+    // The device must not wait forever: it gets zeros, and end() throws.
+    std::memset(h_.part, 0, std::size_t(T) * H_ * sizeof(float));
+    box_->n_dev = 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+  host_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  handoffs_ += 1, misses_ += n, device_misses_ += g;
+  std::atomic_thread_fence(std::memory_order_release);
+  box_->done = p;
 }
 
 ExpertHandoff::Stats ExpertHandoff::stats() const {

@@ -155,6 +155,12 @@ struct CudaOptions {
   // device computes the rest (hybrid decode). Required when the tier holds
   // fewer than all experts; the backend keeps it alive.
   std::shared_ptr<ExpertHost> expert_host;
+  // The host's part of each handoff computed on the calling thread once the
+  // stream has drained, instead of by a host thread that a device kernel
+  // waits for (graphs then off): for tools that serialise the device, such
+  // as compute-sanitizer's racecheck, under which a kernel spinning on a
+  // host flag may not see it change. The same kernels and results, slower.
+  bool serve_handoff_inline = false;
 };
 
 // Throws coli::Error naming the reason when no device is usable (or the

@@ -1,0 +1,172 @@
+// CudaBackend's chunks: start_chunk launches (a decode step as one captured
+// graph, a prompt chunk's kernels one by one) and returns; finish_chunk
+// waits for the logits range by range. The routing heat comes off the
+// device between chunks.
+#include <cstring>
+
+#include "backend_impl.cuh"
+
+namespace coli::cuda::detail {
+
+void CudaBackend::enqueue_logit_copies(int logit_rows) {
+  // Each range goes to the host on the copy stream as soon as it is
+  // computed, while the next range is. Enqueued outside the decode graph:
+  // a graph of one stream's kernels launches in a few microseconds, one
+  // that forks to a second stream and back costs tens.
+  const int V = s_.vocab_size;
+  for (int i = 0; logit_rows && i < logit_parts_; ++i) {
+    const auto [r0, r1] = logit_range(i);
+    check(cudaStreamWaitEvent(copy_stream_, part_ready_[i]), "wait event");
+    check(cudaMemcpy2DAsync(h_logits_ + r0, V * sizeof(float), logits_.get() + r0, V * sizeof(float), (r1 - r0) * sizeof(float), logit_rows,
+                            cudaMemcpyDeviceToHost, copy_stream_),
+          "copy logits");
+    check(cudaEventRecord(part_copied_[i], copy_stream_), "event");
+  }
+}
+
+void CudaBackend::prepare(CudaState& st, int T, int pos0) {
+  if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
+  ensure_buffers(T);
+  ensure_cap(st, pos0 + T);
+  BudgetScope scope(budget_.get(), "the attention scratch");
+  if (s_.num_attention_layers() > 0 && split_kv_) {
+    int kps = 0;
+    const std::size_t need = std::size_t(T) * s_.num_heads * (s_.head_dim + 2) * attention_splits(T, st.cap, &kps);
+    if (part_.size() < need) part_.resize(need), ++buffer_gen_;
+  } else if (s_.num_attention_layers() > 0 && (scores_cap_ < st.cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * st.cap)) {
+    scores_.resize(std::size_t(buf_T_) * s_.num_heads * st.cap);
+    ++buffer_gen_;
+    scores_cap_ = st.cap;
+  }
+}
+
+void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
+  auto& st = static_cast<CudaState&>(state);
+  if (pending_.active) finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
+  const auto t_start = std::chrono::steady_clock::now();
+  prepare(st, T, pos0);
+  const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;
+  if (nlog > h_logits_n_) {
+    if (h_logits_) cudaFreeHost(h_logits_);
+    h_logits_ = nullptr, h_logits_n_ = 0;
+    check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
+    h_logits_n_ = nlog;
+    ++buffer_gen_;  // the decode graph copies into it
+  }
+  if (logits_.size() < nlog) {
+    BudgetScope scope(budget_.get(), "the logits");
+    logits_.resize(nlog), ++buffer_gen_;
+  }
+  h_io_[0] = pos0;
+  std::memcpy(h_io_ + 1, ids, T * sizeof(int));
+  const auto t_copy = std::chrono::steady_clock::now();
+  check(cudaMemcpyAsync(io_.get(), h_io_, (T + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
+  if (graph_timing_ && T == 1) {
+    using ms_d = std::chrono::duration<double, std::milli>;
+    pre_copy_ms_ += ms_d(t_copy - t_start).count();
+    copy_call_ms_ += ms_d(std::chrono::steady_clock::now() - t_copy).count();
+  }
+  prof_tokens_ += T;
+  tier_->begin_chunk(T);  // swaps' table updates before this chunk's kernels; the handoff serves its posts
+  try {
+    launch_chunk(st, T, logit_rows, t_start);
+  } catch (...) {
+    cudaStreamSynchronize(stream_);  // serve what was launched until it drains, then stop
+    tier_->abandon_chunk();
+    throw;
+  }
+}
+
+void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start) {
+  pdl_wanted() = T == 1 && opt_.pdl;  // decode: overlap each kernel's launch with the previous one's tail
+  gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
+  launch_tuning() = opt_.tuning;
+  if (T == 1 && opt_.graphs) {
+    // A decode step as one graph; captured again when a buffer moved.
+    if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || st.graph_gen != buffer_gen_) {
+      if (st.graph) cudaGraphExecDestroy(st.graph), st.graph = nullptr;
+      cudaGraph_t g;
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+      try {
+        run(st, 1, logit_rows);
+      } catch (...) {  // leave the stream usable: end the broken capture
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream_, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        cudaGetLastError();
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &g), "end capture");
+      std::size_t free0 = 0, free1 = 0, total_b = 0;
+      cudaMemGetInfo(&free0, &total_b);
+      check(cudaGraphInstantiate(&st.graph, g, 0), "graph instantiate");
+      cudaGraphDestroy(g);
+      // What instantiation took on the device, charged while the graph lives.
+      cudaMemGetInfo(&free1, &total_b);
+      if (st.budget && st.graph_bytes) st.budget->credit(st.graph_bytes), st.graph_bytes = 0;
+      if (st.budget && free1 < free0) st.budget->charge("the decode graph", free0 - free1), st.graph_bytes = free0 - free1;
+      st.graph_cap = st.cap, st.graph_rows = logit_rows, st.graph_gen = buffer_gen_;
+    }
+    if (graph_timing_ && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);
+    if (graph_timing_) cudaEventRecord(graph_ev_[0], stream_);
+    const auto t_call = std::chrono::steady_clock::now();
+    check(cudaGraphLaunch(st.graph, stream_), "graph launch");
+    if (graph_timing_)
+      graph_call_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
+    if (graph_timing_) cudaEventRecord(graph_ev_[1], stream_);
+  } else {
+    run(st, T, logit_rows);
+  }
+  const auto t_launched = std::chrono::steady_clock::now();
+  enqueue_logit_copies(logit_rows);
+  pending_ = {true, T, logit_rows, t_start, t_launched};
+}
+
+void CudaBackend::finish_chunk(BackendState&, float* logits) {
+  if (!pending_.active) throw Error("CUDA backend: finish_chunk without start_chunk (internal)");
+  const Pending p = pending_;
+  pending_.active = false;
+  const int V = s_.vocab_size;
+  tier_->stage_swaps();  // while the device runs the chunk
+  // Each column range as soon as it is on the host.
+  auto t_last = std::chrono::steady_clock::now();
+  for (int i = 0; p.logit_rows && i < logit_parts_; ++i) {
+    check(cudaEventSynchronize(part_copied_[i]), "logits");
+    t_last = std::chrono::steady_clock::now();
+    if (!logits) continue;
+    const auto [r0, r1] = logit_range(i);
+    for (int t = 0; t < p.logit_rows; ++t)
+      std::memcpy(logits + std::size_t(t) * V + r0, h_logits_ + std::size_t(t) * V + r0, (r1 - r0) * sizeof(float));
+  }
+  check(cudaStreamSynchronize(stream_), "forward");
+  tier_->end_chunk();  // rethrows a host-side failure of the chunk
+  if (profile_) collect_profile();
+  if (graph_timing_ && p.T == 1 && opt_.graphs) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]);
+    using ms_d = std::chrono::duration<double, std::milli>;
+    const auto now = std::chrono::steady_clock::now();
+    graph_ms_ += ms, ++graph_steps_;
+    step_ms_ += ms_d(now - p.t0).count();
+    launch_ms_ += ms_d(p.launched - p.t0).count();
+    tail_ms_ += ms_d(now - t_last).count();
+    if (last_finish_.time_since_epoch().count()) gap_ms_ += ms_d(p.t0 - last_finish_).count();
+    last_finish_ = now;
+  }
+}
+
+bool CudaBackend::read_heat(std::vector<uint64_t>& counts) {
+  if (pending_.active) throw Error("CUDA backend: read_heat between start_chunk and finish_chunk (internal)");
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  counts.resize(heat_.size());
+  const std::size_t bytes = heat_.size() * sizeof(uint64_t);
+  // On the compute stream: after every chunk launched so far, before the next.
+  check(cudaMemcpyAsync(counts.data(), heat_.get(), bytes, cudaMemcpyDeviceToHost, stream_), "copy routing heat");
+  check(cudaMemsetAsync(heat_.get(), 0, bytes, stream_), "cudaMemset");
+  check(cudaStreamSynchronize(stream_), "routing heat");
+  tier_->take_heat(counts);  // and what the swaps' windows took off the device
+  return true;
+}
+
+
+}  // namespace coli::cuda::detail

@@ -1,0 +1,423 @@
+// CudaBackend's construction and buffers: the trunk's weights uploaded
+// into one arena (or read in place from a device twin), the mirror's pages
+// pinned through the process's HostRegistry, the ExpertTier built over the
+// routed experts, the session state and the activations of a chunk. The
+// forward pass is forward.cu, a chunk's launch and finish chunk.cu.
+#include "backend_impl.cuh"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "cuda_device.h"
+#include "model/layer_tensors.h"
+
+namespace coli::cuda {
+
+namespace detail {
+
+namespace {
+
+Kind kind_of(QuantFormat f, const char* what) {
+  switch (f) {
+    case QuantFormat::F32: return Kind::kF32;
+    case QuantFormat::BF16: return Kind::kBF16;
+    case QuantFormat::F16: return Kind::kF16;
+    case QuantFormat::I8: return Kind::kI8;
+    case QuantFormat::FP8_E4M3_B128:
+      throw Error(std::string("CUDA backend: ") + what + " is fp8 (a checkpoint format); convert the model with coli-convert first");
+    default: return Kind::kI4;
+  }
+}
+
+// Same format and shape: one kernel can read both through one DevMatrix.
+bool same_layout(const DevMatrix& a, const DevMatrix& b) {
+  return a.kind == b.kind && a.rows == b.rows && a.cols == b.cols && a.row_stride == b.row_stride && a.scale_offset == b.scale_offset &&
+         a.scale_row_bytes == b.scale_row_bytes && a.group == b.group && a.asym == b.asym && a.f16_scales == b.f16_scales;
+}
+
+// Bytes a table entry of the model takes on the device, unpadded.
+std::size_t bytes_of(const Model& model, const TensorDesc& t) {
+  return t.form == TensorForm::kVector ? vector_of(model, t).size() * 4 : matrix_of(model, t).bytes();
+}
+
+// Where a layer's non-expert table entries live in DevLayer.
+DevMatrix* dev_matrix(DevLayer& d, const TensorDesc& t) {
+  switch (t.role) {
+    case TensorRole::kQProj: return &d.q_proj;
+    case TensorRole::kKProj: return &d.k_proj;
+    case TensorRole::kVProj: return &d.v_proj;
+    case TensorRole::kOProj: return &d.o_proj;
+    case TensorRole::kInProjQkv: return &d.in_qkv;
+    case TensorRole::kInProjZ: return &d.in_z;
+    case TensorRole::kInProjB: return &d.in_b;
+    case TensorRole::kInProjA: return &d.in_a;
+    case TensorRole::kOutProj: return &d.out_proj;
+    case TensorRole::kRouter: return &d.router;
+    case TensorRole::kSharedGate: return &d.sh_gate;
+    case TensorRole::kSharedUp: return &d.sh_up;
+    case TensorRole::kSharedDown: return &d.sh_down;
+    case TensorRole::kSharedExpertGate: return &d.sh_gate_proj;
+    default: throw Error("CUDA backend: no place for matrix '" + t.name + "' (internal)");
+  }
+}
+const float** dev_vector(DevLayer& d, const TensorDesc& t) {
+  switch (t.role) {
+    case TensorRole::kInputNorm: return &d.input_norm;
+    case TensorRole::kPostNorm: return &d.post_norm;
+    case TensorRole::kQNorm: return &d.q_norm;
+    case TensorRole::kKNorm: return &d.k_norm;
+    case TensorRole::kConv1d: return &d.conv1d;
+    case TensorRole::kDtBias: return &d.dt_bias;
+    case TensorRole::kALog: return &d.A_log;
+    case TensorRole::kLinearNorm: return &d.gdn_norm;
+    default: throw Error("CUDA backend: no place for vector '" + t.name + "' (internal)");
+  }
+}
+
+}  // namespace
+
+DevMatrix describe(const Matrix& m, const uint8_t* data, const char* what) {
+  const MatrixLayout l = layout_of(m.format, m.rows, m.cols);
+  const FormatInfo& fi = format_info(m.format);
+  DevMatrix d;
+  d.kind = kind_of(m.format, what);
+  d.data = data;
+  d.rows = static_cast<int>(m.rows);
+  d.cols = static_cast<int>(m.cols);
+  d.row_stride = static_cast<int>(l.row_stride);
+  d.scale_offset = static_cast<long long>(l.scale_offset);
+  d.scale_row_bytes = static_cast<int>(l.scale_row_bytes);
+  d.group = fi.group ? fi.group : d.cols;
+  d.asym = fi.asym;
+  d.f16_scales = d.kind == Kind::kI4 && fi.group;
+  if (d.group % 32 == 0 && ((d.group / 32) & (d.group / 32 - 1)) == 0) d.group_shift = std::countr_zero(static_cast<unsigned>(d.group / 32));
+  if (d.cols % 4) throw Error(std::string("CUDA backend: ") + what + " has " + std::to_string(d.cols) + " columns; the kernels need a multiple of 4");
+  return d;
+}
+
+bool quantize_for(std::initializer_list<const DevMatrix*> readers, bool* nibble) {
+  const DevMatrix* first = nullptr;
+  for (const DevMatrix* m : readers) {
+    if (!takes_int8_x(*m)) continue;
+    if (!first) first = m;
+    else if (m->kind != first->kind || m->cols != first->cols) return false;
+  }
+  if (first) *nibble = first->kind == Kind::kI4;
+  return first != nullptr;
+}
+
+
+namespace {
+// All cores but one: the issuing thread spins for the filled pieces.
+int default_upload_threads() { return static_cast<int>(std::max(2u, std::thread::hardware_concurrency()) - 1); }
+}  // namespace
+
+CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.spec()), opt_(opt) {
+  auto t_phase = std::chrono::steady_clock::now();
+  auto phase = [&](const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    start_phases_.push_back({name, std::chrono::duration<double, std::milli>(now - t_phase).count()});
+    t_phase = now;
+  };
+  split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
+  chunked_gdn_ = opt_.chunked_gdn;
+  stream_min_rows_ = opt_.gemv_stream_min_rows;
+  stream_rows_ = opt_.gemv_stream_rows;
+  if (stream_rows_ < 0 || stream_rows_ > 2) throw UsageError("CUDA backend: gemv_stream_rows must be 0, 1 or 2");
+  std::string why;
+  if (device_count(&why) == 0) throw Error("CUDA backend: no usable device: " + why);
+  check(cudaSetDevice(opt.device), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  phase("context");
+  tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
+  graph_timing_ = opt_.profile == CudaProfile::kGraph;
+  profile_ = opt_.profile == CudaProfile::kSteps;
+  if (profile_ || opt_.serve_handoff_inline) opt_.graphs = false;  // neither can run inside a captured graph
+  {
+    // The mirror's pages, pinned through the process's registry (a second
+    // backend over the same mirror takes a reference, not a second
+    // registration) when an option copies experts from them during the run.
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool needed = tiered_ && (opt_.decode_upload_max > 0 || opt_.pcie_read_share > 0 || opt_.prefill_upload);
+    const bool reg = opt_.register_hosts == CudaOptions::Register::kAlways || (opt_.register_hosts == CudaOptions::Register::kWhenNeeded && needed);
+    for (auto [p, n] : opt_.host_regions) {
+      if (!reg) break;
+      HostRegistry::Lease lease = HostRegistry::instance().lease(p, n);
+      for (auto piece : lease.pieces()) pinned_.push_back(piece);
+      registration_.adopt(std::move(lease));
+    }
+    register_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  phase("register");
+  // A device twin (coli-pin start --gpu) on this device: mapped once.
+  if (opt_.twin.host && opt_.twin.device == opt_.device) {
+    cudaIpcMemHandle_t h;
+    static_assert(sizeof h == sizeof opt_.twin.handle);
+    std::memcpy(&h, opt_.twin.handle, sizeof h);
+    void* p = nullptr;
+    if (cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess) {
+      twin_dev_ = static_cast<const uint8_t*>(p);
+      twin_host_ = static_cast<const uint8_t*>(opt_.twin.host), twin_bytes_ = opt_.twin.bytes;
+    } else {
+      cudaGetLastError();  // not mappable here (another process's device, no IPC): uploads as usual
+    }
+  }
+  phase("map twin");
+  budget_ = std::make_shared<DeviceBudget>(opt_.vram_budget);
+  BudgetScope scope(budget_.get(), "the weights outside the routed experts");
+  // One allocation for every weight (in a tiered run: every weight but the
+  // routed experts, which get slots of their own).
+  std::size_t total = 0;
+  // A matrix the twin holds takes no room here (put_matrix reads it there).
+  auto arena_bytes = [&](const TensorDesc& t) -> std::size_t {
+    if (t.form != TensorForm::kVector && twin_at(matrix_of(model, t).data, matrix_of(model, t).bytes())) return 0;
+    return WeightArena::padded(bytes_of(model, t));
+  };
+  for (const TensorDesc& t : model_tensors(s_, true)) total += arena_bytes(t);  // lm_head even when tied
+  for (int l = 0; l < s_.num_layers; ++l)
+    for (const TensorDesc& t : layer_tensors(s_, l))
+      if (!tiered_ || t.expert < 0) total += arena_bytes(t);
+  std::size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (total + (256u << 20) > free_b)
+    throw Error("CUDA backend: the weights need " + std::to_string(total >> 20) + " MiB, the device has " + std::to_string(free_b >> 20) +
+                " MiB free");
+  arena_.reserve(total);
+  phase("allocate");
+  // The weights' large copies are pipelined through pinned staging on
+  // every core and complete before the constructor returns.
+  StagedUploader uploader(default_upload_threads(), opt_.tuning.upload_piece_bytes);
+  for (auto [p, n] : pinned_) uploader.add_pinned(p, n);  // copied from where they are
+  if (twin_dev_) uploader.add_twin(twin_host_, twin_bytes_, twin_dev_);  // device to device (the tier's slots)
+  arena_.set_uploader(&uploader, opt_.tuning.upload_min_bytes);
+  embed_ = put_matrix(model.embed(), "embed_tokens");
+  lm_head_ = put_matrix(model.lm_head(), "lm_head");
+  final_norm_ = put_floats(model.final_norm());
+  {
+    std::vector<float> f(std::max(1, s_.rotary_dim / 2));
+    for (int i = 0; i < s_.rotary_dim / 2; ++i) f[i] = static_cast<float>(1.0 / std::pow(s_.rope_theta, double(2 * i) / s_.rotary_dim));
+    inv_freq_.resize(f.size());
+    check(cudaMemcpy(inv_freq_.get(), f.data(), f.size() * 4, cudaMemcpyHostToDevice), "upload rotary frequencies");
+  }
+  layers_.resize(s_.num_layers);
+  std::vector<ExpertTier::LayerInput> experts(s_.num_layers);
+  for (int l = 0; l < s_.num_layers; ++l) {
+    DevLayer& d = layers_[l];
+    d.kind = model.layer(l).kind;
+    const int E = s_.num_experts;
+    ExpertTier::LayerInput& x = experts[l];
+    std::vector<const uint8_t*> gp(E), upp(E), dp(E);
+    for (const TensorDesc& t : layer_tensors(s_, l)) {
+      if (t.form == TensorForm::kVector) {
+        *dev_vector(d, t) = put_floats(vector_of(model, t));
+        continue;
+      }
+      // A tiered run's routed experts are only described here; the tier
+      // places them in slots.
+      const bool slotted = tiered_ && t.expert >= 0;
+      const DevMatrix m = slotted ? describe(matrix_of(model, t), nullptr, t.name.c_str()) : put_matrix(matrix_of(model, t), t.name);
+      if (t.expert < 0) {
+        *dev_matrix(d, t) = m;
+        continue;
+      }
+      // A routed expert's part: one format for every expert (expert 0's
+      // describes them all), its address in the pointer table.
+      const bool gate = t.role == TensorRole::kExpertGate, up = t.role == TensorRole::kExpertUp;
+      DevMatrix& first = gate ? x.formats.gate : up ? x.formats.up : x.formats.down;
+      if (t.expert == 0) first = m;
+      else if (m.kind != first.kind) throw Error("CUDA backend: " + t.name + " differs in format from expert 0");
+      (gate ? gp : up ? upp : dp)[t.expert] = m.data;
+    }
+    // The shared expert as entry E when it has the routed experts' layout
+    // and a 1-row float gate: a decode step runs it as one more pair.
+    const ExpertTable& et = x.formats;
+    x.shared_at_E = E > 0 && E <= 512 && same_layout(d.sh_gate, et.gate) && same_layout(d.sh_up, et.up) && same_layout(d.sh_down, et.down) &&
+                            takes_int8_x(et.gate) && takes_int8_x(et.down) && d.sh_gate_proj.rows == 1 && !takes_int8_x(d.sh_gate_proj);
+    x.shared = {d.sh_gate.data, d.sh_up.data, d.sh_down.data};
+    if (!tiered_) x.gate = std::move(gp), x.up = std::move(upp), x.down = std::move(dp);  // else the tier's slots
+  }
+  if (tiered_) ensure_buffers(std::max(1, opt_.max_chunk));  // charged before the slots take the rest
+  ExpertTier::Setup ts;
+  ts.model = &model, ts.opt = &opt_, ts.budget = budget_.get(), ts.stream = stream_, ts.pinned = &pinned_, ts.uploader = &uploader;
+  ts.runtime_reserve = runtime_reserve(), ts.context_tokens = context_tokens();
+  tier_ = std::make_unique<ExpertTier>(ts, std::move(experts));
+  phase("describe");
+  const std::size_t staged = uploader.pending_bytes();
+  uploader.flush(stream_);
+  phase(("upload " + std::to_string(staged >> 20) + " MiB").c_str());
+  if (twin_dev_) start_phases_.push_back({"twin read in place " + std::to_string(twin_shared_ >> 10) + " KiB", 0.0});
+  arena_.set_uploader(nullptr, 0);
+  check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
+  io_.resize(std::max(1, opt_.max_chunk) + 1);
+  check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (int i = 0; i < kMaxLogitParts; ++i) {
+    check(cudaEventCreateWithFlags(&part_ready_[i], cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&part_copied_[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  heat_.resize(std::size_t(s_.num_layers) * std::max(1, s_.num_experts));
+  check(cudaMemsetAsync(heat_.get(), 0, heat_.size() * sizeof(unsigned long long), stream_), "cudaMemset");
+  tier_->attach_heat(heat_.get());  // the swaps' windows read it
+  const int parts = std::clamp(opt_.tuning.logit_parts, 1, kMaxLogitParts);
+  logit_parts_ = s_.vocab_size >= 4096 * parts ? parts : 1;
+  phase("rest");
+}
+
+int CudaBackend::context_tokens() const { return opt_.n_ctx > 0 ? opt_.n_ctx : 4096; }
+
+std::size_t CudaBackend::runtime_reserve() const {
+  const std::size_t n_ctx = context_tokens(), T = std::max(1, opt_.max_chunk);
+  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
+  std::size_t bytes = std::size_t(s_.num_attention_layers()) * n_ctx * kv * 2 * sizeof(float);  // K and V
+  const std::size_t linear = s_.num_layers - s_.num_attention_layers();
+  bytes += linear * (std::size_t(s_.linear_conv_kernel - 1) * s_.linear_conv_dim() +
+                     std::size_t(s_.linear_num_value_heads) * s_.linear_key_head_dim * s_.linear_value_head_dim) * sizeof(float);
+  if (s_.num_attention_layers() > 0) {  // attention scratch at the context size (prepare())
+    int kps = 0;
+    std::size_t scratch = 0;
+    for (std::size_t t : {std::size_t(1), T})
+      scratch = split_kv_ ? std::max(scratch, t * s_.num_heads * (s_.head_dim + 2) * attention_splits(int(t), int(n_ctx), &kps))
+                          : std::max(scratch, t * s_.num_heads * n_ctx);
+    bytes += scratch * sizeof(float);
+  }
+  bytes += std::size_t(s_.vocab_size) * sizeof(float);  // the last row's logits
+  return bytes + (8u << 20);  // decode graphs (measured 0.7 MiB), allocation rounding
+}
+
+TierStats CudaBackend::tier_stats() const {
+  TierStats t;
+  tier_->fill_stats(t);
+  t.vram_budget = opt_.vram_budget;
+  t.vram_peak = budget_->peak();
+  return t;
+}
+
+void CudaBackend::collect_profile() {
+  for (auto& [name, ev] : prof_pending_) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, ev.first, ev.second);
+    cudaEventDestroy(ev.first), cudaEventDestroy(ev.second);
+    auto it = std::find_if(prof_.begin(), prof_.end(), [&](const auto& p) { return p.first == name; });
+    if (it == prof_.end()) prof_.push_back({name, {}}), it = prof_.end() - 1;
+    it->second.ms += ms, ++it->second.calls;
+  }
+  prof_pending_.clear();
+}
+
+CudaBackend::~CudaBackend() {
+  if (graph_timing_ && graph_steps_)
+    std::fprintf(stderr, "coli cuda graph timing: %ld decode steps, %.1f us per graph replay on the device, %.1f us per step on the host\n",
+                 graph_steps_, 1000 * graph_ms_ / graph_steps_, 1000 * step_ms_ / graph_steps_);
+  if (graph_timing_ && graph_steps_)
+    std::fprintf(stderr, "coli cuda graph timing: host per step: %.1f us to launch (%.1f us before copying the ids, %.1f us in their cudaMemcpyAsync, %.1f us in cudaGraphLaunch), %.1f us after the last logits range arrived, %.1f us between steps\n",
+                 1000 * launch_ms_ / graph_steps_, 1000 * pre_copy_ms_ / graph_steps_, 1000 * copy_call_ms_ / graph_steps_, 1000 * graph_call_ms_ / graph_steps_, 1000 * tail_ms_ / graph_steps_, 1000 * gap_ms_ / graph_steps_);
+  for (cudaEvent_t e : graph_ev_)
+    if (e) cudaEventDestroy(e);
+  if (profile_ && !prof_.empty()) {
+    double total = 0;
+    for (const auto& p : prof_) total += p.second.ms;
+    std::fprintf(stderr, "coli cuda profile: %ld tokens, %.3f ms of kernels\n%-14s %10s %8s %7s\n", prof_tokens_, total, "step", "ms", "calls", "share");
+    for (const auto& [name, row] : prof_)
+      std::fprintf(stderr, "%-14s %10.3f %8ld %6.1f%%\n", name.c_str(), row.ms, row.calls, 100.0 * row.ms / total);
+  }
+  tier_.reset();  // waits for the stream: a pending chunk's joins need the handoff's thread
+  registration_.release();
+  if (twin_dev_) {
+    cudaIpcCloseMemHandle(const_cast<uint8_t*>(twin_dev_));
+  }
+  if (h_io_) cudaFreeHost(h_io_);
+  for (int i = 0; i < kMaxLogitParts; ++i) {
+    if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);
+    if (part_copied_[i]) cudaEventDestroy(part_copied_[i]);
+  }
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
+  if (h_logits_) cudaFreeHost(h_logits_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::unique_ptr<BackendState> CudaBackend::new_state() const {
+  auto st = std::make_unique<CudaState>();
+  st->budget = budget_;
+  BudgetScope scope(budget_.get(), "the Gated DeltaNet state");
+  st->layers.resize(s_.num_layers);
+  for (int l = 0; l < s_.num_layers; ++l) {
+    if (s_.layer_kinds[l] != LayerKind::kLinearAttention) continue;
+    auto& L = st->layers[l];
+    L.conv.resize(static_cast<std::size_t>(s_.linear_conv_kernel - 1) * s_.linear_conv_dim());
+    L.S.resize(static_cast<std::size_t>(s_.linear_num_value_heads) * s_.linear_key_head_dim * s_.linear_value_head_dim);
+    check(cudaMemset(L.conv.get(), 0, L.conv.size() * 4), "cudaMemset");
+    check(cudaMemset(L.S.get(), 0, L.S.size() * 4), "cudaMemset");
+  }
+  return st;
+}
+
+void CudaBackend::ensure_buffers(int T) {
+  if (T <= buf_T_) return;
+  BudgetScope scope(budget_.get(), "the activations of a chunk (--prefill-chunk / -ub)");
+  const std::size_t H = s_.hidden_size, t = T;
+  const std::size_t qg = std::size_t(s_.num_heads) * s_.head_dim * 2, cd = s_.linear_conv_dim();
+  const std::size_t heads_out = std::max<std::size_t>(std::size_t(s_.num_heads) * s_.head_dim, s_.linear_value_dim());
+  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim, K = s_.num_experts_per_tok;
+  x_.resize(t * H), hn_.resize(t * H), mix_.resize(t * H), sh_.resize(t * H), routed_.resize(t * H);
+  proj_.resize(t * std::max(qg, cd));
+  z_.resize(t * s_.linear_value_dim()), b_.resize(t * s_.linear_num_value_heads), a_.resize(t * s_.linear_num_value_heads);
+  conv_out_.resize(t * cd), heads_out_.resize(t * heads_out), k_.resize(t * kv), v_.resize(t * kv);
+  rlogits_.resize(t * s_.num_experts), ridx_.resize(t * (K + 1)), rw_.resize(t * (K + 1));
+  sg_.resize(t * s_.shared_expert_intermediate_size), su_.resize(t * s_.shared_expert_intermediate_size), sgate_.resize(t);
+  act_.resize(t * (K + 1) * s_.moe_intermediate_size);
+  order_.resize(t * K), offsets_.resize(s_.num_experts + 1);
+  ey_.resize(t >= std::size_t(kGroupedMinTokens) ? t * K * H : 1);
+  if (T >= kFloatTiledMinTokens) router_work_.resize(float_tiled_work_floats(T, s_.num_experts, s_.hidden_size));
+  if (chunked_gdn_ && s_.num_attention_layers() < s_.num_layers)
+    gdn_work_.resize(gdn_chunk_workspace_floats(T, s_.linear_num_value_heads, s_.linear_key_head_dim, s_.linear_value_head_dim));
+  const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
+                                       std::size_t(s_.moe_intermediate_size), std::size_t(s_.shared_expert_intermediate_size)});
+  const std::size_t qn = std::max(t * widest, t * (K + 1) * s_.moe_intermediate_size) + 32;
+  qx_codes_.resize(qn), qx_scale_.resize(qn / 32 + 1), qx_sum_.resize(qn / 32 + 1);
+  qx_ = QuantX{qx_codes_.get(), qx_scale_.get(), qx_sum_.get()};
+
+  buf_T_ = T;
+  ++buffer_gen_;
+}
+
+void CudaBackend::ensure_cap(CudaState& st, int needed) {
+  if (needed <= st.cap) return;
+  // Under a budget the cache is made for the context size at once: its
+  // share was left aside when the tier was filled.
+  const int cap = tiered_ ? std::max(needed + (st.cap ? 1024 : 0), context_tokens()) : std::max({needed, 2 * st.cap, 256});
+  BudgetScope scope(st.budget.get(), "the KV cache (-c/--ctx-size)");
+  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
+  for (int l = 0; l < s_.num_layers; ++l) {
+    if (s_.layer_kinds[l] != LayerKind::kFullAttention) continue;
+    auto& L = st.layers[l];
+    DeviceArray<float> k(cap * kv), v(cap * kv);
+    if (st.cap) {
+      check(cudaMemcpy(k.get(), L.k.get(), st.cap * kv * 4, cudaMemcpyDeviceToDevice), "grow KV cache");
+      check(cudaMemcpy(v.get(), L.v.get(), st.cap * kv * 4, cudaMemcpyDeviceToDevice), "grow KV cache");
+    }
+    L.k = std::move(k), L.v = std::move(v);
+  }
+  st.cap = cap;
+}
+
+bool CudaBackend::mixer_quant(int l, bool* nibble) const {
+  const DevLayer& L = layers_[l];
+  if (L.kind == LayerKind::kFullAttention) return quantize_for({&L.q_proj, &L.k_proj, &L.v_proj}, nibble);
+  return quantize_for({&L.in_qkv, &L.in_z, &L.in_b, &L.in_a}, nibble);
+}
+
+bool CudaBackend::moe_quant(int l, bool* nibble) const {
+  const DevLayer& L = layers_[l];
+  return quantize_for({&L.router, &L.sh_gate, &L.sh_up, &L.sh_gate_proj, &tier_->experts(l).table.gate, &tier_->experts(l).table.up}, nibble);
+}
+
+}  // namespace detail
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt) { return std::make_unique<detail::CudaBackend>(model, opt); }
+
+}  // namespace coli::cuda

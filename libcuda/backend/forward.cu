@@ -1,0 +1,180 @@
+// CudaBackend's forward pass of a chunk on one GPU, top to bottom as in
+// Engine::forward_chunk and the CPU backend, with every activation on the
+// device: embedding, per layer the mixer (gated attention or Gated
+// DeltaNet), the MoE block (router, shared expert, the routed experts the
+// ExpertTier points at, the host's part joined before the combine), then
+// the final norm and the lm_head in column ranges. Kernels live in
+// kernels/; this file sequences their launches.
+#include "backend_impl.cuh"
+
+namespace coli::cuda::detail {
+
+void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap) {
+  const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
+  step("attn proj", [&] {
+    const MatmulOut outs[] = {{L.q_proj, proj_.get(), qg_w}, {L.k_proj, k_.get(), nkv * hd}, {L.v_proj, v_.get(), nkv * hd}};
+    matmul_many(outs, 3, hn_.get(), T, stream_, &qx_, hn_q);
+  });
+  // The attention kernel quantizes its output for an int8 o_proj.
+  const bool out_q = takes_int8_x(L.o_proj) && hd % 32 == 0;
+  step("attention", [&] {
+    attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, st.k.get(), st.v.get(),
+                  stream_);
+    if (split_kv_)
+      attention_split(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, cap,
+                      part_.get(), heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
+    else
+      attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps,
+                scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
+  });
+  step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
+}
+
+void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q) {
+  const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
+  step("gdn proj", [&] {
+    const MatmulOut outs[] = {{L.in_qkv, proj_.get(), cd}, {L.in_z, z_.get(), s_.linear_value_dim()}, {L.in_b, b_.get(), nv}, {L.in_a, a_.get(), nv}};
+    matmul_many(outs, 4, hn_.get(), T, stream_, &qx_, hn_q);
+  });
+  step("gdn conv+norm", [&] {
+    if (T == 1 && gdn_conv_norm_step(proj_.get(), L.conv1d, st.conv.get(), cd, s_.linear_conv_kernel, s_.linear_num_key_heads,
+                                     s_.linear_key_head_dim, conv_out_.get(), stream_))
+      return;
+    gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
+    gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
+  });
+  // The gated norm quantizes its output for an int8 out projection.
+  const bool want_q = takes_int8_x(L.out_proj);
+  bool out_q = false;
+  step("gdn recurrence", [&] {
+    out_q = gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
+                           s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_,
+                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4, chunked_gdn_ && T > 1 ? gdn_work_.get() : nullptr);
+  });
+  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
+}
+
+void CudaBackend::router_logits(const DevLayer& L, int T, bool hn_q) {
+  if (!matmul_float_tiled(L.router, hn_.get(), T, rlogits_.get(), s_.num_experts, router_work_.get(), stream_))
+    matmul(L.router, hn_.get(), T, rlogits_.get(), s_.num_experts, stream_, &qx_, hn_q);
+}
+
+void CudaBackend::shared_down(const DevLayer& L, int T) {
+  const int H = s_.hidden_size, Is = s_.shared_expert_intermediate_size;
+  if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
+    quantize_x(sg_.get(), T, Is, L.sh_down.kind == Kind::kI4, qx_, stream_, su_.get());
+    matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_, /*x_in_q=*/true);
+  } else {
+    silu_mul(sg_.get(), su_.get(), sg_.get(), std::size_t(T) * Is, stream_);
+    matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_);
+  }
+}
+
+void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
+  const int E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
+  const DevExperts& X = tier_->experts(l);
+  // A 1-row float shared-expert gate is computed by the routing kernel; in a
+  // decode step the shared expert then runs as pair K of the routed ones.
+  const bool gate_in_route = L.sh_gate_proj.rows == 1 && !takes_int8_x(L.sh_gate_proj);
+  const bool fold = T < kGroupedMinTokens && X.shared_at_E;
+  step("router", [&] {
+    router_logits(L, T, hn_q);
+    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold,
+               heat_.get() + std::size_t(l) * E);
+  });
+  // Hybrid: the misses go to the host now and come back as a partial sum
+  // just before the combine; the device meanwhile computes everything else
+  // (a miss reads the zero expert: exactly 0). The tier says which table
+  // the experts read and whether the layer hands off or uploads.
+  const ExpertTier::Step x = tier_->plan_layer(l, T);
+  const ExpertTable& table = x.table;
+  if (x.handoff) step("handoff", [&] { tier_->post(x, l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, hn_.get()); });
+  const DevMatrix& eg = X.table.gate;
+  if (fold) {
+    step("experts", [&] {
+      moe_gate_up(table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q);
+      moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_);
+    });
+    if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });
+    tier_->layer_done(x, l);
+    return;
+  }
+  // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn));
+  // the sigmoid gate is applied where the output joins the residual.
+  step("shared expert", [&] {
+    const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
+    matmul_many(outs, gate_in_route ? 2 : 3, hn_.get(), T, stream_, &qx_, hn_q);
+  });
+  // Routed experts over all T * K pairs; hn is still in qx_ (the norm put
+  // it there in the experts' order, or the shared expert's gate did).
+  const bool hn_in_q = hn_q || (takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols);
+  // A prompt chunk groups the pairs by expert (each expert's rows read once
+  // per tile of its tokens); a decode step's pairs go straight.
+  bool grouped = false;
+  step("experts", [&] {
+    tier_->wait_uploads(x, l);  // an uploading layer's experts (the shared expert above ran meanwhile)
+    if (T >= kGroupedMinTokens)
+      grouped = moe_grouped(table, hn_.get(), ridx_.get(), rw_.get(), T, K, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
+                            routed_.get(), stream_, qx_, hn_in_q);
+    if (!grouped) moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
+  });
+  step("shared expert", [&] { shared_down(L, T); });
+  if (!grouped) step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
+  if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });
+  tier_->layer_done(x, l);
+}
+
+void CudaBackend::run(CudaState& st, int T, int logit_rows) {
+  const int H = s_.hidden_size;
+  const float eps = s_.rms_norm_eps;
+  tier_->start_pass(T);  // a prompt chunk's first uploaded layer, while the trunk starts
+  step("embed", [&] { embed_rows(embed_, d_ids(), T, x_.get(), stream_); });
+  // Each residual add is fused with the norm that reads its result, and
+  // the norm with the quantization of its output for the int8 matmuls.
+  bool nibble = false, hn_q = mixer_quant(0, &nibble);
+  step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble); });
+  for (int l = 0; l < s_.num_layers; ++l) {
+    const DevLayer& L = layers_[l];
+    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q, st.cap);
+    else deltanet_layer(L, st.layers[l], T, hn_q);
+    hn_q = moe_quant(l, &nibble);
+    step("norms+adds", [&] {
+      add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+    });
+    moe_layer(L, l, T, hn_q);
+    const bool last = l + 1 == s_.num_layers;
+    hn_q = !last && mixer_quant(l + 1, &nibble);
+    const bool folded = T < kGroupedMinTokens && tier_->experts(l).shared_at_E;  // routed_ holds the shared expert too
+    step("norms+adds", [&] {
+      // x += routed + sigmoid(shared gate) * shared, then the next layer's input norm.
+      add_rms_norm(x_.get(), routed_.get(), folded ? nullptr : sh_.get(), folded ? nullptr : sgate_.get(),
+                   last ? nullptr : layers_[l + 1].input_norm, T, H, eps, last ? nullptr : hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+    });
+  }
+  if (logit_rows == 0) return;
+  const float* last = x_.get() + std::size_t(T - logit_rows) * H;
+  hn_q = quantize_for({&lm_head_}, &nibble);
+  step("lm_head", [&] {
+    rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+    // By column ranges: each range's logits go to the host (copy stream)
+    // while the next range is computed.
+    const int V = s_.vocab_size;
+    for (int i = 0; i < logit_parts_; ++i) {
+      const auto [r0, r1] = logit_range(i);
+      DevMatrix part = lm_head_;
+      part.data = lm_head_.data + static_cast<long long>(r0) * lm_head_.row_stride;
+      part.scale_offset = lm_head_.scale_offset + static_cast<long long>(r0) * (lm_head_.scale_row_bytes - lm_head_.row_stride);
+      part.rows = r1 - r0;
+      matmul(part, hn_.get(), logit_rows, logits_.get() + r0, V, stream_, &qx_, hn_q);
+      // Inside a decode graph an external record node, which the copy
+      // stream's wait (enqueue_logit_copies, after the launch) can see.
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      check(cudaStreamIsCapturing(stream_, &cs), "capture status");
+      check(cudaEventRecordWithFlags(part_ready_[i], stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault),
+            "event");
+    }
+  });
+}
+
+
+}  // namespace coli::cuda::detail

@@ -1,0 +1,318 @@
+// ExpertTier: the tables, the slots' first fill, the PCIe-read set and a
+// layer's step (see expert_tier.cuh). Swaps, prefill staging and decode
+// uploads live in their own files.
+#include "expert_tier.cuh"
+
+#include <algorithm>
+#include <cstring>
+
+#include "decode_upload.cuh"
+#include "prefill_stager.cuh"
+#include "staged_upload.cuh"
+
+namespace coli::cuda::detail {
+
+namespace {
+std::size_t padded(std::size_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+ExpertTier::ExpertTier(const Setup& su, std::vector<LayerInput> layers)
+    : model_(*su.model), s_(su.model->spec()), opt_(*su.opt), budget_(su.budget), stream_(su.stream), pinned_(*su.pinned) {
+  const int L = s_.num_layers;
+  tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
+  experts_.resize(L);
+  shared_.resize(L);
+  for (int l = 0; l < L; ++l) {
+    experts_[l].table = layers[l].formats;
+    experts_[l].shared_at_E = layers[l].shared_at_E;
+    shared_[l] = layers[l].shared;
+  }
+  if (!tiered_) {  // every expert in the weight arena
+    BudgetScope scope(budget_, "the weights outside the routed experts");
+    for (int l = 0; l < L; ++l) set_tables(l, std::move(layers[l].gate), std::move(layers[l].up), std::move(layers[l].down));
+    return;
+  }
+  build(*su.uploader, su.runtime_reserve, su.context_tokens);
+}
+
+// The device pointer tables of a layer's experts: entry e -> its gate / up
+// / down bytes, then entry E: the shared expert, when it folds in.
+// one_token: the one-token steps' table instead (DevExperts::one_table),
+// whose entry E + 1 is the zero expert (zero: its gate, up and down; entry
+// E too when the shared expert does not fold in); the main table is set
+// too whenever it is, so one_table defaults to it.
+void ExpertTier::set_tables(int layer, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp, bool one_token,
+                            const std::array<const uint8_t*, 3>& zero) {
+  DevExperts& x = experts_[layer];
+  const auto& sh = shared_[layer];
+  if (x.shared_at_E) gp.push_back(sh[0]), upp.push_back(sh[1]), dp.push_back(sh[2]);
+  else if (one_token) gp.push_back(zero[0]), upp.push_back(zero[1]), dp.push_back(zero[2]);
+  if (one_token) gp.push_back(zero[0]), upp.push_back(zero[1]), dp.push_back(zero[2]);  // entry E + 1
+  const std::size_t np = gp.size();
+  auto& g = one_token ? x.one_gate_ptrs : x.gate_ptrs;
+  auto& u = one_token ? x.one_up_ptrs : x.up_ptrs;
+  auto& w = one_token ? x.one_down_ptrs : x.down_ptrs;
+  g.resize(np), u.resize(np), w.resize(np);
+  check(cudaMemcpy(g.get(), gp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  check(cudaMemcpy(u.get(), upp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  check(cudaMemcpy(w.get(), dp.data(), np * sizeof(void*), cudaMemcpyHostToDevice), "expert table");
+  ExpertTable& t = one_token ? x.one_table : x.table;
+  t = x.table;  // format and shape
+  t.gate_ptrs = g.get(), t.up_ptrs = u.get(), t.down_ptrs = w.get();
+  if (!one_token && !x.one_gate_ptrs.get()) x.one_table = t;
+}
+
+// The device address of host bytes in a registered range: the same
+// address where the device can use host pointers (host_ptrs_, asked once
+// by pcie_read_set), else the driver's.
+const uint8_t* ExpertTier::mapped(const uint8_t* host) const {
+  if (host_ptrs_) return host;
+  void* d = nullptr;
+  check(cudaHostGetDevicePointer(&d, const_cast<uint8_t*>(host), 0), "cudaHostGetDevicePointer (PCIe reads)");
+  return static_cast<const uint8_t*>(d);
+}
+
+// Which experts outside the tier one-token steps may read over PCIe in
+// place (CudaOptions::pcie_read_share): those whose three matrices lie in a
+// registered range; each step's split post picks among a layer's misses.
+// Empty: none (off, or nothing registered).
+std::vector<uint8_t> ExpertTier::pcie_read_set() {
+  const int L = s_.num_layers, E = s_.num_experts;
+  pcie_read_ = 0;
+  if (!(opt_.pcie_read_share > 0) || plan_.all() || pinned_.empty()) return {};
+  if (opt_.decode_upload_max > 0) throw Error("CUDA backend: pcie_read_share and decode_upload_max are two ways to the same misses: choose one");
+  std::vector<uint8_t> set(static_cast<std::size_t>(L) * E, 0);
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e) {
+      const std::size_t i = static_cast<std::size_t>(l) * E + e;
+      if (!plan_.resident[i] && pcie_readable(model_.layer(l).moe.experts[e])) set[i] = 1, ++pcie_read_;
+    }
+  if (!pcie_read_) return {};
+  int same = 0;
+  host_ptrs_ = cudaDeviceGetAttribute(&same, cudaDevAttrCanUseHostPointerForRegisteredMem, opt_.device) == cudaSuccess && same;
+  cudaGetLastError();
+  return set;
+}
+
+bool ExpertTier::pcie_readable(const ExpertWeights& x) const {
+  auto pinned = [&](const Matrix& m) { return within_any(pinned_, m.data, m.bytes()); };
+  return pinned(x.gate) && pinned(x.up) && pinned(x.down);
+}
+
+void ExpertTier::build(StagedUploader& uploader, uint64_t runtime_reserve, int context_tokens) {
+  const int L = s_.num_layers, E = s_.num_experts;
+  // A slot holds one expert's gate, up and down, each 256-byte aligned.
+  const MoeWeights& m0 = model_.layer(0).moe;
+  const std::size_t pg = padded(m0.experts[0].gate.bytes()), pu = padded(m0.experts[0].up.bytes()), pd = padded(m0.experts[0].down.bytes());
+  const std::size_t slot = pg + pu + pd;
+  expert_bytes_ = m0.experts[0].gate.bytes() + m0.experts[0].up.bytes() + m0.experts[0].down.bytes();
+  long long slots = opt_.expert_slots;
+  const uint64_t avail = budget_->available();
+  // What the decode upload's slots and buffers will take (DecodeUpload).
+  const std::size_t up_k = std::max(0, opt_.decode_upload_max);
+  // And the one-token tables of the PCIe reads (pcie_read_share).
+  const uint64_t one_tables = opt_.pcie_read_share > 0 ? uint64_t(L) * ((E + 2) * 3 * sizeof(void*) + E + 3 * 256) : 0;
+  const uint64_t reserve = runtime_reserve + one_tables +
+                           (up_k ? up_k * slot + (up_k * s_.moe_intermediate_size + s_.hidden_size + up_k) * 4 * 3 + (2u << 20) : 0);
+  // What the run will charge later (KV cache, state, scratch, logits) and
+  // the zero expert must fit now, or the run would fail part-way.
+  if (avail != UINT64_MAX && avail < reserve + slot)
+    throw Error("--vram-budget " + format_bytes(budget_->limit()) + " exceeded: the KV cache for " + std::to_string(context_tokens) +
+                " tokens, the recurrent state and the scratch need " + format_bytes(reserve + slot) + " with " + format_bytes(budget_->in_use()) +
+                " already in use by the trunk and the activations");
+  if (slots < 0) slots = avail == UINT64_MAX ? static_cast<long long>(L) * E : static_cast<long long>((avail - reserve) / slot) - 1;
+  if (!opt_.heat.empty() && opt_.heat.size() != std::size_t(L) * E)
+    throw Error("CUDA backend: the heat has " + std::to_string(opt_.heat.size()) + " counts, the model " + std::to_string(L * E) + " experts");
+  plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
+  slot_bytes_ = slot;
+  // Hybrid prefill's two staging areas come out of what the slots would take.
+  bool prefill = opt_.prefill_upload && !plan_.all();
+  if (prefill && avail != UINT64_MAX) {
+    const TierPlan full = plan_;
+    const long long full_slots = slots;
+    // The tables: three pointer arrays of E + 1 per layer (charged as allocated).
+    const uint64_t tables = uint64_t(L) * (E + 1) * sizeof(void*) * 3;
+    auto fits = [&] { return reserve + slot * (plan_.count + 1) + prefill_stage_bytes(plan_) + tables <= avail; };
+    while (!fits() && opt_.expert_slots < 0 && plan_.count > 0) {
+      slots = std::max(0LL, slots - std::max(1LL, slots / 64));
+      plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
+    }
+    prefill = fits();
+    if (!prefill) plan_ = full, slots = full_slots;  // prompts hand their misses to the host as decode steps do
+  }
+  if (!plan_.all() && !opt_.expert_host)
+    throw Error("CUDA backend: the expert tier holds " + std::to_string(plan_.count) + " of " + std::to_string(L * E) +
+                " experts and no host computes the others (CudaOptions::expert_host)");
+  {
+    BudgetScope scope(budget_, "the expert slots");
+    slots_.resize(slot * (plan_.count + (plan_.all() ? 0 : 1)));
+  }
+  uint8_t* next = slots_.get();
+  const uint8_t* zero = nullptr;
+  slot_bytes_ = slot, slot_up_ = pg, slot_down_ = pg + pu;
+  slot_of_.assign(static_cast<std::size_t>(L) * E, -1);
+  if (!plan_.all()) {  // slot 0: the zero expert every miss reads on the device
+    check(cudaMemset(next, 0, slot), "zero expert");
+    zero = next, next += slot;
+  }
+  resident_.resize(L);
+  layer_full_.assign(L, 0);
+  const std::vector<uint8_t> pcie = pcie_read_set();
+  if (!pcie.empty()) one_resident_.resize(L);
+  for (int l = 0; l < L; ++l) {
+    const MoeWeights& moe = model_.layer(l).moe;
+    std::vector<const uint8_t*> gp(E), upp(E), dp(E);
+    std::vector<uint8_t> flags(E);
+    for (int e = 0; e < E; ++e) {
+      flags[e] = plan_.is_resident(l, e);
+      if (!flags[e]) {
+        gp[e] = zero, upp[e] = zero + pg, dp[e] = zero + pg + pu;
+        continue;
+      }
+      const ExpertWeights& x = moe.experts[e];
+      uploader.add(next, x.gate.data, x.gate.bytes());
+      uploader.add(next + pg, x.up.data, x.up.bytes());
+      uploader.add(next + pg + pu, x.down.data, x.down.bytes());
+      gp[e] = next, upp[e] = next + pg, dp[e] = next + pg + pu;
+      slot_of_[static_cast<std::size_t>(l) * E + e] = (next - slots_.get()) / static_cast<std::ptrdiff_t>(slot);
+      next += slot;
+    }
+    layer_full_[l] = plan_.resident_in_layer(l) == E;
+    full_layers_ += layer_full_[l];
+    BudgetScope scope(budget_, "the expert tables");
+    resident_[l].resize(E);
+    check(cudaMemcpy(resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
+    if (!pcie.empty()) {  // the one-token table: the tier's, the PCIe experts' entries pointing at their host bytes (flag 2)
+      std::vector<const uint8_t*> og = gp, ou = upp, od = dp;
+      std::vector<uint8_t> of = flags;
+      for (int e = 0; e < E; ++e) {
+        if (!pcie[static_cast<std::size_t>(l) * E + e]) continue;
+        const ExpertWeights& x = moe.experts[e];
+        og[e] = mapped(x.gate.data), ou[e] = mapped(x.up.data), od[e] = mapped(x.down.data), of[e] = 2;
+      }
+      one_resident_[l].resize(E);
+      check(cudaMemcpy(one_resident_[l].get(), of.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
+      set_tables(l, std::move(og), std::move(ou), std::move(od), true, {zero, zero + pg, zero + pg + pu});
+    }
+    set_tables(l, std::move(gp), std::move(upp), std::move(dp));
+  }
+  if (!plan_.all()) {
+    handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E,
+                                               opt_.serve_handoff_inline);
+    if (opt_.decode_upload_max > 0) {
+      decode_upload_ = std::make_unique<DecodeUpload>(*this);
+      if (decode_upload_->any_pinned()) handoff_->set_device_part(decode_upload_.get(), decode_upload_->out());
+      else decode_upload_.reset();  // no expert in pinned memory (no registered mirror): nothing to upload from
+    }
+  }
+  if (prefill) init_prefill_upload();
+  if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps();  // after: its policy depends on the prefill uploads
+}
+
+ExpertTier::~ExpertTier() {
+  free_swaps();
+  if (stream_) cudaStreamSynchronize(stream_);  // a pending chunk's joins need the handoff's thread
+  handoff_.reset();  // its thread calls the decode upload
+  decode_upload_.reset();
+  free_prefill_upload();
+}
+
+void ExpertTier::begin_chunk(int T) {
+  swap_tick();  // swaps' table updates go before this chunk's kernels
+  if (handoff_) handoff_->begin();  // its host thread serves the chunk's posts from now on
+  // Counted as the backend's launch did: the handoff counts the layers it serves.
+  full_layer_pairs_ += static_cast<long long>(handoff_ ? full_layers_ : s_.num_layers) * T * s_.num_experts_per_tok;  // the handoff counts the others
+  tokens_ += T;
+}
+
+void ExpertTier::abandon_chunk() {
+  if (!handoff_) return;
+  try {
+    handoff_->end();
+  } catch (...) {
+  }
+}
+
+void ExpertTier::end_chunk() {
+  if (handoff_) handoff_->end();
+}
+
+void ExpertTier::start_pass(int T) {
+  if (!prefill_uploads(T)) return;
+  // The first uploaded layer's experts, while the trunk starts.
+  refresh_prefill_tables();
+  if (const int first = next_upload_layer(-1); first >= 0) upload_layer_experts(first);
+}
+
+ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
+  Step st;
+  const DevExperts& x = experts_[l];
+  // A prompt chunk's non-residents come uploaded (prefill_upload.cu); else
+  // the host computes them, as in a decode step.
+  st.upload = tiered_ && uploads_layer(l, T);
+  if (st.upload) upload_pairs_ += static_cast<long long>(T) * s_.num_experts_per_tok;
+  st.handoff = hands_off(l) && !st.upload;
+  // One-token steps read the PCIe experts in place (pcie_read_share): their
+  // table and flags; prompt chunks the tier's.
+  const bool one = T == 1 && !one_resident_.empty();
+  st.table = one ? x.one_table : x.table;
+  st.resident = one ? one_resident_[l].get() : st.handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
+  st.share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
+  if (st.upload) {
+    st.table.gate_ptrs = pu_.gate[l].get(), st.table.up_ptrs = pu_.up[l].get(), st.table.down_ptrs = pu_.down[l].get();
+    // The next uploaded layer's copies start now when they go to the other
+    // area, else once this layer's kernels are enqueued (layer_done).
+    const int next = next_upload_layer(l);
+    if (next >= 0 && next % 2 != l % 2) upload_layer_experts(next);
+  }
+  return st;
+}
+
+void ExpertTier::post(const Step& st, int l, int* idx, const float* w, int ks, int T, const float* hn) {
+  post_rows_ = hn;  // the decode upload's kernels read the same rows
+  handoff_->post(l, idx, w, ks, T, st.resident, hn, stream_, st.share, static_cast<float>(opt_.pcie_read_offset), s_.num_experts + 1);
+}
+
+void ExpertTier::wait_uploads(const Step& st, int l) {
+  if (!st.upload) return;
+  // This layer's uploads: only the routed experts need them (the shared
+  // expert ran meanwhile).
+  pu_.stager->wait_issued(pu_.ticket[l % 2]);  // this layer's copies issued (not the next layer's, posted meanwhile)
+  check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
+}
+
+void ExpertTier::join(float* routed, int T) { handoff_->join(routed, T, stream_); }
+
+void ExpertTier::layer_done(const Step& st, int l) {
+  if (!st.upload) return;
+  check(cudaEventRecord(pu_.used[l % 2], stream_), "event");
+  const int next = next_upload_layer(l);
+  if (next >= 0 && next % 2 == l % 2) upload_layer_experts(next);
+}
+
+void ExpertTier::fill_stats(TierStats& t) const {
+  t.tiered = tiered_;
+  t.experts = static_cast<long long>(s_.num_layers) * s_.num_experts;
+  t.resident = tiered_ ? plan_.count : t.experts;
+  t.pairs = full_layer_pairs_ + upload_pairs_;
+  if (handoff_) {
+    const ExpertHandoff::Stats h = handoff_->stats();
+    t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs, t.device_misses = h.device_misses, t.pcie_misses = h.pcie_misses;
+    t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms, t.device_experts_ms = h.device_work_ms;
+    t.host_expert_bytes = static_cast<uint64_t>(h.misses - h.device_misses) * expert_bytes_;
+  }
+  t.tokens = tokens_;
+  t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
+  t.prefill_upload_bytes = pu_.bytes;
+  t.pcie_read = pcie_read_;
+  t.pcie_read_share = pcie_read_ ? opt_.pcie_read_share : 0.0;
+}
+
+void ExpertTier::take_heat(std::vector<uint64_t>& counts) {
+  if (!swap_policy_) return;  // what the swaps' windows took off the device
+  drain_heat_window();
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += heat_host_[i];
+  std::fill(heat_host_.begin(), heat_host_.end(), 0);
+}
+
+}  // namespace coli::cuda::detail

@@ -1,0 +1,232 @@
+// ExpertTier: which routed experts are in VRAM, who moves them, and what
+// the others cost. The CUDA backend composes one; nothing else touches the
+// routed experts' device tables.
+//
+// It owns, per layer, the pointer tables the expert kernels read (entry e:
+// expert e's gate / up / down on the device; entry E the shared expert when
+// it folds into a decode step's pairs), and for a run under a VRAM budget
+// (CudaOptions::vram_budget / expert_slots):
+//   - the slots: one allocation, slot 0 the zero expert every miss reads
+//     (all bytes 0: each format dequantizes it to 0), then one slot per
+//     resident expert, filled at the start from the heat or a plan;
+//   - the residency table (plan_, slot_of_) and each layer's resident flags
+//     on the device, read by the handoff's post kernel;
+//   - the handoff of misses to the host (expert_handoff.cuh) and its two
+//     levers for one-token steps: the PCIe reads (a second, one-token table
+//     whose non-resident entries point at registered host bytes, split per
+//     layer and step by the post kernel) and the decode uploads
+//     (decode_upload.cu);
+//   - hybrid prefill's staging (prefill_upload.cu): a chunk's non-residents
+//     uploaded a layer ahead into two alternating areas;
+//   - the background swaps (tier_swaps.cu): a hot non-resident replaces a
+//     cold resident, slot for slot, never blocking a step.
+// Without a budget every expert lives in the backend's weight arena and the
+// tier holds only the tables (tiered() is false; every other call is a
+// no-op or says "resident").
+//
+// Threads: one caller, the backend's thread; the handoff's host thread and
+// the prefill stager's threads are the tier's own. Calls that enqueue work
+// do so on the compute stream given at construction, in the backend's
+// order (a decode step's calls are captured into its graph once).
+// Lifetimes: the model, the options, the budget and the stream outlive the
+// tier; the registry lease (pinned host ranges) too. Device arrays are
+// charged to the budget. A constructor that throws leaves nothing
+// allocated; a call that throws mid-chunk leaves the tier usable for the
+// next chunk once end_chunk() has run (the backend drains the stream first).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "cuda_backend.h"
+#include "cuda_util.cuh"
+#include "expert_handoff.cuh"
+#include "host_registry.cuh"
+#include "kernels.cuh"
+#include "placement/swap_policy.h"
+#include "placement/tier_plan.h"
+
+namespace coli::cuda::detail {
+
+class PrefillStager;
+class StagedUploader;
+
+constexpr int kSwapsInFlight = 8;     // background swaps at once (tier_swaps.cu)
+constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their experts' pairs (moe_grouped)
+
+// A layer's routed experts on the device: their format and pointer tables.
+struct DevExperts {
+  ExpertTable table;
+  bool shared_at_E = false;  // entry E of the pointer tables is the shared expert (decode folds it in)
+  DeviceArray<const uint8_t*> gate_ptrs, up_ptrs, down_ptrs;
+  // One-token steps' table when experts outside the tier are read over
+  // PCIe in place (CudaOptions::pcie_read_share): their entries point into
+  // registered host memory, entry E + 1 at the zero expert (the split post
+  // sends the host's misses there); otherwise the same as table.
+  ExpertTable one_table;
+  DeviceArray<const uint8_t*> one_gate_ptrs, one_up_ptrs, one_down_ptrs;
+};
+
+class ExpertTier {
+ public:
+  // What the backend's upload of the trunk knows about a layer's experts.
+  struct LayerInput {
+    ExpertTable formats;  // gate / up / down format and shape (pointers unset)
+    bool shared_at_E = false;
+    std::array<const uint8_t*, 3> shared{};  // the shared expert's gate, up, down on the device (entry E)
+    // Without a tier: every expert's gate, up, down in the weight arena.
+    std::vector<const uint8_t*> gate, up, down;
+  };
+  struct Setup {
+    const Model* model = nullptr;
+    const CudaOptions* opt = nullptr;
+    DeviceBudget* budget = nullptr;
+    cudaStream_t stream = nullptr;     // the compute stream
+    const HostRanges* pinned = nullptr;  // host ranges registered with the device (HostRegistry)
+    StagedUploader* uploader = nullptr;  // the start's upload pipeline: fills the slots
+    uint64_t runtime_reserve = 0;      // bytes the run charges later (KV cache, state, scratch, logits)
+    int context_tokens = 4096;         // the KV cache's size, for messages
+  };
+  // Builds the tables, and under a budget the slots, the handoff and the
+  // options' levers. Throws coli::Error naming what does not fit.
+  ExpertTier(const Setup& setup, std::vector<LayerInput> layers);
+  ~ExpertTier();
+  ExpertTier(const ExpertTier&) = delete;
+  ExpertTier& operator=(const ExpertTier&) = delete;
+
+  // The device routing counts [layers * experts] the router adds to (the
+  // swaps' windows read and clear them); before the first chunk.
+  void attach_heat(unsigned long long* heat) { heat_ = heat; }
+  bool tiered() const { return tiered_; }
+  const DevExperts& experts(int layer) const { return experts_[layer]; }
+  // Whether the host computes some of layer l's experts (a handoff).
+  bool hands_off(int layer) const { return handoff_ && !layer_full_[layer]; }
+  bool is_resident(int layer, int expert) const { return !tiered_ || plan_.is_resident(layer, expert); }
+  ExpertHost& host() const { return *opt_.expert_host; }
+
+  // A chunk's life, from the backend's start_chunk / finish_chunk.
+  void begin_chunk(int T);  // swaps' table updates, the handoff serves, counts
+  void stage_swaps();       // while the device runs the chunk
+  void end_chunk();         // rethrows a host-side failure of the chunk
+  void abandon_chunk();     // a launch failed: serve what was launched, then stop (the backend drained the stream)
+
+  // Inside the forward pass of T tokens, in order: start_pass once, then
+  // per MoE layer plan_layer, post (when step.handoff), wait_uploads
+  // before the expert kernels, join (when step.handoff), layer_done.
+  void start_pass(int T);
+  struct Step {
+    ExpertTable table;                 // what the layer's expert kernels read
+    const uint8_t* resident = nullptr;  // the post's flags
+    bool handoff = false, upload = false;
+    float share = 0;                   // a one-token step's PCIe split
+  };
+  Step plan_layer(int layer, int T);
+  void post(const Step& st, int layer, int* idx, const float* w, int ks, int T, const float* hn);
+  void wait_uploads(const Step& st, int layer);
+  void join(float* routed, int T);
+  void layer_done(const Step& st, int layer);
+
+  // Routing heat the swaps' windows took off the device since the last
+  // call: added to counts [layers * experts].
+  void take_heat(std::vector<uint64_t>& counts);
+  // The tier's fields of the backend's TierStats.
+  void fill_stats(TierStats& t) const;
+
+ private:
+  class DecodeUpload;
+  struct SwapJob {
+    enum State { kFree, kStaging, kStaged, kCopying } state = kFree;
+    int victim = -1, candidate = -1;  // (layer, expert) pair indices
+    long long slot = -1;              // the victim's slot, then the candidate's
+    uint8_t* staging = nullptr;       // pinned, one slot
+    cudaEvent_t evicted = nullptr, copied = nullptr;
+  };
+  struct PrefillUpload {
+    bool on = false;
+    int stage_slots = 0;              // per staging area
+    DeviceArray<uint8_t> stage;       // two areas of stage_slots
+    // Per layer, pointer tables for a chunk: residents -> their tier slot,
+    // the others -> their place in staging area l % 2 (entry E: the shared expert).
+    std::vector<DeviceArray<const uint8_t*>> gate, up, down;
+    long residency_gen = -1;          // the tier's residency the tables were made for
+    cudaStream_t stream = nullptr;
+    cudaEvent_t uploaded[2] = {}, used[2] = {};
+    uint64_t bytes = 0;               // uploaded since the tier was made
+    long long experts = 0;
+    long long copies = 0;             // cudaMemcpyAsync calls those took (contiguous parts merged)
+    std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
+    std::unique_ptr<PrefillStager> stager;  // issues the copies (staged from pageable memory, direct from registered)
+    uint64_t ticket[2] = {};                // the stager's job that fills each area last
+  };
+
+  // Construction (expert_tier.cu).
+  void set_tables(int layer, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp, bool one_token = false,
+                  const std::array<const uint8_t*, 3>& zero = {});
+  void build(StagedUploader& uploader, uint64_t runtime_reserve, int context_tokens);
+  std::vector<uint8_t> pcie_read_set();
+  bool pcie_readable(const ExpertWeights& x) const;  // its three matrices in registered host memory
+  const uint8_t* mapped(const uint8_t* host) const;
+  uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
+  // Swaps (tier_swaps.cu).
+  void init_swaps();
+  void swap_tick();
+  void drain_heat_window();
+  void free_swaps();
+  void set_entry(int pair, const uint8_t* slot, bool resident);
+  // Prefill staging (prefill_upload.cu).
+  int prefill_stage_slots(const TierPlan& plan) const;
+  std::size_t prefill_stage_bytes(const TierPlan& plan) const;
+  void init_prefill_upload();
+  void free_prefill_upload();
+  void refresh_prefill_tables();
+  void upload_layer_experts(int l);
+  int next_upload_layer(int after) const;
+  bool prefill_uploads(int T) const { return pu_.on && T >= kGroupedMinTokens; }
+  bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
+
+  const Model& model_;
+  const ModelSpec& s_;
+  const CudaOptions& opt_;
+  DeviceBudget* budget_;
+  cudaStream_t stream_;
+  const HostRanges& pinned_;
+  unsigned long long* heat_ = nullptr;
+  bool tiered_ = false;
+  std::vector<DevExperts> experts_;
+  std::vector<std::array<const uint8_t*, 3>> shared_;  // per layer: the shared expert's gate, up, down (entry E)
+  TierPlan plan_;
+  DeviceArray<uint8_t> slots_;                      // slot 0: the zero expert; then one slot per resident expert
+  std::vector<long long> slot_of_;                  // [layers * experts]: the pair's slot, -1 if not resident
+  std::size_t slot_bytes_ = 0, slot_up_ = 0, slot_down_ = 0;  // a slot's size; offsets of up and down in it
+  uint64_t expert_bytes_ = 0;                       // one routed expert's gate + up + down bytes
+  std::vector<DeviceArray<uint8_t>> resident_;      // per layer [E] flags
+  std::vector<DeviceArray<uint8_t>> one_resident_;  // one-token steps' flags: 1 resident, 2 readable over PCIe (empty: off)
+  long long pcie_read_ = 0;                         // how many experts are readable over PCIe
+  bool host_ptrs_ = false;                          // the device reads registered memory at its host addresses
+  std::vector<char> layer_full_;                    // every expert of the layer resident: no handoff
+  int full_layers_ = 0;
+  long residency_gen_ = 0;                          // bumped by every residency change (swaps)
+  PrefillUpload pu_;
+  long long upload_pairs_ = 0;                      // routed pairs of uploaded layers (TierStats::pairs)
+  std::unique_ptr<DecodeUpload> decode_upload_;     // before handoff_ (whose thread calls it)
+  std::unique_ptr<ExpertHandoff> handoff_;
+  const float* post_rows_ = nullptr;                // the last post's normed rows (the decode upload reads them)
+  long long full_layer_pairs_ = 0;                  // routed pairs of layers without handoff
+  long long tokens_ = 0;                            // tokens launched
+  // Swaps.
+  std::unique_ptr<SwapPolicy> swap_policy_;
+  std::vector<SwapJob> swap_jobs_;
+  std::vector<uint8_t> swap_busy_;                  // [layers * experts]: in a swap in flight
+  cudaStream_t swap_stream_ = nullptr;
+  unsigned long long* h_heat_ = nullptr;            // pinned: the last window's counts
+  cudaEvent_t heat_ev_ = nullptr;
+  bool heat_pending_ = false;
+  std::vector<uint64_t> heat_host_;                 // counts taken off the device by the windows, not yet take_heat's
+  long long window_start_ = 0;                      // tokens_ when the last window was read
+  long long swaps_done_ = 0;
+  uint64_t swap_bytes_ = 0;
+};
+
+}  // namespace coli::cuda::detail
