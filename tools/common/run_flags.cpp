@@ -1,5 +1,7 @@
 #include "common/run_flags.h"
 
+#include <array>
+
 #include "mirror/mirror_load.h"
 #include "util/error.h"
 #include "util/parse.h"
@@ -10,89 +12,76 @@ namespace coli::cli {
 
 namespace {
 
-// The help lines: coli-run's wording, else (where the tool words it
-// otherwise) the tool's.
-const char* vram_budget_help(Tool t) {
-  if (t == Tool::kBench) return "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time";
-  return "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time";
-}
+// A flag's help line in each tool's wording, by Tool (kRun, kBench, kPlace,
+// kCalibrate, kPin); null: coli-run's.
+using Wordings = std::array<const char*, 5>;
 
-const char* mirror_help(Tool t) {
-  if (t == Tool::kBench) return "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME";
-  return "weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME";
-}
-
-const char* plan_help(Tool t) {
-  if (t == Tool::kBench) return "under a budget: the expert tier starts with this coli-place plan's VRAM experts (one -m)";
-  return "FILE|auto: a coli-place plan (man coli-plan): its VRAM and RAM experts are read into memory ahead of use; "
-         "with --vram-budget the tier starts with its VRAM experts and its prefill chunk is the default "
-         "(auto: planned at start from the budget, the heat and this machine's rates)";
-}
-
-const char* decode_upload_help(Tool t) {
-  if (t == Tool::kBench) return "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)";
-  return "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)";
-}
-
-const char* pcie_read_help(Tool t) {
-  if (t == Tool::kPlace)
-    return "the runs' --pcie-read: the GPU reads that share of a decode layer's RAM misses over PCIe (auto: 0.35, as coli-run with a coli-pin mirror; off)";
-  if (t == Tool::kBench)
-    return "under a budget with a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place while "
-           "the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)";
-  return "with --vram-budget and a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place while "
-         "the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)";
-}
-
-const char* pcie_read_offset_help(Tool t) {
-  if (t == Tool::kPlace) return "the runs' --pcie-read-offset";
-  return "the CPU's fixed cost of a layer in experts, for --pcie-read's split";
-}
-
-const char* prefill_upload_help(Tool t) {
-  if (t == Tool::kPlace) return "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM";
-  if (t == Tool::kBench) return "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU";
-  return "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU";
-}
-
-const char* no_swap_help(Tool t) {
-  if (t == Tool::kBench) return "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)";
-  return "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)";
-}
-
-const char* heat_help(Tool t) {
-  switch (t) {
-    case Tool::kBench:
-      return "routing heat file, merged into at exit ('none': off; default: $XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt per model)";
-    case Tool::kPlace:
-      return "routing heat file ('none': even routing; default: the model's heat file and a ready mirror's counters)";
-    case Tool::kCalibrate:
-      return "heat file to merge into (default: the model's, as coli-run keeps it)";
-    case Tool::kPin:
-      return "routing heat that orders the experts under --budget ('none': container order; default: "
-             "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt when it exists)";
-    default:
-      return "routing heat file, read at start and merged into at exit ('none': off; default: $XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt)";
+Wordings wordings(Flag f) {
+  switch (f) {
+    case Flag::kVramBudget:
+      return {"GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time",
+              "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time"};
+    case Flag::kMirror:
+      return {"weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME",
+              "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME"};
+    case Flag::kPlan:
+      return {"FILE|auto: a coli-place plan (man coli-plan): its VRAM and RAM experts are read into memory ahead of use; "
+              "with --vram-budget the tier starts with its VRAM experts and its prefill chunk is the default "
+              "(auto: planned at start from the budget, the heat and this machine's rates)",
+              "under a budget: the expert tier starts with this coli-place plan's VRAM experts (one -m)"};
+    case Flag::kDecodeUpload:
+      return {"with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)",
+              "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)"};
+    case Flag::kPcieRead:
+      return {"with --vram-budget and a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place "
+              "while the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)",
+              "under a budget with a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place while "
+              "the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)",
+              "the runs' --pcie-read: the GPU reads that share of a decode layer's RAM misses over PCIe (auto: 0.35, as coli-run with a coli-pin mirror; off)"};
+    case Flag::kPcieReadOffset:
+      return {"the CPU's fixed cost of a layer in experts, for --pcie-read's split", nullptr, "the runs' --pcie-read-offset"};
+    case Flag::kPrefillUpload:
+      return {"with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU",
+              "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU",
+              "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM"};
+    case Flag::kNoSwap:
+      return {"with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)",
+              "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)"};
+    case Flag::kDevice: return {"cuda, cpu or auto (the GPU when one is usable and the model fits)"};
+    case Flag::kThreads: return {"CPU threads (0: all cores)"};
+    case Flag::kReference: return {"use the single-threaded scalar reference backend"};
+    case Flag::kHeat:
+      return {"routing heat file, read at start and merged into at exit ('none': off; default: $XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt)",
+              "routing heat file, merged into at exit ('none': off; default: $XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt per model)",
+              "routing heat file ('none': even routing; default: the model's heat file and a ready mirror's counters)",
+              "heat file to merge into (default: the model's, as coli-run keeps it)",
+              "routing heat that orders the experts under --budget ('none': container order; default: "
+              "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt when it exists)"};
   }
+  return {};
+}
+
+const char* help_of(Flag f, Tool t) {
+  const Wordings w = wordings(f);
+  return w[std::size_t(t)] ? w[std::size_t(t)] : w[0];
 }
 
 void add_flag(po::options_description& o, Tool t, Flag f) {
   auto add = o.add_options();
+  const char* help = help_of(f, t);
   switch (f) {
-    case Flag::kVramBudget: add("vram-budget", po::value<std::string>(), vram_budget_help(t)); break;
-    case Flag::kMirror: add("mirror", po::value<std::string>()->default_value("auto"), mirror_help(t)); break;
-    case Flag::kPlan: add("plan", po::value<std::string>(), plan_help(t)); break;
-    case Flag::kDecodeUpload: add("decode-upload", po::value<int>()->default_value(0), decode_upload_help(t)); break;
-    case Flag::kPcieRead: add("pcie-read", po::value<std::string>()->default_value("auto"), pcie_read_help(t)); break;
-    case Flag::kPcieReadOffset: add("pcie-read-offset", po::value<double>()->default_value(2.0), pcie_read_offset_help(t)); break;
-    case Flag::kPrefillUpload: add("prefill-upload", po::bool_switch(), prefill_upload_help(t)); break;
-    case Flag::kNoSwap: add("no-swap", po::bool_switch(), no_swap_help(t)); break;
-    case Flag::kDevice:
-      add("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)");
-      break;
-    case Flag::kThreads: add("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)"); break;
-    case Flag::kReference: add("reference", po::bool_switch(), "use the single-threaded scalar reference backend"); break;
-    case Flag::kHeat: add("heat", po::value<std::string>(), heat_help(t)); break;
+    case Flag::kVramBudget: add("vram-budget", po::value<std::string>(), help); break;
+    case Flag::kMirror: add("mirror", po::value<std::string>()->default_value("auto"), help); break;
+    case Flag::kPlan: add("plan", po::value<std::string>(), help); break;
+    case Flag::kDecodeUpload: add("decode-upload", po::value<int>()->default_value(0), help); break;
+    case Flag::kPcieRead: add("pcie-read", po::value<std::string>()->default_value("auto"), help); break;
+    case Flag::kPcieReadOffset: add("pcie-read-offset", po::value<double>()->default_value(2.0), help); break;
+    case Flag::kPrefillUpload: add("prefill-upload", po::bool_switch(), help); break;
+    case Flag::kNoSwap: add("no-swap", po::bool_switch(), help); break;
+    case Flag::kDevice: add("device", po::value<std::string>()->default_value("auto"), help); break;
+    case Flag::kThreads: add("threads,t", po::value<int>()->default_value(0), help); break;
+    case Flag::kReference: add("reference", po::bool_switch(), help); break;
+    case Flag::kHeat: add("heat", po::value<std::string>(), help); break;
   }
 }
 
