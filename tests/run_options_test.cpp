@@ -20,6 +20,7 @@
 #include "formats/container.h"
 #include "model/model_spec.h"
 #include "placement/heat.h"
+#include "placement/heat_recorder.h"
 #include "placement/machine_rates.h"
 #include "placement/plan.h"
 #include "placement/plan_inputs.h"
@@ -225,4 +226,18 @@ TEST(HeatFlag, NamesTheFileNoneOrTheDefault) {
   po::variables_map vm;
   vm.emplace("heat", po::variable_value(std::string("none"), false));
   EXPECT_THROW(cli::HeatFlag::from(vm, /*none_ok=*/false), coli::UsageError);
+}
+
+// A run's tier without a plan fills from the heat file's counts when it
+// counted any token; without one (and without a mirror), evenly.
+TEST(HeatFlag, TierStartsFromTheHeatFile) {
+  Model m;
+  const uint64_t fp = coli::Container(m.path).fingerprint();
+  const coli::HeatRecorder from_file(m.heat, fp, m.spec);
+  const std::vector<uint64_t> counts = cli::tier_start_heat(from_file, nullptr);
+  ASSERT_EQ(counts.size(), std::size_t(m.spec.num_layers) * m.spec.num_experts);
+  EXPECT_EQ(counts[0], 10u);
+  EXPECT_EQ(counts[m.spec.num_experts - 1], uint64_t(m.spec.num_experts) * 10);
+  EXPECT_TRUE(cli::tier_start_heat(coli::HeatRecorder("", fp, m.spec), nullptr).empty()) << "--heat none, no mirror";
+  EXPECT_TRUE(cli::tier_start_heat(coli::HeatRecorder(m.dir / "new.txt", fp, m.spec), nullptr).empty()) << "a file not made yet";
 }

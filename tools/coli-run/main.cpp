@@ -14,6 +14,7 @@
 #include <random>
 #include <thread>
 
+#include "common/heat_flag.h"
 #include "common/run_flags.h"
 #include "common/run_options.h"
 #include "common/run_plan.h"
@@ -320,14 +321,6 @@ std::optional<coli::Plan> read_plan_file(const Job& j, const coli::Model& model)
   return plan;
 }
 
-// The tier starts with the experts earlier runs routed to most: the heat
-// file's, else what the runs on this mirror routed to.
-std::vector<uint64_t> tier_heat(const coli::HeatRecorder& heat, const coli::MirrorAttachment* mirror) {
-  if (heat.on() && heat.previous().tokens() > 0) return {heat.previous().counts().begin(), heat.previous().counts().end()};
-  if (mirror) return mirror->heat();
-  return {};
-}
-
 // --plan FILE, or auto: planned here as coli-place plans (tools/common/run_plan.h).
 coli::Plan tier_plan(const Job& j, const Loaded& l, const std::optional<coli::Plan>& file_plan, int n_ctx, int chunk) {
   if (!j.run.plan_auto()) return *file_plan;
@@ -351,7 +344,7 @@ coli::cuda::CudaOptions backend_options(const Job& j, const Loaded& l, const col
   if (!j.run.vram_budgets.empty()) {
     t.vram_budget = j.run.vram_budgets[0];
     t.n_ctx = j.f.has("ctx-size") ? j.go.n_ctx : std::min(j.go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
-    t.heat = tier_heat(heat, t.mirror);
+    t.heat = coli::cli::tier_start_heat(heat, t.mirror);  // the experts earlier runs routed to most
     if (j.run.plan) {  // a plan names the tier's experts: they come first, hottest first
       const coli::Plan plan = tier_plan(j, l, file_plan, t.n_ctx, *chunk);
       t.heat = coli::plan_as_heat(plan, t.heat);

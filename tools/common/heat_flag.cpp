@@ -63,4 +63,10 @@ Heat planning_heat(const HeatFlag& flag, const Container& c, const ModelSpec& sp
   return h;
 }
 
+std::vector<uint64_t> tier_start_heat(const HeatRecorder& heat, const MirrorAttachment* mirror) {
+  if (heat.on() && heat.previous().tokens() > 0) return {heat.previous().counts().begin(), heat.previous().counts().end()};
+  if (mirror) return mirror->heat();  // what the runs on this mirror routed to
+  return {};
+}
+
 }  // namespace coli::cli

@@ -17,16 +17,22 @@
 //    explain, coli-run --plan auto): the file when --heat names one or the
 //    default file exists, plus a ready mirror's counters when --heat is not
 //    given; none (or no heat at all): zero counts, every expert even.
+//  - tier_start_heat() is what a run's expert tier fills from without a
+//    plan (coli-run under --vram-budget): the heat file's counts when it
+//    counted any token, else the run's mirror's counters (--heat none
+//    records nothing; it does not hide the mirror's), else none (even).
 // The caller owns everything returned; nothing is cached.
 #pragma once
 #include <boost/program_options.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "formats/container.h"
 #include "mirror/mirror.h"
 #include "model/model_spec.h"
 #include "placement/heat.h"
+#include "placement/heat_recorder.h"
 
 namespace coli::cli {
 
@@ -52,5 +58,9 @@ Heat mirror_heat(const MirrorAttachment& mirror, const ModelSpec& spec);
 // mirror: the run's attached mirror, when it has one (else the model's
 // ready mirror is attached here to read it).
 Heat planning_heat(const HeatFlag& flag, const Container& c, const ModelSpec& spec, const MirrorAttachment* mirror = nullptr);
+
+// heat: the run's recorder (HeatRecorder over HeatFlag::path); mirror: the
+// run's, or null. Counts [layers * experts], or empty.
+std::vector<uint64_t> tier_start_heat(const HeatRecorder& heat, const MirrorAttachment* mirror);
 
 }  // namespace coli::cli
