@@ -181,6 +181,12 @@ TEST(RunOptions, FlagsBecomeCudaOptions) {
   EXPECT_EQ(co.pcie_read_share, 0) << "auto without a mirror: nothing registered to read";
   EXPECT_EQ(co.pcie_read_offset, 4);
   EXPECT_EQ(co.heat, (std::vector<uint64_t>{3, 2, 1}));
+  coli::Plan p;  // a plan's VRAM experts come first, then the heat's order
+  p.layers = 1, p.experts = 3, p.tier = {coli::Tier::kRam, coli::Tier::kDisk, coli::Tier::kVram};
+  t.plan = &p;
+  EXPECT_EQ(cli::cuda_options(base, f, t).heat, coli::plan_as_heat(p, t.heat));
+  EXPECT_GT(cli::cuda_options(base, f, t).heat[2], cli::cuda_options(base, f, t).heat[0]);
+  t.plan = nullptr;
   EXPECT_EQ(co.expert_host, nullptr) << "--device cpu: no GPU to hand experts off from";
   EXPECT_TRUE(co.host_regions.empty());
   co = cli::cuda_options(base, run_flags({"--vram-budget", "2G", "--pcie-read", "0.5", "--decode-upload", "2"}), t);

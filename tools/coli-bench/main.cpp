@@ -187,7 +187,7 @@ int run(int argc, char** argv) {
   const int failures = coli::run_bench(
       o,
       [&](const coli::Model& m, const coli::MirrorAttachment* mirror, int threads, uint64_t vram_budget) -> std::unique_ptr<coli::Backend> {
-        const coli::cli::BackendTarget t{&m, mirror, vram_budget, n_ctx, max_chunk, threads, plan ? coli::plan_as_heat(*plan) : std::vector<uint64_t>{}};
+        const coli::cli::BackendTarget t{&m, mirror, vram_budget, n_ctx, max_chunk, threads, {}, plan ? &*plan : nullptr};
         std::string why;
         return coli::cli::make_backend(flags.device, m, coli::cli::cuda_options(env, flags, t), coli::cpu::CpuOptions{threads, fast}, &why);
       },

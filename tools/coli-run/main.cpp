@@ -341,15 +341,16 @@ coli::cuda::CudaOptions backend_options(const Job& j, const Loaded& l, const col
   coli::cli::BackendTarget t;
   t.model = l.lm.model.get(), t.mirror = l.lm.mirror.get(), t.threads = j.threads;
   *chunk = j.f.get<int>("prefill-chunk");
+  std::optional<coli::Plan> plan;
   if (!j.run.vram_budgets.empty()) {
     t.vram_budget = j.run.vram_budgets[0];
     t.n_ctx = j.f.has("ctx-size") ? j.go.n_ctx : std::min(j.go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
     t.heat = coli::cli::tier_start_heat(heat, t.mirror);  // the experts earlier runs routed to most
-    if (j.run.plan) {  // a plan names the tier's experts: they come first, hottest first
-      const coli::Plan plan = tier_plan(j, l, file_plan, t.n_ctx, *chunk);
-      t.heat = coli::plan_as_heat(plan, t.heat);
-      if (j.verbose) std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", j.run.plan->c_str(), (long long)plan.count(coli::Tier::kVram));
-      if (plan.prefill_chunk > 0 && !j.f.has("prefill-chunk")) *chunk = plan.prefill_chunk;
+    if (j.run.plan) {  // a plan names the tier's experts: they come first
+      plan = tier_plan(j, l, file_plan, t.n_ctx, *chunk);
+      t.plan = &*plan;
+      if (j.verbose) std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", j.run.plan->c_str(), (long long)plan->count(coli::Tier::kVram));
+      if (plan->prefill_chunk > 0 && !j.f.has("prefill-chunk")) *chunk = plan->prefill_chunk;
     }
   }
   t.max_chunk = *chunk;

@@ -21,7 +21,7 @@ void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget&
   co.pcie_read_share = pcie_read_share(f.pcie_read, t.mirror != nullptr, f.decode_upload > 0);
   co.pcie_read_offset = f.pcie_read_offset;
   co.prefill_upload = f.prefill_upload;
-  co.heat = t.heat;
+  co.heat = t.plan ? plan_as_heat(*t.plan, t.heat) : t.heat;
   // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
   if (flags.device != "cpu" && cuda::device_count() > 0) co.expert_host = std::make_shared<cpu::CpuExpertHost>(*t.model, t.threads);
 }

@@ -9,8 +9,9 @@
 //    env_options.h) and sets what the flags say, so that a flag wins over a
 //    variable. Under a budget: vram_budget, n_ctx, swap, decode-upload,
 //    the PCIe-read share (auto: kPcieReadAutoShare with a mirror and no
-//    --decode-upload) and offset, prefill-upload, the tier's heat and a CPU
-//    expert host (when the device may be a GPU and one is there). With a
+//    --decode-upload) and offset, prefill-upload, the tier's heat (a plan's
+//    VRAM experts first) and a CPU expert host (when the device may be a
+//    GPU and one is there). With a
 //    mirror: its pages as host_regions, and its device twin without a
 //    budget. Nothing else of base changes.
 //  - make_backend() never returns null: the CUDA backend (cuda, or auto
@@ -31,6 +32,7 @@
 #include "engine/backend.h"
 #include "mirror/mirror.h"
 #include "model/weights.h"
+#include "placement/plan.h"
 
 namespace coli::cli {
 
@@ -42,7 +44,8 @@ struct BackendTarget {
   int n_ctx = 0;                             // tokens the tier's KV cache is sized for (0: the backend's 4096)
   int max_chunk = 512;                       // most tokens per forward chunk
   int threads = 0;                           // the CPU's, as -t asked (0: the default)
-  std::vector<uint64_t> heat;                // the tier's first fill, hottest first (placement/plan.h plan_as_heat)
+  std::vector<uint64_t> heat;                // routing counts the tier fills from, hottest first (heat_flag.h tier_start_heat)
+  const Plan* plan = nullptr;                // a coli-place plan: its VRAM experts first, then the heat (plan_as_heat)
 };
 
 cuda::CudaOptions cuda_options(const cuda::CudaOptions& base, const RunFlags& flags, const BackendTarget& target);
