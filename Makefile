@@ -58,7 +58,7 @@ ifeq ($(CUDA_ON),1)
 else
   CUDA_SRC := libcuda/cuda_stub.cpp
 endif
-TEST_SRC := $(shell find tests -name '*.cpp' -not -path 'tests/fuzz/*' -not -path 'tests/bench/*' | sort)
+TEST_SRC := $(shell find tests tools/common -name '*.cpp' -not -path 'tests/fuzz/*' -not -path 'tests/bench/*' | sort)
 BENCH_SRC := $(wildcard tests/bench/*.cpp)
 BENCH_BIN := $(BUILD)/bin/coli-microbench
 FUZZ_SRC := $(wildcard tests/fuzz/*.cpp)
@@ -123,9 +123,10 @@ $(LIBS):
 $(BUILD)/cuda-$(CUDA_ON).stamp:
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/cuda-*.stamp && touch $@
 
-# One link rule per tool folder: tools/coli-x/*.cpp -> $(BUILD)/bin/coli-x.
+# One link rule per tool folder: tools/coli-x/*.cpp -> $(BUILD)/bin/coli-x,
+# with the options layer every tool shares (tools/common/*.cpp).
 define TOOL_RULE
-$(BUILD)/bin/$(1): $(call obj,$(wildcard tools/$(1)/*.cpp)) $(LIBS)
+$(BUILD)/bin/$(1): $(call obj,$(wildcard tools/$(1)/*.cpp) $(wildcard tools/common/*.cpp)) $(LIBS)
 	@mkdir -p $$(dir $$@)
 	$$(CXX) $$(COLI_LDFLAGS) $$(CXXFLAGS) $$(LDFLAGS) -o $$@ $$(filter %.o,$$^) $$(LIBS) $$(LDLIBS)
 endef

@@ -24,7 +24,7 @@
 // An unset or empty variable leaves its field alone. Any other value outside
 // the list throws coli::Error naming the variable and what it takes. The man
 // pages (coli-run(1), coli-bench(1), coli-convert(1)) document them.
-// Header-only: each tool's link rule compiles only its own folder.
+// Header-only; the options layer the tools share is tools/common (run_options.h).
 #pragma once
 #include <charconv>
 #include <cstdlib>

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include "engine/engine.h"
 #include "formats/container.h"
@@ -99,9 +100,9 @@ struct Loaded {
   std::unique_ptr<HeatRecorder> heat;  // the model's routing heat (BenchOptions::heat_path)
 };
 
-}  // namespace
-
-int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, RecordWriter& out, std::FILE* log) {
+// The tests of every configuration, in the order the records come: per
+// depth, the pp tests, the tg tests, the pp+tg tests.
+std::vector<Test> tests_of(const BenchOptions& opt) {
   std::vector<Test> tests;
   for (int d : opt.n_depth) {
     for (int p : opt.n_prompt)
@@ -110,244 +111,355 @@ int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, Recor
       if (n > 0) tests.push_back({0, n, d});
     for (auto [p, n] : opt.prompt_gen) tests.push_back({p, n, d});
   }
-  const std::string commit = build_commit(), cpu = cpu_info();
-  int failures = 0;
-  Loaded cur;
-  // The heat of the model in cur merged into its file: before cur changes, and at the end.
-  auto save_heat = [&] {
-    if (!cur.heat) return;
-    try {
-      if (cur.mirror && cur.heat->run()) cur.mirror->add_heat(std::vector<uint64_t>(cur.heat->run()->counts().begin(), cur.heat->run()->counts().end()));
-      cur.heat->save();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "coli-bench: %s\n", e.what());
-      ++failures;
+  return tests;
+}
+
+// Loads model_path into a fresh Loaded: weights (from its mirror when there
+// is one), the bytes a pass reads, the heat file, the prompt file's ids.
+void load(Loaded& cur, const std::string& model_path, const BenchOptions& opt, std::FILE* log) {
+  LoadedModel lm = load_model(model_path, opt.mirror);
+  cur.mirror = lm.mirror, cur.model = std::move(lm.model);
+  if (log && cur.mirror) std::fprintf(log, "coli-bench: %s: weights from mirror %s\n", model_path.c_str(), cur.mirror->name().c_str());
+  cur.path = model_path;
+  cur.bytes = std::make_unique<WeightBytes>(*cur.model);
+  const uint64_t fp = model_fingerprint(model_path);
+  cur.fingerprint = hex64(fp);
+  cur.heat = std::make_unique<HeatRecorder>(opt.heat_path ? opt.heat_path(fp) : std::string(), fp, cur.model->spec());
+  const auto& e0 = cur.model->layer(0).moe.experts[0].gate;
+  cur.type = "qwen3_5_moe " + std::to_string(cur.model->spec().num_layers) + "L " + format_name(e0.format);
+  if (!opt.prompt_file.empty()) {
+    auto tok = Tokenizer::load(model_path);
+    check_tokenizer_matches(*tok, model_path, cur.model->spec().vocab_size, model_path);
+    cur.text_ids = tok->encode(read_text_file(opt.prompt_file));
+    if (cur.text_ids.empty()) throw Error(opt.prompt_file + ": no tokens");
+  }
+}
+
+// One test's token ids: depth, prompt and generation, drawn in that order
+// from a generator seeded alike for every test (or the prompt file's ids).
+struct TestIds {
+  std::vector<int> depth, prompt, gen;
+  TestIds(const Test& t, const Loaded& cur, uint64_t seed) {
+    const int V = cur.model->spec().vocab_size;
+    std::mt19937_64 rng(seed);
+    auto ids = [&](int n) {
+      std::vector<int> v(n);
+      for (int i = 0; i < n; ++i) v[i] = cur.text_ids.empty() ? static_cast<int>(rng() % V) : cur.text_ids[i % cur.text_ids.size()];
+      return v;
+    };
+    depth = ids(t.n_depth), prompt = ids(t.n_prompt), gen = ids(t.n_gen);
+  }
+};
+
+// What the timed repetitions of one test add up.
+struct Samples {
+  std::vector<double> ns, ts, ttft, latencies;
+  double expert_bytes = 0, tokens = 0;  // routed experts' bytes read, over these tokens
+  StageTimes stages{};
+  // The expert tier's counters over the timed parts only (not depth, not warm-up).
+  long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0;
+  double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0;
+
+  void add_stages(const StageTimes& st) {
+    stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
+    stages.experts += st.experts, stages.combine += st.combine, stages.lm_head += st.lm_head;
+  }
+  void add_tier(const TierStats& tier0, const TierStats& tier1) {
+    tier_pairs += tier1.pairs - tier0.pairs, tier_misses += tier1.misses - tier0.misses;
+    tier_pcie += tier1.pcie_misses - tier0.pcie_misses;
+    tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
+    tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
+    tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes) + double(tier1.prefill_upload_bytes - tier0.prefill_upload_bytes);
+    tier_gpu_ms += tier1.device_experts_ms - tier0.device_experts_ms;
+  }
+};
+
+// The routed experts' bytes one repetition's forward calls read (timed
+// ones only): each expert a call routes to, once per call.
+struct ExpertReads {
+  const Loaded& cur;
+  int n_ubatch;
+  bool timed;
+  // A backend that runs whole chunks on its device does not hand the
+  // routing back: count min(E, T*K) experts of average size per layer
+  // (exact for a decode token, whose top-k are distinct; for a prompt
+  // chunk nearly every expert is hit anyway).
+  bool observable;
+  double bytes = 0;
+  std::vector<std::vector<char>> used;  // [layer][expert]: used by this call
+
+  void observe(int layer, int T, const int* idx) {
+    if (!timed) return;
+    if (used.size() <= static_cast<std::size_t>(layer)) used.resize(layer + 1);
+    used[layer].assign(cur.bytes->experts[layer].size(), 0);
+    for (int i = 0; i < T * cur.model->spec().num_experts_per_tok; ++i)
+      if (!used[layer][idx[i]]) {
+        used[layer][idx[i]] = 1;
+        bytes += cur.bytes->experts[layer][idx[i]];
+      }
+  }
+  void estimate(int T) {
+    if (!timed) return;
+    const double picks = double(T) * cur.model->spec().num_experts_per_tok;
+    for (std::size_t l = 0; l < cur.bytes->experts.size(); ++l) bytes += std::min<double>(cur.bytes->experts[l].size(), picks) * cur.bytes->expert_mean[l];
+  }
+  void forward(Engine& engine, Session& s, std::span<const int> tokens) {
+    if (observable) {
+      engine.forward(s, tokens, [this](int layer, int T, const int* idx, const float*) { observe(layer, T, idx); });
+      return;
     }
-    cur.heat.reset();
-  };
+    engine.forward(s, tokens);
+    for (std::size_t i = 0; i < tokens.size(); i += n_ubatch) estimate(static_cast<int>(std::min<std::size_t>(n_ubatch, tokens.size() - i)));
+  }
+};
+
+// One repetition of test t (the warm-up when not timed), into sm; tiered:
+// the backend has an expert tier, whose counters sm takes too.
+void run_repetition(Engine& engine, Backend& backend, const Loaded& cur, const Test& t, const TestIds& ids, int n_ubatch, bool timed, bool tiered,
+                    Samples& sm) {
+  Session s = engine.new_session();
+  if (t.n_depth) engine.forward(s, ids.depth);
+  engine.stage_times() = StageTimes{};
+  engine.set_timing(timed);
+  ExpertReads reads{cur, n_ubatch, timed, !backend.runs_whole_chunks(), 0, {}};
+  const TierStats tier0 = tiered && timed ? backend.tier_stats() : TierStats{};
+  const auto t0 = clock_type::now();
+  if (t.n_prompt) {
+    reads.forward(engine, s, ids.prompt);
+    if (timed) sm.ttft.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  for (int i = 0; i < t.n_gen; ++i) {
+    const auto s0 = clock_type::now();
+    reads.forward(engine, s, std::span<const int>(&ids.gen[i], 1));
+    const double dt = std::chrono::duration<double>(clock_type::now() - s0).count();
+    if (timed) {
+      sm.latencies.push_back(dt);
+      if (!t.n_prompt && i == 0) sm.ttft.push_back(dt);
+    }
+  }
+  const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+  engine.set_timing(false);
+  if (!timed) return;
+  if (tiered) sm.add_tier(tier0, backend.tier_stats());
+  const int n_tok = t.n_prompt + t.n_gen;
+  sm.ns.push_back(secs * 1e9);
+  sm.ts.push_back(n_tok / secs);
+  sm.add_stages(engine.stage_times());
+  sm.expert_bytes += reads.bytes;
+  sm.tokens += n_tok;
+}
+
+// The record's times: per repetition, to the first token, per decode step.
+void write_times(json& rec, const Samples& sm) {
+  rec["avg_ns"] = static_cast<uint64_t>(mean(sm.ns));
+  rec["stddev_ns"] = static_cast<uint64_t>(stddev(sm.ns));
+  rec["avg_ts"] = mean(sm.ts);
+  rec["stddev_ts"] = stddev(sm.ts);
+  json sn = json::array(), sts = json::array();
+  for (double x : sm.ns) sn.push_back(static_cast<uint64_t>(x));
+  for (double x : sm.ts) sts.push_back(x);
+  rec["samples_ns"] = sn;
+  rec["samples_ts"] = sts;
+  rec["ttft_ms"] = mean(sm.ttft) * 1e3;
+  if (!sm.latencies.empty()) {
+    rec["latency_p50_ms"] = percentile(sm.latencies, 0.50) * 1e3;
+    rec["latency_p90_ms"] = percentile(sm.latencies, 0.90) * 1e3;
+    rec["latency_p99_ms"] = percentile(sm.latencies, 0.99) * 1e3;
+  }
+}
+
+// The bytes read per token and the stages' times per repetition.
+void write_bytes_and_stages(json& rec, const Samples& sm, const Test& t, const WeightBytes& wb, int n_ubatch, double reps) {
+  rec["peak_ram_mb"] = peak_rss_mb();
+  // Weights read per token: trunk and lm_head once per forward row
+  // (decode: every token; prefill: once per chunk), experts as used.
+  const double calls = t.n_gen + (t.n_prompt ? std::ceil(double(t.n_prompt) / n_ubatch) : 0);
+  rec["bytes_read_per_token"] = (sm.expert_bytes + reps * calls * (wb.per_token_fixed + wb.lm_head)) / sm.tokens;
+  rec["bytes_uploaded_per_token"] = 0;
+  rec["t_trunk_ms"] = (sm.stages.trunk + sm.stages.embed) / reps * 1e3;
+  rec["t_router_ms"] = sm.stages.router / reps * 1e3;
+  rec["t_cpu_experts_ms"] = sm.stages.experts / reps * 1e3;
+  rec["t_gpu_experts_ms"] = 0;
+  rec["t_shared_ms"] = sm.stages.shared / reps * 1e3;
+  rec["t_combine_ms"] = sm.stages.combine / reps * 1e3;
+  rec["t_lm_head_ms"] = sm.stages.lm_head / reps * 1e3;
+  rec["t_upload_ms"] = 0;
+  rec["t_wait_ms"] = 0;
+}
+
+// The expert tier's fields (a backend with a tier).
+void write_tier(json& rec, const Samples& sm, const TierStats& ts, double reps) {
+  rec["peak_vram_mb"] = static_cast<double>(ts.vram_peak) / (1 << 20);
+  rec["tier_resident"] = ts.experts ? double(ts.resident) / double(ts.experts) : 1.0;
+  rec["tier_hit_rate"] = sm.tier_pairs ? 1.0 - double(sm.tier_misses) / double(sm.tier_pairs) : 1.0;
+  rec["tier_pcie_read"] = ts.pcie_read_share;
+  rec["tier_pcie_pairs"] = sm.tier_pairs ? double(sm.tier_pcie) / double(sm.tier_pairs) : 0.0;
+  rec["host_bytes_per_token"] = sm.tier_host_bytes / sm.tokens;
+  rec["bytes_uploaded_per_token"] = sm.tier_swap_bytes / sm.tokens;  // the tier's swaps and prompt uploads
+  rec["t_cpu_experts_ms"] = sm.tier_host_ms / reps;
+  rec["t_wait_ms"] = sm.tier_wait_ms / reps;
+  rec["t_gpu_experts_ms"] = sm.tier_gpu_ms / reps;  // the layers with a handoff
+}
+
+// Test t measured into rec: the warm-up, then the timed repetitions.
+void measure(json& rec, const Test& t, Engine& engine, Backend& backend, const Loaded& cur, int n_ubatch, const BenchOptions& opt) {
+  const int max_pos = cur.model->spec().max_position_embeddings;
+  if (max_pos > 0 && int64_t(t.n_depth) + t.n_prompt + t.n_gen > max_pos)
+    throw Error("depth " + std::to_string(t.n_depth) + " + prompt " + std::to_string(t.n_prompt) + " + generation " + std::to_string(t.n_gen) +
+                " tokens exceed the model's context of " + std::to_string(max_pos) + " (max_position_embeddings)");
+  const TestIds ids(t, cur, opt.seed);
+  const bool tiered = backend.tier_stats().tiered;
+  Samples sm;
+  for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) run_repetition(engine, backend, cur, t, ids, n_ubatch, rep >= 0, tiered, sm);
+  const double reps = std::max(1, opt.repetitions);
+  write_times(rec, sm);
+  write_bytes_and_stages(rec, sm, t, *cur.bytes, n_ubatch, reps);
+  if (tiered) write_tier(rec, sm, backend.tier_stats(), reps);
+}
+
+std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return ts;
+}
+
+// One configuration of the cartesian product.
+struct Config {
+  std::string model_path;
+  int threads_req, n_batch, n_ubatch;
+  uint64_t vram_budget;
+};
+
+// The whole run: the model loaded now (kept while the configurations use
+// it), the failures so far.
+class BenchRun {
+ public:
+  BenchRun(const BenchOptions& opt, const BackendFactory& make_backend, RecordWriter& out, std::FILE* log)
+      : opt_(opt), make_backend_(make_backend), out_(out), log_(log), tests_(tests_of(opt)), commit_(build_commit()), cpu_(cpu_info()) {}
+
+  void run(const Config& c);
+  // The heat of the model in cur_ merged into its file: before cur_ changes, and at the end.
+  void save_heat();
+  int failures() const { return failures_; }
+
+ private:
+  json base_record(const Config& c) const;
+  void start(const Config& c, json& base, std::unique_ptr<Backend>& backend, std::unique_ptr<Engine>& engine);
+  void write_records(const Config& c, const json& base, const std::string& error, Engine* engine, Backend* backend);
+
+  const BenchOptions& opt_;
+  const BackendFactory& make_backend_;
+  RecordWriter& out_;
+  std::FILE* log_;
+  const std::vector<Test> tests_;
+  const std::string commit_, cpu_;
+  int failures_ = 0;
+  Loaded cur_;
+};
+
+void BenchRun::save_heat() {
+  if (!cur_.heat) return;
+  try {
+    if (cur_.mirror && cur_.heat->run()) cur_.mirror->add_heat(std::vector<uint64_t>(cur_.heat->run()->counts().begin(), cur_.heat->run()->counts().end()));
+    cur_.heat->save();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "coli-bench: %s\n", e.what());
+    ++failures_;
+  }
+  cur_.heat.reset();
+}
+
+json BenchRun::base_record(const Config& c) const {
+  const int threads = c.threads_req > 0 ? c.threads_req : default_threads();
+  json base = {{"build_commit", commit_}, {"cpu_info", cpu_}, {"gpu_info", ""}, {"backends", "CPU"}, {"model_filename", c.model_path},
+               {"n_batch", c.n_batch}, {"n_ubatch", c.n_ubatch}, {"n_threads", threads}, {"repetitions", opt_.repetitions}};
+  if (c.vram_budget) base["vram_budget_mb"] = static_cast<double>(c.vram_budget) / (1 << 20);
+  return base;
+}
+
+// The model (loaded when it changes), the backend and the engine of c.
+void BenchRun::start(const Config& c, json& base, std::unique_ptr<Backend>& backend, std::unique_ptr<Engine>& engine) {
+  if (cur_.path != c.model_path || !cur_.model) {
+    save_heat();
+    cur_ = Loaded{};
+    load(cur_, c.model_path, opt_, log_);
+  }
+  if (c.n_ubatch < 1) throw Error("n_ubatch must be >= 1");
+  backend = make_backend_(*cur_.model, cur_.mirror.get(), c.threads_req, c.vram_budget);
+  engine = std::make_unique<Engine>(cur_.model->spec(), *backend, c.n_ubatch);
+  engine->set_heat(cur_.heat->run());
+  base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked
+  base["backends"] = backend->name();
+}
+
+// A record per test: measured, or carrying the error that stopped it.
+void BenchRun::write_records(const Config& c, const json& base, const std::string& error, Engine* engine, Backend* backend) {
+  const int threads = c.threads_req > 0 ? c.threads_req : default_threads();
+  for (const Test& t : tests_) {
+    json rec = base;
+    rec["test"] = t.name();
+    rec["n_prompt"] = t.n_prompt;
+    rec["n_gen"] = t.n_gen;
+    rec["n_depth"] = t.n_depth;
+    rec["test_time"] = utc_now();
+    if (!error.empty()) {
+      rec["error"] = error;
+      out_.write(rec);
+      ++failures_;
+      continue;
+    }
+    if (log_) std::fprintf(log_, "coli-bench: %s %s t=%d ub=%d\n", c.model_path.c_str(), t.name().c_str(), threads, c.n_ubatch);
+    try {
+      measure(rec, t, *engine, *backend, cur_, c.n_ubatch, opt_);
+    } catch (const std::exception& e) {
+      rec["error"] = e.what();
+      ++failures_;
+    }
+    out_.write(rec);
+  }
+}
+
+void BenchRun::run(const Config& c) {
+  json base = base_record(c);
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+  std::string error;
+  try {
+    start(c, base, backend, engine);
+  } catch (const std::exception& e) {
+    error = e.what();
+    save_heat();
+    cur_ = Loaded{};
+  }
+  if (cur_.model) {
+    base["model_type"] = cur_.type;
+    base["model_size"] = static_cast<uint64_t>(cur_.bytes->total);
+    base["model_n_params"] = static_cast<uint64_t>(cur_.bytes->params);
+    base["model_fingerprint"] = cur_.fingerprint;
+  }
+  write_records(c, base, error, engine.get(), backend.get());
+  if (engine && cur_.heat) {
+    try {
+      engine->collect_heat();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "coli-bench: routing heat: %s\n", e.what());
+      ++failures_;
+    }
+  }
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& opt, const BackendFactory& make_backend, RecordWriter& out, std::FILE* log) {
+  BenchRun bench(opt, make_backend, out, log);
   for (const auto& model_path : opt.models)
     for (int threads_req : opt.threads)
       for (int n_batch : opt.n_batch)
         for (int n_ubatch : opt.n_ubatch)
-          for (uint64_t vram_budget : opt.vram_budget) {
-          const int threads = threads_req > 0 ? threads_req : default_threads();
-          json base = {{"build_commit", commit}, {"cpu_info", cpu}, {"gpu_info", ""}, {"backends", "CPU"}, {"model_filename", model_path},
-                       {"n_batch", n_batch}, {"n_ubatch", n_ubatch}, {"n_threads", threads}, {"repetitions", opt.repetitions}};
-          if (vram_budget) base["vram_budget_mb"] = static_cast<double>(vram_budget) / (1 << 20);
-          std::unique_ptr<Backend> backend;
-          std::unique_ptr<Engine> engine;
-          std::string error;
-          try {
-            if (cur.path != model_path || !cur.model) {
-              save_heat();
-              cur = Loaded{};
-              LoadedModel lm = load_model(model_path, opt.mirror);
-              cur.mirror = lm.mirror, cur.model = std::move(lm.model);
-              if (log && cur.mirror) std::fprintf(log, "coli-bench: %s: weights from mirror %s\n", model_path.c_str(), cur.mirror->name().c_str());
-              cur.path = model_path;
-              cur.bytes = std::make_unique<WeightBytes>(*cur.model);
-              const uint64_t fp = model_fingerprint(model_path);
-              cur.fingerprint = hex64(fp);
-              cur.heat = std::make_unique<HeatRecorder>(opt.heat_path ? opt.heat_path(fp) : std::string(), fp, cur.model->spec());
-              const auto& e0 = cur.model->layer(0).moe.experts[0].gate;
-              cur.type = "qwen3_5_moe " + std::to_string(cur.model->spec().num_layers) + "L " + format_name(e0.format);
-              if (!opt.prompt_file.empty()) {
-                auto tok = Tokenizer::load(model_path);
-                check_tokenizer_matches(*tok, model_path, cur.model->spec().vocab_size, model_path);
-                cur.text_ids = tok->encode(read_text_file(opt.prompt_file));
-                if (cur.text_ids.empty()) throw Error(opt.prompt_file + ": no tokens");
-              }
-            }
-            if (n_ubatch < 1) throw Error("n_ubatch must be >= 1");
-            backend = make_backend(*cur.model, cur.mirror.get(), threads_req, vram_budget);
-            engine = std::make_unique<Engine>(cur.model->spec(), *backend, n_ubatch);
-            engine->set_heat(cur.heat->run());
-            base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked
-            base["backends"] = backend->name();
-          } catch (const std::exception& e) {
-            error = e.what();
-            save_heat();
-            cur = Loaded{};
-          }
-          if (cur.model) {
-            base["model_type"] = cur.type;
-            base["model_size"] = static_cast<uint64_t>(cur.bytes->total);
-            base["model_n_params"] = static_cast<uint64_t>(cur.bytes->params);
-            base["model_fingerprint"] = cur.fingerprint;
-          }
-          for (const Test& t : tests) {
-            json rec = base;
-            rec["test"] = t.name();
-            rec["n_prompt"] = t.n_prompt;
-            rec["n_gen"] = t.n_gen;
-            rec["n_depth"] = t.n_depth;
-            {
-              const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-              char ts[32];
-              std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-              rec["test_time"] = ts;
-            }
-            if (!error.empty()) {
-              rec["error"] = error;
-              out.write(rec);
-              ++failures;
-              continue;
-            }
-            if (log) std::fprintf(log, "coli-bench: %s %s t=%d ub=%d\n", model_path.c_str(), t.name().c_str(), threads, n_ubatch);
-            try {
-              const int max_pos = cur.model->spec().max_position_embeddings;
-              if (max_pos > 0 && int64_t(t.n_depth) + t.n_prompt + t.n_gen > max_pos)
-                throw Error("depth " + std::to_string(t.n_depth) + " + prompt " + std::to_string(t.n_prompt) + " + generation " + std::to_string(t.n_gen) +
-                            " tokens exceed the model's context of " + std::to_string(max_pos) + " (max_position_embeddings)");
-              const int V = cur.model->spec().vocab_size;
-              std::mt19937_64 rng(opt.seed);
-              auto ids = [&](int n) {
-                std::vector<int> v(n);
-                for (int i = 0; i < n; ++i)
-                  v[i] = cur.text_ids.empty() ? static_cast<int>(rng() % V) : cur.text_ids[i % cur.text_ids.size()];
-                return v;
-              };
-              const std::vector<int> depth_ids = ids(t.n_depth), prompt_ids = ids(t.n_prompt), gen_ids = ids(t.n_gen);
-              std::vector<double> samples_ns, samples_ts, ttft, latencies;
-              double expert_bytes = 0, tokens_for_bytes = 0;
-              StageTimes stages{};
-              // The expert tier's counters over the timed parts only (not depth, not warm-up).
-              long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0;
-              double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0;
-              const bool tiered = backend->tier_stats().tiered;
-              for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) {
-                Session s = engine->new_session();
-                if (t.n_depth) engine->forward(s, depth_ids);
-                const bool timed = rep >= 0;
-                engine->stage_times() = StageTimes{};
-                engine->set_timing(timed);
-                // Routed experts used per token (unique per forward call) for the bytes estimate.
-                std::vector<std::vector<char>> used;
-                double call_expert_bytes = 0;
-                auto observe = [&](int layer, int T, const int* idx, const float*) {
-                  if (!timed) return;
-                  if (used.size() <= static_cast<std::size_t>(layer)) used.resize(layer + 1);
-                  used[layer].assign(cur.bytes->experts[layer].size(), 0);
-                  for (int i = 0; i < T * cur.model->spec().num_experts_per_tok; ++i)
-                    if (!used[layer][idx[i]]) {
-                      used[layer][idx[i]] = 1;
-                      call_expert_bytes += cur.bytes->experts[layer][idx[i]];
-                    }
-                };
-                // A backend that runs whole chunks on its device does not hand the
-                // routing back: count min(E, T*K) experts of average size per layer
-                // (exact for a decode token, whose top-k are distinct; for a prompt
-                // chunk nearly every expert is hit anyway).
-                const bool observable = !backend->runs_whole_chunks();
-                auto estimate = [&](int T) {
-                  if (!timed) return;
-                  const double picks = double(T) * cur.model->spec().num_experts_per_tok;
-                  for (std::size_t l = 0; l < cur.bytes->experts.size(); ++l)
-                    call_expert_bytes += std::min<double>(cur.bytes->experts[l].size(), picks) * cur.bytes->expert_mean[l];
-                };
-                auto run_forward = [&](std::span<const int> tokens) {
-                  if (observable) return engine->forward(s, tokens, observe);
-                  auto l = engine->forward(s, tokens);
-                  for (std::size_t i = 0; i < tokens.size(); i += n_ubatch) estimate(static_cast<int>(std::min<std::size_t>(n_ubatch, tokens.size() - i)));
-                  return l;
-                };
-                const TierStats tier0 = tiered && timed ? backend->tier_stats() : TierStats{};
-                const auto t0 = clock_type::now();
-                if (t.n_prompt) {
-                  run_forward(prompt_ids);
-                  if (timed) ttft.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-                }
-                for (int i = 0; i < t.n_gen; ++i) {
-                  const auto s0 = clock_type::now();
-                  run_forward(std::span<const int>(&gen_ids[i], 1));
-                  const double dt = std::chrono::duration<double>(clock_type::now() - s0).count();
-                  if (timed) {
-                    latencies.push_back(dt);
-                    if (!t.n_prompt && i == 0) ttft.push_back(dt);
-                  }
-                }
-                const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
-                engine->set_timing(false);
-                if (!timed) continue;
-                if (tiered) {
-                  const TierStats tier1 = backend->tier_stats();
-                  tier_pairs += tier1.pairs - tier0.pairs, tier_misses += tier1.misses - tier0.misses;
-                  tier_pcie += tier1.pcie_misses - tier0.pcie_misses;
-                  tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
-                  tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
-                  tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes) + double(tier1.prefill_upload_bytes - tier0.prefill_upload_bytes);
-                  tier_gpu_ms += tier1.device_experts_ms - tier0.device_experts_ms;
-                }
-                const int n_tok = t.n_prompt + t.n_gen;
-                samples_ns.push_back(secs * 1e9);
-                samples_ts.push_back(n_tok / secs);
-                const StageTimes& st = engine->stage_times();
-                stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
-                stages.experts += st.experts, stages.combine += st.combine, stages.lm_head += st.lm_head;
-                expert_bytes += call_expert_bytes;
-                tokens_for_bytes += n_tok;
-              }
-              const double reps = std::max(1, opt.repetitions);
-              rec["avg_ns"] = static_cast<uint64_t>(mean(samples_ns));
-              rec["stddev_ns"] = static_cast<uint64_t>(stddev(samples_ns));
-              rec["avg_ts"] = mean(samples_ts);
-              rec["stddev_ts"] = stddev(samples_ts);
-              json sn = json::array(), sts = json::array();
-              for (double x : samples_ns) sn.push_back(static_cast<uint64_t>(x));
-              for (double x : samples_ts) sts.push_back(x);
-              rec["samples_ns"] = sn;
-              rec["samples_ts"] = sts;
-              rec["ttft_ms"] = mean(ttft) * 1e3;
-              if (!latencies.empty()) {
-                rec["latency_p50_ms"] = percentile(latencies, 0.50) * 1e3;
-                rec["latency_p90_ms"] = percentile(latencies, 0.90) * 1e3;
-                rec["latency_p99_ms"] = percentile(latencies, 0.99) * 1e3;
-              }
-              rec["peak_ram_mb"] = peak_rss_mb();
-              // Weights read per token: trunk and lm_head once per forward row
-              // (decode: every token; prefill: once per chunk), experts as used.
-              const double calls = t.n_gen + (t.n_prompt ? std::ceil(double(t.n_prompt) / n_ubatch) : 0);
-              rec["bytes_read_per_token"] = (expert_bytes + reps * calls * (cur.bytes->per_token_fixed + cur.bytes->lm_head)) / tokens_for_bytes;
-              rec["bytes_uploaded_per_token"] = 0;
-              rec["t_trunk_ms"] = (stages.trunk + stages.embed) / reps * 1e3;
-              rec["t_router_ms"] = stages.router / reps * 1e3;
-              rec["t_cpu_experts_ms"] = stages.experts / reps * 1e3;
-              rec["t_gpu_experts_ms"] = 0;
-              rec["t_shared_ms"] = stages.shared / reps * 1e3;
-              rec["t_combine_ms"] = stages.combine / reps * 1e3;
-              rec["t_lm_head_ms"] = stages.lm_head / reps * 1e3;
-              rec["t_upload_ms"] = 0;
-              rec["t_wait_ms"] = 0;
-              if (tiered) {
-                const TierStats ts = backend->tier_stats();
-                rec["peak_vram_mb"] = static_cast<double>(ts.vram_peak) / (1 << 20);
-                rec["tier_resident"] = ts.experts ? double(ts.resident) / double(ts.experts) : 1.0;
-                rec["tier_hit_rate"] = tier_pairs ? 1.0 - double(tier_misses) / double(tier_pairs) : 1.0;
-                rec["tier_pcie_read"] = ts.pcie_read_share;
-                rec["tier_pcie_pairs"] = tier_pairs ? double(tier_pcie) / double(tier_pairs) : 0.0;
-                rec["host_bytes_per_token"] = tier_host_bytes / tokens_for_bytes;
-                rec["bytes_uploaded_per_token"] = tier_swap_bytes / tokens_for_bytes;  // the tier's swaps and prompt uploads
-                rec["t_cpu_experts_ms"] = tier_host_ms / reps;
-                rec["t_wait_ms"] = tier_wait_ms / reps;
-                rec["t_gpu_experts_ms"] = tier_gpu_ms / reps;  // the layers with a handoff
-              }
-            } catch (const std::exception& e) {
-              rec["error"] = e.what();
-              ++failures;
-            }
-            out.write(rec);
-          }
-          if (engine && cur.heat) {
-            try {
-              engine->collect_heat();
-            } catch (const std::exception& e) {
-              std::fprintf(stderr, "coli-bench: routing heat: %s\n", e.what());
-              ++failures;
-            }
-          }
-        }
-  save_heat();
-  return failures;
+          for (uint64_t vram_budget : opt.vram_budget) bench.run({model_path, threads_req, n_batch, n_ubatch, vram_budget});
+  bench.save_heat();
+  return bench.failures();
 }
 
 }  // namespace coli

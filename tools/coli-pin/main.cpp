@@ -23,6 +23,8 @@
 #include <optional>
 #include <thread>
 
+#include "common/heat_flag.h"
+#include "common/run_flags.h"
 #include "device_twin.h"
 #include "formats/container.h"
 #include "mirror/mirror.h"
@@ -116,11 +118,10 @@ struct LoadProgress {
 
 // The routed experts' heat that orders them under --budget: --heat FILE,
 // else the file coli-run keeps for this model when there is one.
-std::vector<uint64_t> heat_counts(const po::variables_map& vm, const coli::Container& c, const std::string& path) {
-  const std::string flag = vm.count("heat") ? vm["heat"].as<std::string>() : "";
-  const std::string file = coli::heat_path_for(flag, c.fingerprint(), std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"));
+std::vector<uint64_t> heat_counts(const po::variables_map& vm, const coli::cli::HeatFlag& flag, const coli::Container& c, const std::string& path) {
+  const std::string file = flag.path(c.fingerprint());
   std::error_code ec;
-  if (file.empty() || (flag.empty() && !fs::exists(file, ec))) return {};
+  if (file.empty() || (!flag.given() && !fs::exists(file, ec))) return {};
   const coli::ModelSpec spec = coli::parse_model_spec(c.config_json(), path);
   const coli::Heat h = coli::load_heat(file, c.fingerprint(), spec.num_layers, spec.num_experts);
   if (vm.count("budget")) std::fprintf(stderr, "coli-pin: hottest experts first, by %s (%llu tokens)\n", file.c_str(), (unsigned long long)h.tokens());
@@ -259,10 +260,9 @@ int cmd_start(int argc, char** argv) {
       ("trunk", po::bool_switch(), "hold the non-expert tensors too (they count against --budget)")
       ("plan", po::value<std::string>(), "hold the experts a coli-place plan puts in VRAM or RAM (man coli-plan); without --budget, exactly those")
       ("gpu", po::bool_switch(), "also keep a copy of the blobs on GPU 0, which runs on that GPU read in place (CUDA IPC) instead of uploading")
-      ("group", po::bool_switch(), "mode 0660 (the owner's group may attach) instead of 0600")
-      ("heat", po::value<std::string>(), "routing heat that orders the experts under --budget ('none': container order; default: "
-                                          "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt when it exists)")
-      ("foreground", po::bool_switch(), "stay in the foreground (systemd Type=simple) instead of detaching");
+      ("group", po::bool_switch(), "mode 0660 (the owner's group may attach) instead of 0600");
+  coli::cli::add_flags(opts, coli::cli::Tool::kPin, {coli::cli::Flag::kHeat});
+  opts.add_options()("foreground", po::bool_switch(), "stay in the foreground (systemd Type=simple) instead of detaching");
   auto vm = coli::parse_options(argc, argv, opts, {});
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << opts << "\nStops on SIGTERM, SIGINT or SIGHUP, removing the segment (coli-pin stop sends SIGTERM).\n";
@@ -275,10 +275,10 @@ int cmd_start(int argc, char** argv) {
   o.trunk = vm["trunk"].as<bool>();
   o.group = vm["group"].as<bool>();
   const bool gpu = vm["gpu"].as<bool>();
-  if (vm.count("heat") && vm["heat"].as<std::string>().empty()) throw coli::UsageError("--heat needs a FILE or 'none'");
+  const coli::cli::HeatFlag heat = coli::cli::HeatFlag::from(vm);
   const std::string path = container_path(vm["model"].as<std::string>());
   const coli::Container c(path);
-  o.heat = heat_counts(vm, c, path);
+  o.heat = heat_counts(vm, heat, c, path);
   if (vm.count("plan") && vm.count("heat")) throw coli::UsageError("--plan and --heat both order the experts: give one");
   if (vm.count("plan")) {
     // The plan's VRAM and RAM experts first (VRAM's hottest of all), and

@@ -1,9 +1,9 @@
 // coli-place: routing heat, the machine's rates, and the residency plan
 // (which experts live in VRAM, in the coli-pin mirror, on disk). Thin: the
 // planner and its cost model are libcore/placement (planner.h), the plan
-// file plan.h, the rates file machine_rates.h, the host probe libcpu.
-#include <unistd.h>
-
+// file plan.h, the rates file machine_rates.h, the host probe libcpu, the
+// planner's inputs from the flags tools/common/run_plan.h (coli-run --plan
+// auto takes them from there too).
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -13,27 +13,29 @@
 #include <string>
 #include <vector>
 
+#include "common/heat_flag.h"
+#include "common/run_flags.h"
+#include "common/run_options.h"
+#include "common/run_plan.h"
 #include "copy_probe.h"
 #include "cpu_backend.h"
 #include "cuda_backend.h"
 #include "cuda_device.h"
+#include "engine/engine.h"
 #include "formats/container.h"
 #include "host_probe.h"
-#include "mirror/mirror.h"
-#include "mirror/mirror_load.h"
 #include "model/model_spec.h"
 #include "model/weights.h"
 #include "parse_options.h"
-#include "engine/engine.h"
 #include "placement/heat.h"
 #include "placement/heat_recorder.h"
 #include "placement/machine_rates.h"
 #include "placement/plan.h"
 #include "placement/plan_inputs.h"
 #include "placement/planner.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/io.h"
-#include "tokenizer/tokenizer.h"
 #include "util/parse.h"
 #include "util/progress.h"
 #include "util/tool_main.h"
@@ -67,53 +69,9 @@ uint64_t available_ram() {
   return uint64_t(kb) * 1024;
 }
 
-std::string host_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) return "";
-  return host;
-}
-
 // The rates cache of this machine: $XDG_CACHE_HOME/coli/rates-HOST[-FORMAT].txt.
 std::string default_rates_path(const std::string& format = "") {
-  return coli::default_rates_path(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host_name(), format);
-}
-
-// --rates FILE, else this machine's cache for the experts' format (or any
-// format) when coli-place probe wrote one, else the planner's defaults
-// (said on stderr: predictions then are rough).
-coli::MachineRates rates_of(const po::variables_map& vm, const std::string& format) {
-  if (vm.count("rates")) return coli::load_rates(vm["rates"].as<std::string>());
-  std::string from;
-  const coli::MachineRates r = coli::cached_rates_for(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host_name(), format, &from);
-  if (from.empty()) std::fprintf(stderr, "coli-place: no measured rates (run coli-place probe, or --rates FILE): predicting with defaults\n");
-  return r;
-}
-
-// --heat FILE, 'none', else the file coli-run keeps for this model, plus
-// the counters of a ready coli-pin mirror of it.
-coli::Heat heat_of(const po::variables_map& vm, const coli::Container& c, const coli::ModelSpec& s) {
-  const std::string flag = vm.count("heat") ? vm["heat"].as<std::string>() : "";
-  if (vm.count("heat") && flag.empty()) throw coli::UsageError("--heat needs a FILE or 'none'");
-  coli::Heat h(s.num_layers, s.num_experts);
-  if (flag == "none") return h;
-  const std::string file = coli::heat_path_for(flag, c.fingerprint(), std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"));
-  std::error_code ec;
-  if (!file.empty() && (!flag.empty() || fs::exists(file, ec))) h.merge(coli::load_heat(file, c.fingerprint(), s.num_layers, s.num_experts), 0);
-  if (flag.empty() && coli::mirror_status(coli::mirror_name(c.fingerprint())).state == "ready") {
-    try {
-      coli::MirrorAttachment m(coli::mirror_name(c.fingerprint()), c);
-      const std::vector<uint64_t> counts = m.heat();
-      uint64_t total = 0;
-      for (uint64_t v : counts) total += v;
-      coli::Heat mh(s.num_layers, s.num_experts);
-      mh.add_counts(counts);
-      mh.add_tokens(total / (uint64_t(s.num_layers) * s.num_experts_per_tok));
-      h.merge(mh, 0);
-    } catch (const coli::Error& e) {
-      std::fprintf(stderr, "coli-place: the mirror's heat is not used: %s\n", e.what());
-    }
-  }
-  return h;
+  return coli::default_rates_path(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), coli::cli::host_name(), format);
 }
 
 void print_needs(const coli::DeviceNeeds& d, uint64_t budget, uint64_t for_experts) {
@@ -164,37 +122,43 @@ Loaded load(const std::string& model) {
   return l;
 }
 
+// plan's and explain's: the model, and the planner's inputs besides the budgets.
 void common_options(po::options_description& o) {
-  o.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "coli container (or a directory holding model.coli)")
-      ("heat", po::value<std::string>(), "routing heat file ('none': even routing; default: the model's heat file and a ready mirror's counters)")
-      ("rates", po::value<std::string>(), "rates file (coli-place probe; default: this machine's cached probe)")
+  namespace cli = coli::cli;
+  o.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "coli container (or a directory holding model.coli)");
+  cli::add_flags(o, cli::Tool::kPlace, {cli::Flag::kHeat});
+  o.add_options()("rates", po::value<std::string>(), "rates file (coli-place probe; default: this machine's cached probe)")
       ("ctx", po::value<int>()->default_value(4096), "context tokens the KV cache is planned for")
       ("ubatch", po::value<int>()->default_value(512), "prefill chunk the activations are planned for")
-      ("chunks", po::value<std::string>()->default_value("512,1024,2048,4096"), "prefill chunk sizes the plan picks from, those up to --ubatch (whose activations the VRAM is planned for)")
-      ("prefill-upload", po::bool_switch(), "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM")
-      ("pcie-read", po::value<std::string>()->default_value("auto"), "the runs' --pcie-read: the GPU reads that share of a decode layer's RAM misses over PCIe (auto: 0.35, as coli-run with a coli-pin mirror; off)")
-      ("pcie-read-offset", po::value<double>()->default_value(2.0), "the runs' --pcie-read-offset");
+      ("chunks", po::value<std::string>()->default_value("512,1024,2048,4096"), "prefill chunk sizes the plan picks from, those up to --ubatch (whose activations the VRAM is planned for)");
+  cli::add_flags(o, cli::Tool::kPlace, {cli::Flag::kPrefillUpload, cli::Flag::kPcieRead, cli::Flag::kPcieReadOffset});
 }
 
+// --chunks: the prefill chunk sizes the plan picks from.
+std::vector<int> chunk_sizes(const po::variables_map& vm) {
+  std::vector<int> v = coli::parse_id_list(vm["chunks"].as<std::string>(), "--chunks");
+  for (int c : v)
+    if (c < 1 || c > (1 << 20)) throw coli::UsageError("--chunks: " + std::to_string(c) + " is not a chunk size (1 .. 1048576 tokens)");
+  return v;
+}
+
+// The planner's inputs as coli-run --plan auto takes them too
+// (tools/common/run_plan.h), from these flags and budgets.
 coli::PlannerInputs inputs(const po::variables_map& vm, const Loaded& l, uint64_t vram, uint64_t ram) {
   if (vm["ctx"].as<int>() < 1) throw coli::UsageError("--ctx must be at least 1");
   if (vm["ubatch"].as<int>() < 1) throw coli::UsageError("--ubatch must be at least 1");
-  coli::PlannerInputs in = coli::planner_inputs(*l.c, l.spec, vram, ram, vm["ctx"].as<int>(), vm["ubatch"].as<int>(), vm["prefill-upload"].as<bool>());
-  const coli::Heat h = heat_of(vm, *l.c, l.spec);
-  if (h.tokens() > 0) in.heat.assign(h.counts().begin(), h.counts().end()), in.heat_tokens = h.tokens();
-  in.rates = rates_of(vm, coli::expert_format_name(*l.c));
-  const double pcie = coli::parse_pcie_read(vm["pcie-read"].as<std::string>(), "--pcie-read");
-  in.pcie_read_share = coli::pcie_read_share(pcie, /*mirror=*/true, false);  // the RAM tier is the mirror the runs read
-  in.pcie_read_offset = coli::check_pcie_read_offset(vm["pcie-read-offset"].as<double>(), "--pcie-read-offset");
-  // Chunks up to --ubatch: the VRAM above holds that chunk's activations,
-  // not a larger one's.
-  const int ubatch = vm["ubatch"].as<int>();
-  in.chunks.clear();
-  for (int c : coli::parse_id_list(vm["chunks"].as<std::string>(), "--chunks")) {
-    if (c < 1 || c > (1 << 20)) throw coli::UsageError("--chunks: " + std::to_string(c) + " is not a chunk size (1 .. 1048576 tokens)");
-    if (c <= ubatch) in.chunks.push_back(c);
-  }
-  if (in.chunks.empty()) in.chunks.push_back(ubatch);
+  coli::cli::PlanRequest r;
+  r.vram_budget = vram, r.ram_budget = ram;
+  r.ctx = vm["ctx"].as<int>(), r.chunk = vm["ubatch"].as<int>(), r.chunks = chunk_sizes(vm);
+  r.prefill_upload = vm["prefill-upload"].as<bool>();
+  r.pcie_read = coli::parse_pcie_read(vm["pcie-read"].as<std::string>(), "--pcie-read");
+  r.pcie_read_offset = coli::check_pcie_read_offset(vm["pcie-read-offset"].as<double>(), "--pcie-read-offset");
+  r.heat = coli::cli::HeatFlag::from(vm);
+  if (vm.count("rates")) r.rates_file = vm["rates"].as<std::string>();
+  std::string rates_from;
+  coli::PlannerInputs in = coli::cli::plan_inputs(*l.c, l.spec, r, &rates_from);
+  // The planner's defaults are said: predictions then are rough.
+  if (rates_from.empty()) std::fprintf(stderr, "coli-place: no measured rates (run coli-place probe, or --rates FILE): predicting with defaults\n");
   return in;
 }
 
@@ -269,8 +233,7 @@ int cmd_heat(int argc, char** argv) {
   };
   if (vm.count("model")) {
     const Loaded l = load(vm["model"].as<std::string>());
-    po::variables_map none;
-    add(heat_of(none, *l.c, l.spec), l.c->fingerprint(), vm["model"].as<std::string>());
+    add(coli::cli::planning_heat(coli::cli::HeatFlag{}, *l.c, l.spec), l.c->fingerprint(), vm["model"].as<std::string>());
   }
   for (const std::string& f : files) {
     const coli::HeatFile hf = coli::parse_heat(coli::read_text_file(f), f);
@@ -285,61 +248,30 @@ int cmd_heat(int argc, char** argv) {
   return 0;
 }
 
-// Runs a prompt file through the model (one prompt per line) and merges the routing it measured into the model's
-// heat file: the heat a plan is made from, without waiting for real use.
-int cmd_calibrate(int argc, char** argv) {
-  po::options_description opts("calibrate options");
-  opts.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "coli container (or a directory holding model.coli)")
-      ("prompts", po::value<std::string>(), "text file of prompts, one per line")
-      ("tokenizer", po::value<std::string>(), "tokenizer.json or its directory (default: the one the container embeds)")
-      ("heat", po::value<std::string>(), "heat file to merge into (default: the model's, as coli-run keeps it)")
-      ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
-      ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
-      ("max-tokens", po::value<int>()->default_value(4096), "tokens of each prompt at most (longer ones are cut)");
-  auto vm = coli::parse_options(argc, argv, opts, {});
-  if (vm.count("help")) {
-    std::cout << kUsage << "\n" << opts << std::endl;
-    return 0;
-  }
-  if (!vm.count("model") || !vm.count("prompts")) throw coli::UsageError("--model and --prompts are required");
-  if (vm["threads"].as<int>() < 0) throw coli::UsageError("-t/--threads must be 0 (all cores) or more");
-  const int max_tokens = vm["max-tokens"].as<int>();
-  if (max_tokens < 1) throw coli::UsageError("--max-tokens must be at least 1");
-  const std::string device = vm["device"].as<std::string>();
-  if (device != "cpu" && device != "cuda" && device != "auto") throw coli::UsageError("--device must be cuda, cpu or auto, not '" + device + "'");
-  const std::string file = container_path(vm["model"].as<std::string>());
+// The prompts of a file, one per non-empty line.
+std::vector<std::string> read_prompts(const std::string& path) {
   std::vector<std::string> prompts;
-  {
-    const std::string text = coli::read_text_file(vm["prompts"].as<std::string>());
-    for (std::size_t at = 0; at < text.size();) {
-      const std::size_t nl = std::min(text.find('\n', at), text.size());
-      if (nl > at) prompts.push_back(text.substr(at, nl - at));
-      at = nl + 1;
-    }
+  const std::string text = coli::read_text_file(path);
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t nl = std::min(text.find('\n', at), text.size());
+    if (nl > at) prompts.push_back(text.substr(at, nl - at));
+    at = nl + 1;
   }
-  if (prompts.empty()) throw coli::Error(vm["prompts"].as<std::string>() + ": no prompt (one per line)");
-  auto model = coli::Model::load(file);
-  auto tok = coli::Tokenizer::load(vm.count("tokenizer") ? vm["tokenizer"].as<std::string>() : file);
-  const coli::ModelSpec& spec = model->spec();
-  const std::string heat_flag = vm.count("heat") ? vm["heat"].as<std::string>() : "";
-  if (vm.count("heat") && (heat_flag.empty() || heat_flag == "none")) throw coli::UsageError("--heat needs a FILE");
-  const uint64_t fp = coli::Container(file).fingerprint();
-  const std::string heat_path = coli::heat_path_for(heat_flag, fp, std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"));
-  if (heat_path.empty()) throw coli::UsageError("no heat file: give --heat FILE (neither XDG_CACHE_HOME nor HOME is set)");
-  coli::HeatRecorder heat(heat_path, fp, spec);
-  std::string why;
-  std::unique_ptr<coli::Backend> backend = coli::cuda::make_device_backend(device, *model, coli::cuda::CudaOptions{}, &why);
-  if (!backend) backend = std::make_unique<coli::cpu::CpuBackend>(*model, coli::cpu::CpuOptions{vm["threads"].as<int>(), true});
-  coli::Engine engine(spec, *backend, 512);
-  engine.set_heat(heat.run());
+  if (prompts.empty()) throw coli::Error(path + ": no prompt (one per line)");
+  return prompts;
+}
+
+// Each prompt (its first max_tokens tokens) forwarded once, the engine
+// counting the routing; returns the tokens run.
+uint64_t run_prompts(coli::Engine& engine, const coli::Tokenizer& tok, const std::vector<std::string>& prompts, int max_tokens, int vocab) {
   coli::Progress bar("calibrate", prompts.size(), coli::stderr_is_tty());
   uint64_t tokens = 0;
   for (const std::string& p : prompts) {
-    std::vector<int> ids = tok->encode(p);
+    std::vector<int> ids = tok.encode(p);
     if (ids.size() > std::size_t(max_tokens)) ids.resize(max_tokens);
     for (int id : ids)
-      if (id < 0 || id >= spec.vocab_size)
-        throw coli::Error("the tokenizer gives id " + std::to_string(id) + ", outside the model's vocabulary of " + std::to_string(spec.vocab_size) +
+      if (id < 0 || id >= vocab)
+        throw coli::Error("the tokenizer gives id " + std::to_string(id) + ", outside the model's vocabulary of " + std::to_string(vocab) +
                           ": not this model's tokenizer");
     if (!ids.empty()) {
       coli::Session s = engine.new_session();
@@ -349,6 +281,44 @@ int cmd_calibrate(int argc, char** argv) {
     bar.add(1);
   }
   bar.finish();
+  return tokens;
+}
+
+// Runs a prompt file through the model (one prompt per line) and merges the routing it measured into the model's
+// heat file: the heat a plan is made from, without waiting for real use.
+int cmd_calibrate(int argc, char** argv) {
+  namespace cli = coli::cli;
+  po::options_description opts("calibrate options");
+  opts.add_options()("help,h", "show this help")("model,m", po::value<std::string>(), "coli container (or a directory holding model.coli)")
+      ("prompts", po::value<std::string>(), "text file of prompts, one per line")
+      ("tokenizer", po::value<std::string>(), "tokenizer.json or its directory (default: the one the container embeds)");
+  cli::add_flags(opts, cli::Tool::kCalibrate, {cli::Flag::kHeat, cli::Flag::kDevice, cli::Flag::kThreads});
+  opts.add_options()("max-tokens", po::value<int>()->default_value(4096), "tokens of each prompt at most (longer ones are cut)");
+  auto vm = coli::parse_options(argc, argv, opts, {});
+  if (vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << std::endl;
+    return 0;
+  }
+  if (!vm.count("model") || !vm.count("prompts")) throw coli::UsageError("--model and --prompts are required");
+  if (vm["threads"].as<int>() < 0) throw coli::UsageError("-t/--threads must be 0 (all cores) or more");
+  const int max_tokens = vm["max-tokens"].as<int>();
+  if (max_tokens < 1) throw coli::UsageError("--max-tokens must be at least 1");
+  const std::string device = cli::device_of(vm);
+  const cli::HeatFlag heat_flag = cli::HeatFlag::from(vm, /*none_ok=*/false);
+  const std::string file = container_path(vm["model"].as<std::string>());
+  const std::vector<std::string> prompts = read_prompts(vm["prompts"].as<std::string>());
+  auto model = coli::Model::load(file);
+  auto tok = coli::Tokenizer::load(vm.count("tokenizer") ? vm["tokenizer"].as<std::string>() : file);
+  const coli::ModelSpec& spec = model->spec();
+  const uint64_t fp = coli::Container(file).fingerprint();
+  const std::string heat_path = heat_flag.path(fp);
+  if (heat_path.empty()) throw coli::UsageError("no heat file: give --heat FILE (neither XDG_CACHE_HOME nor HOME is set)");
+  coli::HeatRecorder heat(heat_path, fp, spec);
+  std::string why;
+  const auto backend = cli::make_backend(device, *model, coli::cuda::CudaOptions{}, coli::cpu::CpuOptions{vm["threads"].as<int>(), true}, &why);
+  coli::Engine engine(spec, *backend, 512);
+  engine.set_heat(heat.run());
+  const uint64_t tokens = run_prompts(engine, *tok, prompts, max_tokens, spec.vocab_size);
   engine.collect_heat();
   heat.save();
   std::fprintf(stderr, "coli-place: %zu prompts, %llu tokens on %s: routing merged into %s\n", prompts.size(), (unsigned long long)tokens,

@@ -1,4 +1,5 @@
-// coli-run: generate from a model. Thin: parses flags, wires libcore.
+// coli-run: generate from a model. Thin: parses flags, wires libcore; the
+// model/device/tier flags are tools/common's (run_flags.h, run_options.h).
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
@@ -6,14 +7,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "common/heat_flag.h"
+#include "common/run_flags.h"
+#include "common/run_options.h"
+#include "common/run_plan.h"
 #include "cpu_backend.h"
-#include "cpu_expert_host.h"
 #include "cuda_backend.h"
 #include "cuda_device.h"
 #include "engine/chat_session.h"
@@ -22,19 +27,16 @@
 #include "env_options.h"
 #include "mirror/mirror_load.h"
 #include "model/fingerprint.h"
-#include "placement/machine_rates.h"
-#include "placement/plan.h"
-#include "placement/plan_apply.h"
-#include "placement/plan_inputs.h"
-#include "placement/planner.h"
 #include "model/weights.h"
 #include "placement/heat_recorder.h"
+#include "placement/plan.h"
+#include "placement/plan_apply.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
-#include "util/tool_main.h"
 #include "util/io.h"
 #include "util/parse.h"
+#include "util/tool_main.h"
 
 namespace po = boost::program_options;
 
@@ -179,8 +181,12 @@ int tokenizer_only(const Flags& f) {
   return 0;
 }
 
-int run(int argc, char** argv) {
-  const auto t_start = std::chrono::steady_clock::now();
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+po::options_description options() {
+  namespace cli = coli::cli;
   po::options_description opts("options");
   opts.add_options()
       ("help,h", "show this help and exit")
@@ -208,25 +214,17 @@ int run(int argc, char** argv) {
       ("json", po::bool_switch(), "one JSON object per generated token")
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
-      ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk")
-      ("vram-budget", po::value<std::string>(), "GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time")
-      ("mirror", po::value<std::string>()->default_value("auto"), "weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME")
-      ("plan", po::value<std::string>(), "FILE|auto: a coli-place plan (man coli-plan): its VRAM and RAM experts are read into memory ahead of use; "
-                                          "with --vram-budget the tier starts with its VRAM experts and its prefill chunk is the default "
-                                          "(auto: planned at start from the budget, the heat and this machine's rates)")
-      ("decode-upload", po::value<int>()->default_value(0), "with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)")
-      ("pcie-read", po::value<std::string>()->default_value("auto"), "with --vram-budget and a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place while the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)")
-      ("pcie-read-offset", po::value<double>()->default_value(2.0), "the CPU's fixed cost of a layer in experts, for --pcie-read's split")
-      ("prefill-upload", po::bool_switch(), "with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU")
-      ("no-swap", po::bool_switch(), "with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)")
-      ("device", po::value<std::string>()->default_value("auto"), "cuda, cpu or auto (the GPU when one is usable and the model fits)")
-      ("threads,t", po::value<int>()->default_value(0), "CPU threads (0: all cores)")
-      ("reference", po::bool_switch(), "use the single-threaded scalar reference backend")
-      ("heat", po::value<std::string>(), "routing heat file, read at start and merged into at exit ('none': off; default: "
-                                          "$XDG_CACHE_HOME/coli/heat-FINGERPRINT.txt)")
+      ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk");
+  cli::add_flags(opts, cli::Tool::kRun, cli::kTierFlags);
+  cli::add_flags(opts, cli::Tool::kRun, {cli::Flag::kDevice, cli::Flag::kThreads, cli::Flag::kReference, cli::Flag::kHeat});
+  opts.add_options()
       ("verbose,v", po::bool_switch(), "log to stderr why the GPU is not used, and other details")
       ("tokenize", po::bool_switch(), "print the ids of the text on stdin (or of --messages) and exit")
       ("detokenize", po::bool_switch(), "print the text of the ids on stdin and exit");
+  return opts;
+}
+
+Flags parse_flags(int argc, char** argv, const po::options_description& opts) {
   Flags f;
   try {
     po::store(po::command_line_parser(argc, argv).options(opts).run(), f.vm);
@@ -234,213 +232,220 @@ int run(int argc, char** argv) {
   } catch (const po::error& e) {
     throw coli::UsageError(e.what());
   }
-  if (f.vm.count("help")) {
-    std::cout << kUsage << "\n" << opts << std::endl;
-    return 0;
-  }
+  return f;
+}
+
+// One prompt source, one thinking mode, one of --tokenize and --detokenize.
+void check_prompt_flags(const Flags& f) {
   const int sources = f.has("prompt") + f.has("prompt-file") + f.has("prompt-ids") + f.has("messages") + f.get<bool>("interactive");
   if (sources > 1 && !(f.has("messages") && f.get<bool>("interactive"))) throw coli::UsageError("give one of --prompt, --prompt-file, --prompt-ids, --messages, -i");
   if (f.get<bool>("think") && f.get<bool>("no-think")) throw coli::UsageError("--think and --no-think exclude each other");
-  if (f.get<bool>("tokenize") || f.get<bool>("detokenize")) {
-    if (f.get<bool>("tokenize") && f.get<bool>("detokenize")) throw coli::UsageError("--tokenize and --detokenize exclude each other");
-    return tokenizer_only(f);
-  }
+  if (f.get<bool>("tokenize") && f.get<bool>("detokenize")) throw coli::UsageError("--tokenize and --detokenize exclude each other");
+}
+
+// A generation's command line, checked before any file is read (usage errors first).
+struct Job {
+  Flags f;
+  std::string model;
+  coli::GenerateOptions go;
+  coli::cli::RunFlags run;  // the model/device/tier flags (tools/common/run_flags.h)
+  std::vector<int> prompt;  // --prompt-ids
+  bool chat = false, verbose = false;
+  int threads = 0;
+};
+
+Job checked_job(Flags f) {
   if (!f.has("model")) throw coli::UsageError("--model is required");
   if (f.get<int>("prefill-chunk") < 1) throw coli::UsageError("--prefill-chunk must be at least 1");
-  coli::check_thread_count(f.get<int>("threads"), "-t/--threads");
-  coli::GenerateOptions go = generate_options(f);
-  const bool chat = f.has("messages") || f.has("system") || f.get<bool>("chat") || f.get<bool>("interactive");
-  if (chat && f.has("prompt-ids")) throw coli::UsageError("--prompt-ids cannot be combined with chat options");
+  Job j;
+  j.threads = coli::check_thread_count(f.get<int>("threads"), "-t/--threads");
+  j.go = generate_options(f);
+  j.chat = f.has("messages") || f.has("system") || f.get<bool>("chat") || f.get<bool>("interactive");
+  if (j.chat && f.has("prompt-ids")) throw coli::UsageError("--prompt-ids cannot be combined with chat options");
+  j.run = coli::cli::read_run_flags(f.vm, coli::cli::Tool::kRun);
+  if (f.has("prompt-ids")) j.prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
+  j.model = f.get<std::string>("model");
+  j.verbose = f.get<bool>("verbose");
+  j.f = std::move(f);
+  return j;
+}
 
-  coli::check_mirror_flag(f.get<std::string>("mirror"));
-  if (f.has("plan") && f.get<std::string>("plan") == "auto" && !f.has("vram-budget")) throw coli::UsageError("--plan auto plans for a --vram-budget: give one");
-  std::vector<int> prompt;  // parsed before any file is read: usage errors first
-  if (f.has("prompt-ids")) prompt = coli::parse_id_list(f.get<std::string>("prompt-ids"), "--prompt-ids");
-  // The GPU's context (0.1-0.25 s) is made while the tokenizer and the weights load.
-  const bool may_use_gpu = !f.get<bool>("reference") && f.get<std::string>("device") != "cpu";
-  std::jthread context_maker;
-  if (may_use_gpu) context_maker = std::jthread([] { coli::cuda::prepare_device(0); });
-  auto tok = load_tokenizer(f, !f.has("prompt-ids"));
-  // The weights: from a coli-pin mirror when one is ready (--mirror), else the container.
-  const std::string mirror_flag = f.get<std::string>("mirror");
-  const auto t_load = std::chrono::steady_clock::now();
-  coli::LoadedModel loaded = coli::load_model(f.get<std::string>("model"), mirror_flag);
-  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
-  std::unique_ptr<coli::Model>& model = loaded.model;
-  if (tok) coli::check_tokenizer_matches(*tok, f.has("tokenizer") ? f.get<std::string>("tokenizer") : f.get<std::string>("model"), model->spec().vocab_size,
-                                         f.get<std::string>("model"));
-  const int max_pos = model->spec().max_position_embeddings;
-  if (go.n_ctx == 0) go.n_ctx = max_pos;
-  else if (max_pos > 0 && go.n_ctx > max_pos)
-    std::fprintf(stderr, "coli-run: warning: --ctx-size %d exceeds the model's max_position_embeddings %d\n", go.n_ctx, max_pos);
-  const bool verbose = f.get<bool>("verbose");
-  if (verbose && loaded.mirror)
-    std::fprintf(stderr, "coli-run: mirror %s: %llu expert and %llu trunk blobs served from shared memory\n", loaded.mirror->name().c_str(),
-                 static_cast<unsigned long long>(loaded.mirror->header().expert_blobs), static_cast<unsigned long long>(loaded.mirror->header().trunk_blobs));
-  else if (verbose && !loaded.note.empty())
-    std::fprintf(stderr, "coli-run: no mirror used (%s)\n", loaded.note.c_str());
+struct Loaded {
+  std::unique_ptr<coli::Tokenizer> tok;
+  coli::LoadedModel lm;
+  double load_ms = 0;
+  const coli::Model& model() const { return *lm.model; }
+};
 
-  // Routing heat (--heat): every token counted, merged into the file at exit.
-  const std::string heat_flag = f.has("heat") ? f.get<std::string>("heat") : "";
-  if (f.has("heat") && heat_flag.empty()) throw coli::UsageError("--heat needs a FILE or 'none'");
-  const uint64_t fingerprint = heat_flag == "none" ? 0 : coli::model_fingerprint(f.get<std::string>("model"));
-  coli::HeatRecorder heat(coli::heat_path_for(heat_flag, fingerprint, std::getenv("XDG_CACHE_HOME"), std::getenv("HOME")), fingerprint, model->spec());
-  if (verbose && heat.on())
+// The tokenizer and the weights: from a coli-pin mirror when one is ready
+// (--mirror), else the container. Fixes the context the model allows.
+Loaded load(Job& j) {
+  Loaded l;
+  l.tok = load_tokenizer(j.f, !j.f.has("prompt-ids"));
+  const auto t_load = Clock::now();
+  l.lm = coli::load_model(j.model, j.run.mirror);
+  l.load_ms = ms_since(t_load);
+  const coli::ModelSpec& spec = l.model().spec();
+  if (l.tok) coli::check_tokenizer_matches(*l.tok, j.f.has("tokenizer") ? j.f.get<std::string>("tokenizer") : j.model, spec.vocab_size, j.model);
+  const int max_pos = spec.max_position_embeddings;
+  if (j.go.n_ctx == 0) j.go.n_ctx = max_pos;
+  else if (max_pos > 0 && j.go.n_ctx > max_pos)
+    std::fprintf(stderr, "coli-run: warning: --ctx-size %d exceeds the model's max_position_embeddings %d\n", j.go.n_ctx, max_pos);
+  const coli::MirrorAttachment* m = l.lm.mirror.get();
+  if (j.verbose && m)
+    std::fprintf(stderr, "coli-run: mirror %s: %llu expert and %llu trunk blobs served from shared memory\n", m->name().c_str(),
+                 static_cast<unsigned long long>(m->header().expert_blobs), static_cast<unsigned long long>(m->header().trunk_blobs));
+  else if (j.verbose && !l.lm.note.empty())
+    std::fprintf(stderr, "coli-run: no mirror used (%s)\n", l.lm.note.c_str());
+  return l;
+}
+
+// Routing heat (--heat): every token counted, merged into the file at exit.
+coli::HeatRecorder open_heat(const Job& j, const coli::Model& model) {
+  const uint64_t fingerprint = j.run.heat.none() ? 0 : coli::model_fingerprint(j.model);
+  coli::HeatRecorder heat(j.run.heat.path(fingerprint), fingerprint, model.spec());
+  if (j.verbose && heat.on())
     std::fprintf(stderr, "coli-run: routing heat: %s (%llu tokens before this run)\n", heat.path().c_str(),
                  static_cast<unsigned long long>(heat.previous().tokens()));
-  // A plan's RAM part: its VRAM and RAM experts asked into memory ahead of
-  // use (the tier part follows under --vram-budget below).
-  std::optional<coli::Plan> file_plan;  // --plan FILE, read once
-  if (f.has("plan") && f.get<std::string>("plan") != "auto") {
-    const coli::ModelSpec& ms = model->spec();
-    file_plan = coli::load_plan(f.get<std::string>("plan"), coli::model_fingerprint(f.get<std::string>("model")), ms.num_layers, ms.num_experts);
-    const uint64_t advised = coli::advise_plan_ram(*model, *file_plan);
-    if (verbose) std::fprintf(stderr, "coli-run: plan %s: %.1f GB of experts asked into memory\n", f.get<std::string>("plan").c_str(), advised / 1e9);
-  }
-  std::string why;
-  const std::string device = f.get<bool>("reference") ? "cpu" : f.get<std::string>("device");
-  coli::cuda::CudaOptions co = coli::apply_environment();  // COLI_* variables (env_options.h); flags set below win
-  int plan_chunk = f.get<int>("prefill-chunk");  // a plan's prefill chunk replaces the default
-  bool pcie_read_asked = false;                  // --pcie-read SHARE given (auto says nothing when it cannot)
-  co.max_chunk = plan_chunk;
-  if (f.has("vram-budget")) {
-    // The expert tier: what the budget leaves after the trunk, the KV cache
-    // and the activations holds the hottest experts; the CPU computes the
-    // others while the GPU computes the rest.
-    co.vram_budget = coli::parse_size(f.get<std::string>("vram-budget"), "--vram-budget");
-    if (co.vram_budget == 0) throw coli::UsageError("--vram-budget must be more than 0");
-    co.n_ctx = f.has("ctx-size") ? go.n_ctx : std::min(go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
-    co.swap = !f.get<bool>("no-swap");
-    co.decode_upload_max = f.get<int>("decode-upload");
-    if (co.decode_upload_max < 0) throw coli::UsageError("--decode-upload must be >= 0");
-    const double pcie_read = coli::parse_pcie_read(f.get<std::string>("pcie-read"), "--pcie-read");
-    pcie_read_asked = pcie_read > 0;
-    // auto: with a mirror (registered at the start: 0.08 s per GB), unless --decode-upload takes the misses.
-    co.pcie_read_share = coli::pcie_read_share(pcie_read, loaded.mirror != nullptr, co.decode_upload_max > 0);
-    co.pcie_read_offset = coli::check_pcie_read_offset(f.get<double>("pcie-read-offset"), "--pcie-read-offset");
-    co.prefill_upload = f.get<bool>("prefill-upload");
-    if (device != "cpu" && coli::cuda::device_count() > 0) co.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*model, f.get<int>("threads"));
-    // The tier starts with the experts earlier runs routed to most.
-    if (heat.on() && heat.previous().tokens() > 0) co.heat.assign(heat.previous().counts().begin(), heat.previous().counts().end());
-    else if (loaded.mirror) co.heat = loaded.mirror->heat();  // what the runs on this mirror routed to
-    // A plan (coli-place) names the tier's experts: they come first.
-    if (f.has("plan")) {
-      const coli::ModelSpec& ms = model->spec();
-      const std::string plan_flag = f.get<std::string>("plan");
-      coli::Plan plan;
-      if (plan_flag == "auto") {  // planned here: this budget, the heat above, this machine's cached rates
-        std::string file = coli::container_file_of(f.get<std::string>("model"));
-        if (file.empty()) throw coli::UsageError("--plan auto needs a coli container (a checkpoint directory has no expert blobs to place)");
-        const coli::Container pc(file);
-        coli::PlannerInputs in = coli::planner_inputs(pc, ms, co.vram_budget, 0, co.n_ctx, plan_chunk, co.prefill_upload);
-        in.ram_bytes = uint64_t(ms.num_layers) * ms.num_experts * in.expert_bytes;  // coli-run reads the others from RAM or disk alike
-        in.heat = co.heat;
-        in.chunks = {plan_chunk};  // the VRAM above holds this chunk's activations
-        char host[256] = {};
-        if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
-        std::string rates_from;
-        in.rates = coli::cached_rates_for(std::getenv("XDG_CACHE_HOME"), std::getenv("HOME"), host, coli::expert_format_name(pc), &rates_from);
-        coli::Prediction pr;
-        plan = coli::plan_placement(in, &pr);
-        if (verbose)
-          std::fprintf(stderr, "coli-run: plan auto (rates: %s): predicted decode %.1f tok/s, hit rate %.3f\n",
-                       rates_from.empty() ? "defaults; run coli-place probe" : rates_from.c_str(), pr.decode_tok_s, pr.hit_rate);
-      } else {
-        plan = *file_plan;
-      }
-      co.heat = coli::plan_as_heat(plan, co.heat);  // the plan's VRAM experts first, hottest first
-      if (verbose)
-        std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", f.get<std::string>("plan").c_str(), (long long)plan.count(coli::Tier::kVram));
-      if (plan.prefill_chunk > 0 && !f.has("prefill-chunk")) plan_chunk = co.max_chunk = plan.prefill_chunk;
-    }
-  }
-  // The mirror's pages: registered with the device when an option copies experts from them during the run.
-  if (loaded.mirror) {
-    co.host_regions.push_back({loaded.mirror->base(), loaded.mirror->size()});
-    // coli-pin start --gpu: the keeper's device copy, read in place. Whole
-    // runs only for now: a tier filled from it has not passed its GPU test.
-    const uint8_t* data = nullptr;
-    if (!f.has("vram-budget") && loaded.mirror->twin(&data, &co.twin.bytes, &co.twin.device, co.twin.handle)) co.twin.host = data;
-  }
-  if (context_maker.joinable()) context_maker.join();
-  const auto t_backend = std::chrono::steady_clock::now();
-  std::unique_ptr<coli::Backend> backend_ptr = coli::cuda::make_device_backend(device, *model, co, &why);
-  if (!backend_ptr) {
-    if (device == "auto" && coli::cuda::compiled_with_cuda() && verbose)
-      std::fprintf(stderr, "coli-run: no CUDA device used (%s); running on the CPU\n", why.c_str());
-    backend_ptr = std::make_unique<coli::cpu::CpuBackend>(*model, coli::cpu::CpuOptions{f.get<int>("threads"), !f.get<bool>("reference")});
-  }
-  coli::Backend& backend = *backend_ptr;
-  if (const coli::TierStats t = backend.tier_stats(); pcie_read_asked && t.tiered && t.resident < t.experts && t.pcie_read == 0)
-    std::fprintf(stderr, "coli-run: --pcie-read: no expert outside the tier is in a registered mirror (start coli-pin for this model): off\n");
-  if (verbose) {  // where the start's time went (time to first token = this + the prompt)
-    const auto now = std::chrono::steady_clock::now();
-    std::string line = "coli-run: start: ready after " + fixed1(std::chrono::duration<double, std::milli>(now - t_start).count()) + " ms: load " +
-                       fixed1(load_ms) + " ms, backend " +
-                       fixed1(std::chrono::duration<double, std::milli>(now - t_backend).count()) + " ms";
-    const auto phases = backend.start_phases();
-    for (std::size_t i = 0; i < phases.size(); ++i) line += (i ? ", " : " (") + phases[i].first + " " + fixed1(phases[i].second);
-    std::fprintf(stderr, "%s%s\n", line.c_str(), phases.empty() ? "" : ")");
-  }
-  coli::Engine engine(model->spec(), backend, plan_chunk);
-  engine.set_heat(heat.run());
-  auto save_heat = [&] {
-    engine.collect_heat();
-    if (loaded.mirror && heat.run()) loaded.mirror->add_heat(std::vector<uint64_t>(heat.run()->counts().begin(), heat.run()->counts().end()));
-    heat.save();
-  };
-  const bool json = f.get<bool>("json");
-  auto emit = [](const std::string& s) {
-    std::fwrite(s.data(), 1, s.size(), stdout);
-    std::fflush(stdout);
-  };
+  return heat;
+}
 
-  if (chat) {
-    coli::ChatSession cs(engine, *tok, go, chat_options(f));
-    cs.messages() = chat_messages(f);
-    if (!f.get<bool>("interactive")) {
-      if (!f.has("messages")) cs.messages().push_back({"user", prompt_text(f), {}});
-      auto st = cs.respond(emit);
-      emit("\n");
-      print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
-      save_heat();
-      print_tier(backend.tier_stats());
-      return 0;
+// A plan's RAM part: its VRAM and RAM experts asked into memory ahead of
+// use (the tier part follows under --vram-budget: backend_options).
+std::optional<coli::Plan> read_plan_file(const Job& j, const coli::Model& model) {
+  if (!j.run.plan || j.run.plan_auto()) return std::nullopt;
+  const coli::ModelSpec& ms = model.spec();
+  coli::Plan plan = coli::load_plan(*j.run.plan, coli::model_fingerprint(j.model), ms.num_layers, ms.num_experts);
+  const uint64_t advised = coli::advise_plan_ram(model, plan);
+  if (j.verbose) std::fprintf(stderr, "coli-run: plan %s: %.1f GB of experts asked into memory\n", j.run.plan->c_str(), advised / 1e9);
+  return plan;
+}
+
+// --plan FILE, or auto: planned here as coli-place plans (tools/common/run_plan.h).
+coli::Plan tier_plan(const Job& j, const Loaded& l, const std::optional<coli::Plan>& file_plan, int n_ctx, int chunk) {
+  if (!j.run.plan_auto()) return *file_plan;
+  coli::Prediction pr;
+  std::string rates_from;
+  coli::Plan plan = coli::cli::plan_for_run(j.model, l.model().spec(), j.run, n_ctx, chunk, l.lm.mirror.get(), &pr, &rates_from);
+  if (j.verbose)
+    std::fprintf(stderr, "coli-run: plan auto (rates: %s): predicted decode %.1f tok/s, hit rate %.3f\n",
+                 rates_from.empty() ? "defaults; run coli-place probe" : rates_from.c_str(), pr.decode_tok_s, pr.hit_rate);
+  return plan;
+}
+
+// The backend's options: the COLI_* variables (env_options.h), then the
+// flags. *chunk: the prefill chunk, a plan's unless --prefill-chunk is given.
+coli::cuda::CudaOptions backend_options(const Job& j, const Loaded& l, const coli::HeatRecorder& heat, const std::optional<coli::Plan>& file_plan,
+                                        int* chunk) {
+  const coli::cuda::CudaOptions env = coli::apply_environment();
+  coli::cli::BackendTarget t;
+  t.model = l.lm.model.get(), t.mirror = l.lm.mirror.get(), t.threads = j.threads;
+  *chunk = j.f.get<int>("prefill-chunk");
+  std::optional<coli::Plan> plan;
+  if (!j.run.vram_budgets.empty()) {
+    t.vram_budget = j.run.vram_budgets[0];
+    t.n_ctx = j.f.has("ctx-size") ? j.go.n_ctx : std::min(j.go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
+    t.heat = coli::cli::tier_start_heat(heat, t.mirror);  // the experts earlier runs routed to most
+    if (j.run.plan) {  // a plan names the tier's experts: they come first
+      plan = tier_plan(j, l, file_plan, t.n_ctx, *chunk);
+      t.plan = &*plan;
+      if (j.verbose) std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", j.run.plan->c_str(), (long long)plan->count(coli::Tier::kVram));
+      if (plan->prefill_chunk > 0 && !j.f.has("prefill-chunk")) *chunk = plan->prefill_chunk;
     }
-    const bool tty = ::isatty(0);
-    std::string line;
-    while (true) {
-      if (tty) std::fprintf(stderr, "> ");
-      if (!std::getline(std::cin, line) || line.empty()) break;
-      cs.messages().push_back({"user", line, {}});
-      auto st = cs.respond(emit);
-      emit("\n");
-      print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
-  print_tier(backend.tier_stats());
-    }
-    save_heat();
+  }
+  t.max_chunk = *chunk;
+  return coli::cli::cuda_options(env, j.run, t);
+}
+
+// The backend --device asks for (auto: the CPU's when no GPU can run it).
+std::unique_ptr<coli::Backend> start_backend(const Job& j, const coli::Model& model, const coli::cuda::CudaOptions& co) {
+  std::string why;
+  auto backend = coli::cli::make_backend(j.run.device, model, co, coli::cpu::CpuOptions{j.threads, !j.f.get<bool>("reference")}, &why);
+  if (!why.empty() && j.run.device == "auto" && coli::cuda::compiled_with_cuda() && j.verbose)
+    std::fprintf(stderr, "coli-run: no CUDA device used (%s); running on the CPU\n", why.c_str());
+  if (const coli::TierStats t = backend->tier_stats(); j.run.tier.pcie_read > 0 && t.tiered && t.resident < t.experts && t.pcie_read == 0)
+    std::fprintf(stderr, "coli-run: --pcie-read: no expert outside the tier is in a registered mirror (start coli-pin for this model): off\n");
+  return backend;
+}
+
+// -v: where the start's time went (time to first token = this + the prompt).
+void print_start(Clock::time_point t_start, double load_ms, Clock::time_point t_backend, const coli::Backend& backend) {
+  const auto now = Clock::now();
+  std::string line = "coli-run: start: ready after " + fixed1(std::chrono::duration<double, std::milli>(now - t_start).count()) + " ms: load " +
+                     fixed1(load_ms) + " ms, backend " + fixed1(std::chrono::duration<double, std::milli>(now - t_backend).count()) + " ms";
+  const auto phases = backend.start_phases();
+  for (std::size_t i = 0; i < phases.size(); ++i) line += (i ? ", " : " (") + phases[i].first + " " + fixed1(phases[i].second);
+  std::fprintf(stderr, "%s%s\n", line.c_str(), phases.empty() ? "" : ")");
+}
+
+void emit(const std::string& s) {
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+// What generating needs once the backend is up.
+struct Generator {
+  Job& j;
+  Loaded& l;
+  coli::Engine& engine;
+  const coli::Backend& backend;
+  std::function<void()> save_heat;  // at exit: the run's routing into the heat file and the mirror
+
+  void report(const coli::GenerateStats& st) const { print_stats(backend.name().c_str(), st, j.go.sampling.seed, j.go.n_ctx); }
+};
+
+// A chat: the messages (or the prompt as a user turn) answered once, or -i:
+// one user turn per stdin line until an empty one.
+int chat(Generator& g) {
+  coli::ChatSession cs(g.engine, *g.l.tok, g.j.go, chat_options(g.j.f));
+  cs.messages() = chat_messages(g.j.f);
+  auto turn = [&] {
+    const coli::GenerateStats st = cs.respond(emit);
+    emit("\n");
+    g.report(st);
+  };
+  if (!g.j.f.get<bool>("interactive")) {
+    if (!g.j.f.has("messages")) cs.messages().push_back({"user", prompt_text(g.j.f), {}});
+    turn();
+    g.save_heat();
+    print_tier(g.backend.tier_stats());
     return 0;
   }
-
-  if (!f.has("prompt-ids")) {
-    prompt = tok->encode(prompt_text(f));
-    for (int id : coli::tokenizer_stop_ids(*tok)) go.stop_ids.push_back(id);
+  const bool tty = ::isatty(0);
+  std::string line;
+  while (true) {
+    if (tty) std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line) || line.empty()) break;
+    cs.messages().push_back({"user", line, {}});
+    turn();
+    print_tier(g.backend.tier_stats());
   }
-  const bool ids_out = f.has("prompt-ids");
+  g.save_heat();
+  return 0;
+}
+
+// A prompt (text, or ids with --prompt-ids) continued: text, ids or --json records on stdout.
+int generate_text(Generator& g) {
+  Job& j = g.j;
+  if (!j.f.has("prompt-ids")) {
+    j.prompt = g.l.tok->encode(prompt_text(j.f));
+    for (int id : coli::tokenizer_stop_ids(*g.l.tok)) j.go.stop_ids.push_back(id);
+  }
+  const bool ids_out = j.f.has("prompt-ids"), json = j.f.get<bool>("json");
   // With --json every record carries the text when there is a tokenizer, ids in or not.
-  std::unique_ptr<coli::TextStreamer> streamer = tok && (!ids_out || json) ? std::make_unique<coli::TextStreamer>(*tok) : nullptr;
+  std::unique_ptr<coli::TextStreamer> streamer = g.l.tok && (!ids_out || json) ? std::make_unique<coli::TextStreamer>(*g.l.tok) : nullptr;
   bool first = true;
-  coli::Session session = engine.new_session();
-  auto st = coli::generate(engine, session, prompt, go, [&](const coli::TokenEvent& ev) {
+  coli::Session session = g.engine.new_session();
+  auto st = coli::generate(g.engine, session, j.prompt, j.go, [&](const coli::TokenEvent& ev) {
     const std::string piece = streamer && !ev.is_stop ? streamer->push(ev.id) : std::string();
     if (json) {
-      nlohmann::json j = {{"id", ev.id}, {"logprob", ev.logprob}};
-      if (streamer) j["text"] = piece;
-      if (go.top_logprobs > 0) {
-        j["top_logprobs"] = nlohmann::json::array();
-        for (auto [id, lp] : ev.top) j["top_logprobs"].push_back({{"id", id}, {"logprob", lp}});
+      nlohmann::json rec = {{"id", ev.id}, {"logprob", ev.logprob}};
+      if (streamer) rec["text"] = piece;
+      if (j.go.top_logprobs > 0) {
+        rec["top_logprobs"] = nlohmann::json::array();
+        for (auto [id, lp] : ev.top) rec["top_logprobs"].push_back({{"id", id}, {"logprob", lp}});
       }
-      emit(j.dump() + "\n");
+      emit(rec.dump() + "\n");
     } else if (ids_out) {
       emit((first ? "" : " ") + std::to_string(ev.id));
     } else {
@@ -450,10 +455,43 @@ int run(int argc, char** argv) {
   });
   if (streamer && !json) emit(streamer->flush());
   if (!json) emit("\n");
-  print_stats(backend.name().c_str(), st, go.sampling.seed, go.n_ctx);
-  save_heat();
-  print_tier(backend.tier_stats());
+  g.report(st);
+  g.save_heat();
+  print_tier(g.backend.tier_stats());
   return 0;
+}
+
+int run(int argc, char** argv) {
+  const auto t_start = Clock::now();
+  const po::options_description opts = options();
+  Flags f = parse_flags(argc, argv, opts);
+  if (f.vm.count("help")) {
+    std::cout << kUsage << "\n" << opts << std::endl;
+    return 0;
+  }
+  check_prompt_flags(f);
+  if (f.get<bool>("tokenize") || f.get<bool>("detokenize")) return tokenizer_only(f);
+  Job j = checked_job(std::move(f));
+  // The GPU's context (0.1-0.25 s) is made while the tokenizer and the weights load.
+  std::jthread context_maker;
+  if (j.run.device != "cpu") context_maker = std::jthread([] { coli::cuda::prepare_device(0); });
+  Loaded l = load(j);
+  coli::HeatRecorder heat = open_heat(j, l.model());
+  const std::optional<coli::Plan> file_plan = read_plan_file(j, l.model());
+  int chunk = 0;
+  const coli::cuda::CudaOptions co = backend_options(j, l, heat, file_plan, &chunk);
+  if (context_maker.joinable()) context_maker.join();
+  const auto t_backend = Clock::now();
+  const std::unique_ptr<coli::Backend> backend = start_backend(j, l.model(), co);
+  if (j.verbose) print_start(t_start, l.load_ms, t_backend, *backend);
+  coli::Engine engine(l.model().spec(), *backend, chunk);
+  engine.set_heat(heat.run());
+  Generator g{j, l, engine, *backend, [&] {
+                engine.collect_heat();
+                if (l.lm.mirror && heat.run()) l.lm.mirror->add_heat(std::vector<uint64_t>(heat.run()->counts().begin(), heat.run()->counts().end()));
+                heat.save();
+              }};
+  return j.chat ? chat(g) : generate_text(g);
 }
 
 }  // namespace

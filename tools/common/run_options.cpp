@@ -1,0 +1,55 @@
+#include "common/run_options.h"
+
+#include "cpu_expert_host.h"
+#include "cuda_device.h"
+#include "util/parse.h"
+
+namespace coli::cli {
+
+namespace {
+
+// The expert tier: what the budget leaves after the trunk, the KV cache and
+// the activations holds the hottest experts; the CPU computes the others
+// while the GPU computes the rest.
+void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget& t) {
+  const TierFlags& f = flags.tier;
+  co.vram_budget = t.vram_budget;
+  co.n_ctx = t.n_ctx;
+  co.swap = f.swap;
+  co.decode_upload_max = f.decode_upload;
+  // auto: with a mirror (registered at the start: 0.08 s per GB), unless --decode-upload takes the misses.
+  co.pcie_read_share = pcie_read_share(f.pcie_read, t.mirror != nullptr, f.decode_upload > 0);
+  co.pcie_read_offset = f.pcie_read_offset;
+  co.prefill_upload = f.prefill_upload;
+  co.heat = t.plan ? plan_as_heat(*t.plan, t.heat) : t.heat;
+  // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
+  if (flags.device != "cpu" && cuda::device_count() > 0) co.expert_host = std::make_shared<cpu::CpuExpertHost>(*t.model, t.threads);
+}
+
+// The mirror's pages: registered with the device when an option copies
+// experts from them during the run.
+void set_mirror(cuda::CudaOptions& co, const MirrorAttachment& m, uint64_t vram_budget) {
+  co.host_regions.push_back({m.base(), m.size()});
+  // coli-pin start --gpu: the keeper's device copy, read in place. Whole
+  // runs only for now: a tier filled from it has not passed its GPU test.
+  const uint8_t* data = nullptr;
+  if (!vram_budget && m.twin(&data, &co.twin.bytes, &co.twin.device, co.twin.handle)) co.twin.host = data;
+}
+
+}  // namespace
+
+cuda::CudaOptions cuda_options(const cuda::CudaOptions& base, const RunFlags& flags, const BackendTarget& target) {
+  cuda::CudaOptions co = base;
+  co.max_chunk = target.max_chunk;
+  if (target.vram_budget) set_tier(co, flags, target);
+  if (target.mirror) set_mirror(co, *target.mirror, target.vram_budget);
+  return co;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, const cuda::CudaOptions& co, const cpu::CpuOptions& cpu,
+                                      std::string* why) {
+  if (auto b = cuda::make_device_backend(device, model, co, why)) return b;
+  return std::make_unique<cpu::CpuBackend>(model, cpu);
+}
+
+}  // namespace coli::cli
