@@ -33,6 +33,7 @@ struct Model {
   uint64_t fingerprint = 0;
   int layers = 0, experts = 0;
   uint64_t expert_bytes = 0, needs = 0;  // needs: the device's bytes besides the experts (ctx 256, ubatch 64)
+  uint64_t slot_bytes = 0;                // an expert's slot on the device (its parts 256-byte padded)
   Model() {
     path = dir / "m.coli";
     coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", path, coli::QuantFormat::I8);
@@ -43,6 +44,7 @@ struct Model {
     for (const auto& b : c.manifest().blobs)
       if (b.kind == "expert") expert_bytes = std::max(expert_bytes, b.bytes);
     needs = coli::device_needs(c, s, 256, 64).total();
+    slot_bytes = coli::expert_slot(coli::expert_parts_of(c)).bytes();
     coli::MachineRates r;
     r.host_expert_gbs = 1, r.disk_gbs = 0.1;
     rates = dir / "rates.txt";
@@ -63,8 +65,8 @@ TEST(PlaceTool, PlanHoldsTheBudgetsAndPutsTheHottestInVram) {
   h.add_tokens(10 * m.experts);
   const std::string heat = m.dir / "heat.txt";
   coli::save_heat(heat, h, m.fingerprint);
-  // Whatever the trunk needs, a budget of it plus 16 experts' bytes leaves
-  // at most 16 experts for VRAM; the RAM budget holds 20.
+  // Whatever the trunk needs, a budget of it plus 16 expert slots leaves
+  // 16 experts for VRAM; the RAM budget holds 20.
   std::string out;
   const uint64_t ram = 20 * m.expert_bytes + m.expert_bytes / 2;
   const std::string plan_path = m.dir / "plan.txt";
@@ -75,7 +77,7 @@ TEST(PlaceTool, PlanHoldsTheBudgetsAndPutsTheHottestInVram) {
   coli::Plan p = coli::load_plan(plan_path, m.fingerprint, m.layers, m.experts);
   EXPECT_EQ(p.count(coli::Tier::kVram), int64_t(m.layers) * m.experts) << "8 GB holds every expert of the tiny model";
   // Room for 16 experts in VRAM: the hottest (highest ids) first, in every layer.
-  const uint64_t vram_budget = m.needs + 16 * m.expert_bytes + m.expert_bytes / 2;
+  const uint64_t vram_budget = m.needs + 16 * m.slot_bytes + m.slot_bytes / 2;
   ASSERT_EQ(run_place(args + " --vram " + std::to_string(vram_budget) + " -o " + plan_path, &out), 0) << out;  // no subcommand: plan
   p = coli::load_plan(plan_path, m.fingerprint, m.layers, m.experts);
   const int64_t vram = p.count(coli::Tier::kVram), in_ram = p.count(coli::Tier::kRam);

@@ -180,7 +180,10 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
   plan.vram_budget = in.vram_budget, plan.ram_budget = in.ram_budget;
   // Where the experts start: in RAM when it holds them all (the VRAM pass
   // then saves RAM reads), else on disk.
-  const uint64_t slots_total = in.vram_bytes / in.expert_bytes, ram_slots = in.ram_bytes / in.expert_bytes;
+  const uint64_t slot = in.slot_bytes ? in.slot_bytes : in.expert_bytes;
+  const uint64_t slots_total = in.vram_bytes / slot, ram_slots = in.ram_bytes / in.expert_bytes;
+  // With the prefill uploads' staging: the slots their tables leave.
+  const uint64_t staged_total = (in.vram_bytes - std::min(in.vram_bytes, in.prefill_table_bytes)) / slot;
   const Tier start = ram_slots >= n ? Tier::kRam : Tier::kDisk;
   plan.tier.assign(n, start);
   // Each layer's experts, most routed first (ties: lower index).
@@ -232,24 +235,33 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
     }
   };
   // Hybrid prefill's staging areas take two slots per expert the layer with
-  // the most non-residents leaves out (plus the swaps in flight): fewer
-  // experts in VRAM until plan and staging fit the slots together.
+  // the most non-residents leaves out (plus the swaps in flight) and their
+  // tables: fewer experts in VRAM until plan, staging and tables fit
+  // together, in the backend's steps (VramLedger's fill_tier: a sixty-fourth
+  // of the slots at a time, so that the run, given this plan as its heat,
+  // meets the plan's count on its way down). When not even the staging
+  // fits, the backend drops the uploads and fills every slot: so does the
+  // plan.
   const std::vector<Tier> start_tier = plan.tier;
   const std::vector<double> start_cpu = cpu;
-  uint64_t room = std::min<uint64_t>(n, slots_total);
+  const uint64_t full_room = std::min<uint64_t>(n, slots_total);
+  uint64_t room = full_room;
   for (;;) {
     fill(Tier::kVram, room);
     if (in.prefill_staging_extra < 0) break;
     int64_t most_out = 0;
     for (int l = 0; l < L; ++l) most_out = std::max<int64_t>(most_out, E - plan.count(Tier::kVram, l));
-    const uint64_t staging = most_out == 0 ? 0 : 2 * uint64_t(std::min<int64_t>(E, most_out + in.prefill_staging_extra));
-    const uint64_t used = uint64_t(plan.count(Tier::kVram)) + staging;
-    if (used <= slots_total || room == 0) {
-      if (used > slots_total) plan.tier = start_tier, cpu = start_cpu;  // not even the staging fits: no prefill uploads, nothing resident
+    if (most_out == 0) break;  // every expert resident: no uploads, no staging
+    const int64_t vram = plan.count(Tier::kVram);
+    const uint64_t staging = 2 * uint64_t(std::min<int64_t>(E, most_out + (vram > 0 ? in.prefill_staging_extra : 0)));
+    const uint64_t used = uint64_t(vram) + staging;
+    if (used <= staged_total) break;
+    plan.tier = start_tier, cpu = start_cpu;
+    if (room == 0) {  // not even the staging fits: no prefill uploads, every slot filled
+      fill(Tier::kVram, full_room);
       break;
     }
-    room -= std::min(room, std::max<uint64_t>(1, used - slots_total));
-    plan.tier = start_tier, cpu = start_cpu;
+    room -= std::min(room, std::max<uint64_t>(1, room / 64));  // the backend's steps: the run then holds at least this plan's VRAM experts
   }
   if (start == Tier::kDisk) fill(Tier::kRam, std::min<uint64_t>(n, ram_slots));
   const Prediction r = predict(in, plan);

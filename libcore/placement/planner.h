@@ -39,9 +39,12 @@
 // them (docs/perf/place.md). Deterministic: ties go to
 // the layer with the most CPU time left (even routing fills the layers
 // evenly), then to the lower (layer, expert). Never over a budget: at most
-// floor(vram_bytes / expert_bytes) experts in VRAM (less the prefill
-// staging areas' slots) and floor(ram_bytes / expert_bytes) in RAM. When
-// RAM holds every expert, the experts outside VRAM are all in RAM.
+// floor(vram_bytes / slot_bytes) experts in VRAM (the CUDA backend's slot
+// count for the budget; with prefill uploads, less the staging areas'
+// slots and their tables, or, when not even the staging fits, every slot
+// without uploads, as the backend then runs) and
+// floor(ram_bytes / expert_bytes) in RAM. When RAM holds every expert, the
+// experts outside VRAM are all in RAM.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -70,8 +73,11 @@ struct MachineRates {
 struct PlannerInputs {
   uint64_t fingerprint = 0;
   int layers = 0, experts = 0, k = 0;   // k: experts per token
-  uint64_t expert_bytes = 0;            // one routed expert (gate + up + down)
-  uint64_t vram_bytes = 0;              // VRAM for expert slots (after the trunk, KV cache, activations)
+  uint64_t expert_bytes = 0;            // one routed expert (gate + up + down): what a miss reads
+  // One expert slot on the device (gate, up and down each 256-byte padded,
+  // VramLedger's ExpertSlot); 0: expert_bytes.
+  uint64_t slot_bytes = 0;
+  uint64_t vram_bytes = 0;              // VRAM for expert slots (after the trunk, KV cache, activations, the zero expert's slot)
   uint64_t ram_bytes = 0;               // RAM for the mirror's experts
   uint64_t vram_budget = 0, ram_budget = 0;  // the budgets as the user gave them (recorded in the plan)
   std::vector<uint64_t> heat;           // [layers * experts] routing counts, or empty
@@ -82,6 +88,8 @@ struct PlannerInputs {
   // two staging areas hold the most experts a layer leaves out plus this
   // many (the swaps in flight), out of vram_bytes.
   int prefill_staging_extra = -1;
+  // Bytes the uploads' pointer tables take out of vram_bytes with them.
+  uint64_t prefill_table_bytes = 0;
   // The runs' PCIe reads of RAM-tier misses in decode steps (--pcie-read
   // SHARE and --pcie-read-offset; 0: off, the model above).
   double pcie_read_share = 0, pcie_read_offset = 2;

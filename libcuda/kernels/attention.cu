@@ -210,17 +210,6 @@ void attention(const float* qg, const float* q_norm, const float* kc, const floa
   check(cudaGetLastError(), "attention launch");
 }
 
-bool attention_split_supported(int hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256; }
-
-int attention_splits(int T, int cap, int* keys_per_split) {
-  // Decode: up to 64 splits of at least 64 keys, so that a long context
-  // keeps 64 x heads blocks busy. A prompt chunk already has T x heads
-  // blocks: one split each (its partials are then T x heads x (hd + 2)).
-  const int splits = T == 1 ? std::max(1, std::min(64, (cap + 63) / 64)) : 1;
-  *keys_per_split = (cap + splits - 1) / splits;
-  return splits;
-}
-
 void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                      int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q, bool nibble) {
   if (!attention_split_supported(hd)) throw Error("CUDA: split-KV attention with a head size of " + std::to_string(hd) + " (needs 32, 64, 128 or 256)");

@@ -21,19 +21,19 @@ namespace coli::cuda {
 
 namespace {
 
-constexpr int kChunk = 64, kThreads = 256, kWarpsC = kThreads / 32, kRowsPerWarp = kChunk / kWarpsC;
+constexpr int kChunk = ::coli::kGdnChunk, kThreads = 256, kWarpsC = kThreads / 32, kRowsPerWarp = kChunk / kWarpsC;
 constexpr int kMaxPer = 4;  // columns of k and v per lane: head sizes up to 128
 
 // The workspace, per value head h and token t of the call (rows of the
 // chunk's local index): W [dk], U [dv], QK [kChunk] (row i: (q_i . k_j)
-// exp(G_i - G_j) for j <= i, else 0), eG = exp(G_i), f = exp(G_last - G_i).
+// exp(G_i - G_j) for j <= i, else 0), eG = exp(G_i), f = exp(G_last - G_i):
+// gdn_chunk_workspace_floats(T, nv, dk, dv) floats (placement/device_sizes.h).
 struct Workspace {
   float *W, *U, *QK, *eG, *f;
   __host__ __device__ Workspace(float* base, int T, int nv, int dk, int dv) {
     const std::size_t n = std::size_t(T) * nv;
     W = base, U = W + n * dk, QK = U + n * dv, eG = QK + n * kChunk, f = eG + n;
   }
-  static std::size_t floats(int T, int nv, int dk, int dv) { return std::size_t(T) * nv * (dk + dv + kChunk + 2); }
 };
 
 // Shared memory of chunk_prepare_kernel, floats: Kc [kChunk][dk + 1],
@@ -293,8 +293,6 @@ void opt_in_smem(Kernel kernel, std::size_t bytes, std::size_t& opted, const cha
 }
 
 }  // namespace
-
-std::size_t gdn_chunk_workspace_floats(int T, int nv, int dk, int dv) { return Workspace::floats(T, nv, dk, dv); }
 
 bool gdn_recurrence_chunked(float* S, const float* conv_out, const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nk,
                             int nv, int dk, int dv, int cd, float* work, float* out, cudaStream_t s) {

@@ -16,6 +16,7 @@
 
 #include "cuda_tuning.h"
 #include "dev_matrix.cuh"
+#include "placement/device_sizes.h"
 
 namespace coli::cuda {
 
@@ -61,9 +62,10 @@ inline CudaTuning& launch_tuning() {
 // (the router): y = W x as tiles of rows x tokens over slices of the
 // columns, partial sums in work (float_tiled_work_floats) added in slice
 // order. False (nothing launched) for other formats or fewer tokens.
-constexpr int kFloatTiledMinTokens = 32;
+// The sizes are libcore's (placement/device_sizes.h), shared with the VRAM ledger.
+using ::coli::kFloatTiledMinTokens;
 bool matmul_float_tiled(const DevMatrix& W, const float* x, int T, float* y, int ldy, float* work, cudaStream_t s);
-std::size_t float_tiled_work_floats(int T, int rows, int cols);
+using ::coli::float_tiled_work_floats;
 
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
@@ -93,8 +95,8 @@ void attention(const float* qg, const float* q_norm, const float* kc, const floa
 // attention_splits(T, cap) splits of *keys_per_split positions
 // (cap: the KV cache's positions), partial results in part [T, heads,
 // splits, hd + 2], then merged in split order. hd: 32, 64, 128 or 256.
-bool attention_split_supported(int hd);
-int attention_splits(int T, int cap, int* keys_per_split);
+using ::coli::attention_split_supported;  // placement/device_sizes.h
+using ::coli::attention_splits;
 void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                      int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q = nullptr,
                      bool nibble = false);
@@ -122,7 +124,7 @@ bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float
 // the head shape or its shared memory does not fit.
 bool gdn_recurrence_chunked(float* S, const float* conv_out, const float* b, const float* a, const float* A_log, const float* dt_bias, int T, int nk,
                             int nv, int dk, int dv, int cd, float* work, float* out, cudaStream_t s);
-std::size_t gdn_chunk_workspace_floats(int T, int nv, int dk, int dv);
+using ::coli::gdn_chunk_workspace_floats;  // placement/device_sizes.h
 
 // Routed experts of one layer: every expert's gate, up and down matrix
 // share a format and shape; gate[e] etc. are the device addresses (entry E,

@@ -85,10 +85,10 @@ __global__ void matmul_kernel(Batch b, const float* __restrict__ x, int T) {
 // summed over its columns in order; x is read once per 64 rows instead of
 // once per row, and the slices give a prompt chunk of the router (256 rows)
 // a few hundred blocks.
-constexpr int kTileRows = 64, kTileTokens = 64, kTileK = 32, kFloatSlice = 256;
+constexpr int kTileRows = 64, kTileTokens = 64, kTileK = 32, kFloatSlice = ::coli::kFloatTiledSlice;  // placement/device_sizes.h
 constexpr int kTileLoads = kTileRows * kTileK / 256;  // elements of each tile per thread per step
 
-int float_slices(int cols) { return (cols + kFloatSlice - 1) / kFloatSlice; }
+int float_slices(int cols) { return ::coli::float_tiled_slices(cols); }
 
 template <Kind K>
 __device__ __forceinline__ float float_weight(const DevMatrix& W, int r, int c) {
@@ -456,8 +456,6 @@ void matmul(const DevMatrix& W, const float* x, int T, float* y, int ldy, cudaSt
   const MatmulOut o{W, y, ldy};
   matmul_many(&o, 1, x, T, s, q, x_in_q);
 }
-
-std::size_t float_tiled_work_floats(int T, int rows, int cols) { return std::size_t(float_slices(cols)) * T * rows; }
 
 bool matmul_float_tiled(const DevMatrix& W, const float* x, int T, float* y, int ldy, float* work, cudaStream_t s) {
   if (T < kFloatTiledMinTokens || !(W.kind == Kind::kF32 || W.kind == Kind::kBF16 || W.kind == Kind::kF16)) return false;

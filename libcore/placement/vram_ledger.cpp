@@ -1,0 +1,222 @@
+#include "placement/vram_ledger.h"
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "formats/container.h"
+#include "model/weights.h"
+#include "quant/format.h"
+#include "util/error.h"
+
+namespace coli {
+
+namespace {
+
+uint64_t elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+uint64_t matrix_bytes(QuantFormat f, const std::vector<int64_t>& shape, const std::string& name) {
+  if (shape.size() != 2) throw Error("VRAM ledger: '" + name + "' is not a matrix (internal)");
+  return layout_of(f, shape[0], shape[1]).total;
+}
+
+constexpr uint64_t kNoLimit = std::numeric_limits<uint64_t>::max();
+
+}  // namespace
+
+TensorBytes tensor_bytes_of(const Model& m) {
+  return [&m](const TensorDesc& t) -> uint64_t {
+    return t.form == TensorForm::kVector ? vector_of(m, t).size() * 4 : matrix_of(m, t).bytes();
+  };
+}
+
+TensorBytes tensor_bytes_of(const Container& c) {
+  struct Entry {
+    QuantFormat format;
+    std::vector<int64_t> shape;
+  };
+  auto index = std::make_shared<std::unordered_map<std::string, Entry>>();
+  for (const Blob& b : c.manifest().blobs)
+    if (b.kind == "tensor" || b.kind == "expert")  // an expert blob's parts: its gate, up and down (an untiered run's arena)
+      for (const BlobPart& p : b.parts) (*index)[p.name] = {p.format, p.shape};
+  const std::string where = c.where();
+  return [index, where](const TensorDesc& t) -> uint64_t {
+    auto it = index->find(t.name);
+    if (it == index->end() && t.role == TensorRole::kLmHead) it = index->find("model.embed_tokens.weight");  // tied
+    if (it == index->end()) throw Error(where + ": no tensor '" + t.name + "'");
+    return t.form == TensorForm::kVector ? elements(t.shape) * 4 : matrix_bytes(it->second.format, it->second.shape, t.name);
+  };
+}
+
+ExpertParts expert_parts_of(const Model& m) {
+  const ExpertWeights& x = m.layer(0).moe.experts.at(0);
+  return {x.gate.bytes(), x.up.bytes(), x.down.bytes()};
+}
+
+ExpertParts expert_parts_of(const Container& c) {
+  for (const Blob& b : c.manifest().blobs)
+    if (b.kind == "expert" && b.layer == 0 && b.expert == 0 && b.parts.size() == 3)
+      return {matrix_bytes(b.parts[0].format, b.parts[0].shape, b.parts[0].name), matrix_bytes(b.parts[1].format, b.parts[1].shape, b.parts[1].name),
+              matrix_bytes(b.parts[2].format, b.parts[2].shape, b.parts[2].name)};
+  throw Error(c.where() + ": no routed expert 0 of layer 0 (the VRAM ledger sizes the expert slots from it)");
+}
+
+ExpertSlot expert_slot(const ExpertParts& p) { return {device_padded(p.gate), device_padded(p.up), device_padded(p.down)}; }
+
+uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered) {
+  uint64_t total = 0;
+  for (const TensorDesc& t : model_tensors(s, true)) total += device_padded(bytes(t));  // lm_head even when tied
+  for (int l = 0; l < s.num_layers; ++l)
+    for (const TensorDesc& t : layer_tensors(s, l))
+      if (!tiered || t.expert < 0) total += device_padded(bytes(t));
+  return total;
+}
+
+uint64_t inv_freq_bytes(const ModelSpec& s) { return uint64_t(std::max(1, s.rotary_dim / 2)) * 4; }
+
+uint64_t ChunkBuffers::bytes() const {
+  const uint64_t floats = x + hn + mix + sh + routed + proj + z + b + a + conv_out + heads_out + k + v + rlogits + rw + sg + su + sgate + act + ey +
+                          router_work + gdn_work + qx_scale;
+  const uint64_t ints = ridx + order + offsets + qx_sum;
+  return 4 * floats + 4 * ints + qx_codes;
+}
+
+ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn) {
+  ChunkBuffers c;
+  c.T = T;
+  const std::size_t H = s.hidden_size, t = T;
+  const std::size_t qg = std::size_t(s.num_heads) * s.head_dim * 2, cd = s.linear_conv_dim();
+  const std::size_t heads_out = std::max<std::size_t>(std::size_t(s.num_heads) * s.head_dim, s.linear_value_dim());
+  const std::size_t kv = std::size_t(s.num_kv_heads) * s.head_dim, K = s.num_experts_per_tok;
+  c.x = c.hn = c.mix = c.sh = c.routed = t * H;
+  c.proj = t * std::max(qg, cd);
+  c.z = t * s.linear_value_dim(), c.b = c.a = t * s.linear_num_value_heads;
+  c.conv_out = t * cd, c.heads_out = t * heads_out, c.k = c.v = t * kv;
+  c.rlogits = t * s.num_experts, c.ridx = c.rw = t * (K + 1);
+  c.sg = c.su = t * s.shared_expert_intermediate_size, c.sgate = t;
+  c.act = t * (K + 1) * s.moe_intermediate_size;
+  c.order = t * K, c.offsets = std::size_t(s.num_experts) + 1;
+  c.ey = T >= kMoeGroupedMinTokens ? t * K * H : 1;
+  if (T >= kFloatTiledMinTokens) c.router_work = float_tiled_work_floats(T, s.num_experts, s.hidden_size);
+  if (chunked_gdn && s.num_attention_layers() < s.num_layers)
+    c.gdn_work = gdn_chunk_workspace_floats(T, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim);
+  const std::size_t widest = std::max({H, std::size_t(s.linear_value_dim()), std::size_t(s.num_heads) * s.head_dim,
+                                       std::size_t(s.moe_intermediate_size), std::size_t(s.shared_expert_intermediate_size)});
+  const std::size_t qn = std::max(t * widest, t * (K + 1) * s.moe_intermediate_size) + 32;
+  c.qx_codes = qn, c.qx_scale = c.qx_sum = qn / 32 + 1;
+  return c;
+}
+
+RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint64_t slot) {
+  RuntimeReserve r;
+  const uint64_t n_ctx = run.context_tokens(), T = run.chunk_tokens();
+  const uint64_t attn = s.num_attention_layers(), linear = uint64_t(s.num_layers) - attn;
+  const uint64_t kv = uint64_t(s.num_kv_heads) * s.head_dim;
+  r.kv = attn * n_ctx * kv * 2 * 4;  // K and V
+  r.state = linear * (uint64_t(s.linear_conv_kernel - 1) * s.linear_conv_dim() +
+                      uint64_t(s.linear_num_value_heads) * s.linear_key_head_dim * s.linear_value_head_dim) * 4;
+  if (attn > 0) {  // at the context size (CudaBackend::prepare)
+    const bool split = run.split_kv && attention_split_supported(s.head_dim);
+    uint64_t scratch = 0;
+    int kps = 0;
+    for (uint64_t t : {uint64_t(1), T})
+      scratch = split ? std::max(scratch, t * s.num_heads * (s.head_dim + 2) * attention_splits(int(t), int(n_ctx), &kps))
+                      : std::max(scratch, t * s.num_heads * n_ctx);
+    r.attention_scratch = scratch * 4;
+  }
+  r.logits = uint64_t(s.vocab_size) * 4;
+  r.fixed = uint64_t(8) << 20;  // decode graphs (measured 0.7 MiB), the allocations after the slots, rounding
+  const uint64_t L = s.num_layers, E = s.num_experts;
+  if (run.pcie_read_share > 0) r.pcie_read_tables = L * ((E + 2) * 3 * 8 + E + 3 * 256);
+  if (run.decode_upload_max > 0) {
+    const uint64_t k = run.decode_upload_max;
+    r.decode_upload = k * slot + (k * s.moe_intermediate_size + s.hidden_size + k) * 4 * 3 + (uint64_t(2) << 20);
+  }
+  return r;
+}
+
+int prefill_stage_slots(const TierPlan& plan, bool swap) {
+  int most = 0;
+  for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
+  return std::min(plan.experts, most + (swap && plan.count > 0 ? kTierSwapsInFlight : 0));
+}
+
+uint64_t prefill_table_bytes(int layers, int experts) { return uint64_t(layers) * (uint64_t(experts) + 1) * 8 * 3; }
+
+TierFill fill_tier(const TierFillInputs& in) {
+  TierFill f;
+  const int L = in.layers, E = in.experts;
+  const uint64_t slot = in.slot;
+  f.need = in.reserve + slot;
+  // What the run charges later and the zero expert must fit now.
+  if (in.avail != kNoLimit && in.avail < f.need) return f;
+  f.fits = true;
+  long long slots = in.expert_slots;
+  if (slots < 0) slots = in.avail == kNoLimit || slot == 0 ? static_cast<long long>(L) * E : static_cast<long long>((in.avail - in.reserve) / slot) - 1;
+  f.plan = plan_tier(L, E, slots, in.heat);
+  // Hybrid prefill's staging areas and tables come out of the slots.
+  bool prefill = in.prefill_upload && !f.plan.all();
+  if (prefill && in.avail != kNoLimit) {
+    const TierPlan full = f.plan;
+    const long long full_slots = slots;
+    f.prefill_tables = prefill_table_bytes(L, E);
+    auto fits = [&] {
+      return in.reserve + slot * (f.plan.count + 1) + 2 * uint64_t(prefill_stage_slots(f.plan, in.swap)) * slot + f.prefill_tables <= in.avail;
+    };
+    while (!fits() && in.expert_slots < 0 && f.plan.count > 0) {
+      slots = std::max(0LL, slots - std::max(1LL, slots / 64));
+      f.plan = plan_tier(L, E, slots, in.heat);
+    }
+    prefill = fits();
+    if (!prefill) f.plan = full, slots = full_slots, f.prefill_tables = 0;  // prompts hand their misses to the host as decode steps do
+  }
+  f.slots = slots;
+  f.prefill = prefill;
+  if (prefill) {
+    f.stage_slots = prefill_stage_slots(f.plan, in.swap);
+    f.stage_bytes = 2 * uint64_t(f.stage_slots) * slot;
+    f.prefill_tables = prefill_table_bytes(L, E);
+  }
+  f.slot_array = slot * (uint64_t(f.plan.count) + (f.plan.all() ? 0 : 1));
+  return f;
+}
+
+VramLedger::VramLedger(const ModelSpec& s, const TensorBytes& bytes, const ExpertParts& expert, const VramSettings& run) : s_(s), run_(run) {
+  arena_ = arena_bytes(s_, bytes, run_.tiered());
+  inv_freq_ = inv_freq_bytes(s_);
+  buffers_ = chunk_buffers(s_, run_.chunk_tokens(), run_.chunked_gdn);
+  slot_ = expert_slot(expert);
+  reserve_ = runtime_reserve(s_, run_, slot_.bytes());
+}
+
+VramLedger::VramLedger(const Model& m, const VramSettings& run) : VramLedger(m.spec(), tensor_bytes_of(m), expert_parts_of(m), run) {}
+
+VramLedger::VramLedger(const Container& c, const ModelSpec& s, const VramSettings& run)
+    : VramLedger(s, tensor_bytes_of(c), expert_parts_of(c), run) {}
+
+TierFill VramLedger::fill(uint64_t budget, const std::vector<uint64_t>* heat) const {
+  TierFillInputs in;
+  in.layers = s_.num_layers, in.experts = s_.num_experts;
+  in.avail = budget == 0 ? kNoLimit : budget > before_slots() ? budget - before_slots() : 0;
+  in.reserve = reserve_.total(), in.slot = slot_.bytes();
+  in.expert_slots = run_.expert_slots;
+  in.prefill_upload = run_.prefill_upload, in.swap = run_.swap;
+  in.heat = heat;
+  return fill_tier(in);
+}
+
+long long VramLedger::expert_slots(uint64_t budget) const {
+  if (budget == 0) return run_.expert_slots >= 0 ? run_.expert_slots : static_cast<long long>(s_.num_layers) * s_.num_experts;
+  if (budget < device_floor()) return -1;
+  if (run_.expert_slots >= 0) return run_.expert_slots;
+  if (slot_.bytes() == 0) return static_cast<long long>(s_.num_layers) * s_.num_experts;
+  return static_cast<long long>((budget - before_slots() - reserve_.total()) / slot_.bytes()) - 1;
+}
+
+}  // namespace coli

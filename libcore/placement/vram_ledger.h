@@ -1,0 +1,205 @@
+// VramLedger: what a VRAM budget holds in a CUDA run, computed once for
+// both sides that need it: the CUDA backend, which charges every device
+// allocation to a DeviceBudget (device_budget.h) and fills the rest with
+// expert slots, and the planner (plan_inputs.h: coli-place, coli-run
+// --plan auto), which must predict the same number of slots.
+//
+// A budget holds, in the order the backend charges it:
+//   1. the weight arena: every table entry (model/layer_tensors.h) outside
+//      the routed experts of a tiered run, each padded to 256 bytes,
+//      vectors as f32, lm_head even when tied; then the rotary frequencies;
+//   2. the chunk buffers: every activation buffer and kernel workspace of
+//      a max_chunk-token chunk (ChunkBuffers: the exact element counts);
+//   3. the tier, out of what is left ("avail"): first the runtime reserve
+//      (RuntimeReserve: KV cache for n_ctx, recurrent state, attention
+//      scratch, the last row's logits, 8 MiB for graphs and rounding, and
+//      the PCIe-read tables and decode-upload slots when those are on),
+//      then slot 0 (the zero expert every miss reads) and the expert slots,
+//      slots = (avail - reserve) / slot - 1; with prefill uploads, their
+//      two staging areas and tables too, the slots shrinking by
+//      max(1, slots / 64) until those fit (else the uploads are dropped).
+// avail < reserve + slot is the backend's "--vram-budget exceeded" error
+// (TierFill::fits false, expert_slots() -1).
+//
+// Contract: pure host arithmetic from a ModelSpec, the weights' per-tensor
+// device bytes (from a bound Model, or a container's manifest without
+// reading a blob) and the run's settings (VramSettings: CudaOptions' fields
+// of the same names). The backend sizes its buffers from chunk_buffers()
+// and its tier from runtime_reserve() and fill_tier(), so these are exact,
+// not estimates: a change to what the backend allocates goes here.
+// Allocations the backend makes after the slots (expert pointer tables and
+// flags, routing heat, the ids buffer, the decode graph) live in the
+// reserve's 8 MiB.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/layer_tensors.h"
+#include "model/model_spec.h"
+#include "placement/device_sizes.h"
+#include "placement/tier_plan.h"
+
+namespace coli {
+
+class Model;
+class Container;
+
+// The run's settings that size its device memory (CudaOptions' fields).
+struct VramSettings {
+  uint64_t budget = 0;           // bytes; 0: no limit (every expert resident unless expert_slots >= 0)
+  long long expert_slots = -1;   // >= 0: exactly this many slots (the budget must still hold the reserve and slot 0)
+  int n_ctx = 0;                 // 0: 4096
+  int max_chunk = 512;           // tokens of the largest chunk (at least 1)
+  bool split_kv = true;          // asked for; on only where attention_split_supported(head_dim)
+  bool chunked_gdn = true;
+  double pcie_read_share = 0;    // > 0: the one-token pointer tables of the PCIe reads
+  int decode_upload_max = 0;     // > 0: that many decode-upload slots and their buffers
+  bool prefill_upload = false;   // the two staging areas and their tables
+  bool swap = false;             // swaps in flight keep staging slots (kTierSwapsInFlight per area)
+
+  bool tiered() const { return budget > 0 || expert_slots >= 0; }
+  int context_tokens() const { return n_ctx > 0 ? n_ctx : 4096; }
+  int chunk_tokens() const { return max_chunk > 1 ? max_chunk : 1; }
+};
+
+// Device bytes of a table entry before padding: a matrix's layout_of(...)
+// total in its stored format, a vector's elements as f32. 0: nothing on the
+// device for it (the backend's device twin holds the matrix).
+using TensorBytes = std::function<uint64_t(const TensorDesc&)>;
+TensorBytes tensor_bytes_of(const Model& m);
+// From the manifest (the container must outlive the function): the same
+// numbers as of the container's bound Model. A tied lm_head (no blob) takes
+// embed's. Throws coli::Error for an entry the container lacks.
+TensorBytes tensor_bytes_of(const Container& c);
+
+// One routed expert's gate, up and down, unpadded (layer 0, expert 0: every
+// expert has that format and shape).
+struct ExpertParts {
+  uint64_t gate = 0, up = 0, down = 0;
+};
+ExpertParts expert_parts_of(const Model& m);
+ExpertParts expert_parts_of(const Container& c);  // throws when it has no expert blob
+
+// An expert slot: gate | up | down, each padded to 256 bytes.
+struct ExpertSlot {
+  uint64_t gate = 0, up = 0, down = 0;  // padded
+  uint64_t bytes() const { return gate + up + down; }
+  uint64_t up_offset() const { return gate; }
+  uint64_t down_offset() const { return gate + up; }
+};
+ExpertSlot expert_slot(const ExpertParts& p);
+
+// 1. The weight arena's bytes (tiered: without the routed experts).
+uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered);
+uint64_t inv_freq_bytes(const ModelSpec& s);  // max(1, rotary_dim / 2) floats
+
+// 2. Element counts of the buffers of a T-token chunk (CudaBackend::
+// ensure_buffers and its members of the same names). Floats unless noted.
+// router_work is 0 below kFloatTiledMinTokens, gdn_work 0 without
+// chunked_gdn or Gated DeltaNet layers: none allocated.
+struct ChunkBuffers {
+  int T = 0;
+  std::size_t x = 0, hn = 0, mix = 0, sh = 0, routed = 0;  // [T, hidden]
+  std::size_t proj = 0;                                    // [T, max(heads * hd * 2, conv_dim)]
+  std::size_t z = 0, b = 0, a = 0;                         // [T, value_dim], [T, value_heads] x 2
+  std::size_t conv_out = 0, heads_out = 0, k = 0, v = 0;   // [T, conv_dim], [T, max(heads * hd, value_dim)], [T, kv_heads * hd] x 2
+  std::size_t rlogits = 0;                                 // [T, experts]
+  std::size_t ridx = 0;                                    // int [T, K + 1]
+  std::size_t rw = 0;                                      // [T, K + 1]
+  std::size_t sg = 0, su = 0, sgate = 0;                   // [T, shared_inter] x 2, [T]
+  std::size_t act = 0;                                     // [T, K + 1, moe_inter]
+  std::size_t order = 0, offsets = 0;                      // int [T, K], [experts + 1]
+  std::size_t ey = 0;                                      // [T, K, hidden] from kMoeGroupedMinTokens, else 1
+  std::size_t router_work = 0;                             // float_tiled_work_floats(T, experts, hidden)
+  std::size_t gdn_work = 0;                                // gdn_chunk_workspace_floats(T, ...)
+  std::size_t qx_codes = 0;                                // int8
+  std::size_t qx_scale = 0;                                // float
+  std::size_t qx_sum = 0;                                  // int
+  uint64_t bytes() const;
+};
+ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn);
+
+// 3. What the tier leaves aside for later charges (slot: ExpertSlot::bytes(),
+// for the decode-upload slots).
+struct RuntimeReserve {
+  uint64_t kv = 0;                 // K and V of every attention layer for n_ctx positions, f32
+  uint64_t state = 0;              // conv window and recurrent state of every Gated DeltaNet layer
+  uint64_t attention_scratch = 0;  // split-KV partials or scores, at n_ctx, the larger of 1 and max_chunk tokens
+  uint64_t logits = 0;             // the last row's
+  uint64_t fixed = 0;              // 8 MiB: decode graphs, what is allocated after the slots, rounding
+  uint64_t pcie_read_tables = 0;   // pcie_read_share > 0
+  uint64_t decode_upload = 0;      // decode_upload_max > 0
+  uint64_t runtime() const { return kv + state + attention_scratch + logits + fixed; }  // CudaBackend::runtime_reserve()
+  uint64_t total() const { return runtime() + pcie_read_tables + decode_upload; }       // build_tier's reserve
+};
+RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint64_t slot);
+
+// Hybrid prefill's staging slots per area for a plan: the most experts a
+// layer leaves out, plus the swaps in flight when swaps run and anything is
+// resident; at most the experts of a layer.
+int prefill_stage_slots(const TierPlan& plan, bool swap);
+uint64_t prefill_table_bytes(int layers, int experts);  // three pointer arrays of experts + 1 per layer
+
+struct TierFillInputs {
+  int layers = 0, experts = 0;
+  uint64_t avail = 0;               // the budget left when the slots are made (UINT64_MAX: no limit)
+  uint64_t reserve = 0;             // RuntimeReserve::total()
+  uint64_t slot = 0;                // ExpertSlot::bytes()
+  long long expert_slots = -1;      // VramSettings::expert_slots
+  bool prefill_upload = false, swap = false;
+  const std::vector<uint64_t>* heat = nullptr;  // plan_tier's ranking (layers * experts counts) or null
+};
+struct TierFill {
+  bool fits = false;        // avail >= reserve + slot (or no limit); else nothing below is set
+  uint64_t need = 0;        // reserve + slot
+  long long slots = 0;      // asked of plan_tier (before its clamp to [0, layers * experts])
+  TierPlan plan;            // the residents
+  bool prefill = false;     // the prefill uploads stay on (their staging and tables fit)
+  int stage_slots = 0;      // per staging area, when prefill
+  uint64_t stage_bytes = 0, prefill_tables = 0;  // when prefill
+  uint64_t slot_array = 0;  // the slots' allocation: slot 0 (unless every expert is resident) and the residents
+};
+// build_tier's arithmetic: the fit check, the slot count, the plan, the
+// prefill shrink loop.
+TierFill fill_tier(const TierFillInputs& in);
+
+class VramLedger {
+ public:
+  VramLedger(const ModelSpec& s, const TensorBytes& bytes, const ExpertParts& expert, const VramSettings& run);
+  VramLedger(const Model& m, const VramSettings& run);
+  // The planner's: from the manifest, reading no blob (the container need
+  // not outlive the ledger).
+  VramLedger(const Container& c, const ModelSpec& s, const VramSettings& run);
+
+  const ModelSpec& spec() const { return s_; }
+  const VramSettings& settings() const { return run_; }
+  uint64_t arena() const { return arena_; }
+  uint64_t inv_freq() const { return inv_freq_; }
+  const ChunkBuffers& buffers() const { return buffers_; }  // for max_chunk tokens
+  const ExpertSlot& slot() const { return slot_; }
+  const RuntimeReserve& reserve() const { return reserve_; }
+  // In use when the tier is built: arena + inv_freq + buffers.
+  uint64_t before_slots() const { return arena_ + inv_freq_ + buffers_.bytes(); }
+  // Everything but the expert slots past slot 0: before_slots + reserve +
+  // one slot. A budget below it is refused; the rest holds expert slots.
+  uint64_t device_floor() const { return before_slots() + reserve_.total() + slot_.bytes(); }
+
+  // fill_tier for a budget (settings().budget, or another; 0: no limit).
+  TierFill fill(uint64_t budget, const std::vector<uint64_t>* heat = nullptr) const;
+  // The slots a budget yields before any prefill shrink ((avail - reserve)
+  // / slot - 1; layers * experts without a limit; expert_slots when set),
+  // -1 when the budget does not hold device_floor().
+  long long expert_slots(uint64_t budget) const;
+  long long expert_slots() const { return expert_slots(run_.budget); }
+
+ private:
+  ModelSpec s_;
+  VramSettings run_;
+  uint64_t arena_ = 0, inv_freq_ = 0;
+  ChunkBuffers buffers_;
+  ExpertSlot slot_;
+  RuntimeReserve reserve_;
+};
+
+}  // namespace coli
