@@ -2,8 +2,9 @@
 # Before/after speeds of two builds in one call (issue 27: a restructuring
 # keeps speed): the 8-layer real-shaped int4-g32 model whole on the GPU, and
 # under VRAM budgets without and with a coli-pin mirror (the mirror runs
-# with --prefill-upload, --pcie-read at its default auto). The builds
-# alternate per configuration so drift in the machine hits both alike.
+# with --prefill-upload, --pcie-read at its default auto). Per
+# configuration the builds run old, new, new, old, so that drift in the
+# machine (page cache, clocks, a warming disk) hits both alike.
 # Usage: scripts/bench_ab.sh WORKDIR OLD_BIN NEW_BIN [BUDGETS] [REPS]
 # Prints one line per (configuration, build, test) last; records in WORKDIR.
 set -euo pipefail
@@ -21,10 +22,10 @@ bench() {  # NAME BIN ARGS...
   "$bin/coli-bench" "${common[@]}" "$@" | awk -v n="$name" 'NR == 1 { print "config\t" $0; next } { print n "\t" $0 }' >>"$work/ab.tsv.tmp"
 }
 rm -f "$work/ab.tsv.tmp"
-for side in old new; do bin=${!side}; bench "whole/$side" "$bin" --mirror off; done
-for side in old new; do bin=${!side}; bench "budget/$side" "$bin" --mirror off --vram-budget "$budgets"; done
+for side in old new new old; do bin=${!side}; bench "whole/$side" "$bin" --mirror off; done
+for side in old new new old; do bin=${!side}; bench "budget/$side" "$bin" --mirror off --vram-budget "$budgets"; done
 "$new/coli-pin" start --model "$model" >/dev/null
-for side in old new; do bin=${!side}; bench "mirror+upload/$side" "$bin" --vram-budget "$budgets" --prefill-upload; done
+for side in old new new old; do bin=${!side}; bench "mirror+upload/$side" "$bin" --vram-budget "$budgets" --prefill-upload; done
 "$new/coli-pin" stop --model "$model" >/dev/null || true
 # One header, then the records.
 awk 'NR == 1 || $1 != "config"' "$work/ab.tsv.tmp" >"$work/ab.tsv" && rm -f "$work/ab.tsv.tmp"

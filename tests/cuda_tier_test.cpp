@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "cpu_backend.h"
 #include "cpu_expert_host.h"
@@ -22,6 +23,15 @@ namespace {
 using namespace coli;
 
 bool have_device(std::string* why) { return cuda::device_count(why) > 0; }
+
+// Other processes allocate on the device meanwhile (scripts/cuda-sanitize.sh
+// runs the tests in parallel and says so): its free memory then says
+// nothing of this process's use, and only the budget's own ledger is held
+// against the budget.
+bool device_shared() {
+  const char* v = std::getenv("COLI_TEST_SHARED_DEVICE");
+  return v && std::string(v) == "1";
+}
 
 cuda::CudaOptions tier_options(const Model& m, long long slots) {
   cuda::CudaOptions o;
@@ -185,7 +195,7 @@ TEST(CudaTier, TheBudgetIsNeverExceeded) {
     std::printf("[ info     ] budget %.2f MiB: ledger peak %.2f MiB, device memory used %.1f MiB, %lld of %lld experts resident\n", budget / 1048576.0,
                 ts.vram_peak / 1048576.0, used, ts.resident, ts.experts);
     EXPECT_LE(ts.vram_peak, budget);
-    EXPECT_LE(used, budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+    if (!device_shared()) EXPECT_LE(used, budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
   }
   EXPECT_GT(refused, 0);
   EXPECT_GT(partial, 0);
@@ -478,7 +488,8 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     const TierStats ts = tier->tier_stats();
     uploading += ts.prefill_upload_bytes > 0 && ts.resident < ts.experts;
     EXPECT_LE(ts.vram_peak, budget);
-    EXPECT_LE((double(free0) - double(free_min)) / (1 << 20), budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+    if (!device_shared())
+      EXPECT_LE((double(free0) - double(free_min)) / (1 << 20), budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
     if (uploading > 0 && i >= fine_end) break;
   }
   EXPECT_GT(uploading, 0) << "some budget held part of the tier and uploaded the rest";

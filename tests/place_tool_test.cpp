@@ -16,7 +16,9 @@
 #include "placement/plan.h"
 #include "placement/plan_apply.h"
 #include "placement/plan_inputs.h"
+#include "placement/vram_ledger.h"
 #include "test_util.h"
+#include "util/parse.h"
 
 namespace {
 
@@ -32,7 +34,7 @@ struct Model {
   std::string path, rates;
   uint64_t fingerprint = 0;
   int layers = 0, experts = 0;
-  uint64_t expert_bytes = 0, needs = 0;  // needs: the device's bytes besides the experts (ctx 256, ubatch 64)
+  uint64_t expert_bytes = 0, needs = 0;  // needs: the device's bytes besides the experts (ctx 256, ubatch 64, the runs' PCIe reads)
   uint64_t slot_bytes = 0;                // an expert's slot on the device (its parts 256-byte padded)
   Model() {
     path = dir / "m.coli";
@@ -43,7 +45,11 @@ struct Model {
     layers = s.num_layers, experts = s.num_experts;
     for (const auto& b : c.manifest().blobs)
       if (b.kind == "expert") expert_bytes = std::max(expert_bytes, b.bytes);
-    needs = coli::device_needs(c, s, 256, 64).total();
+    // As coli-place plans by default: for runs that swap and read part of
+    // the misses over PCIe (whose one-token tables the reserve holds).
+    coli::VramSettings run;
+    run.n_ctx = 256, run.max_chunk = 64, run.swap = true, run.pcie_read_share = coli::kPcieReadAutoShare, run.expert_slots = 0;
+    needs = coli::device_needs(coli::VramLedger(c, s, run)).total();
     slot_bytes = coli::expert_slot(coli::expert_parts_of(c)).bytes();
     coli::MachineRates r;
     r.host_expert_gbs = 1, r.disk_gbs = 0.1;

@@ -180,9 +180,6 @@ class CudaBackend : public Backend {
   bool mixer_quant(int l, bool* nibble) const;
   bool moe_quant(int l, bool* nibble) const;
 
-  // Bytes the tier must leave for the KV cache, state, activations and
-  // workspaces of max_chunk tokens at the context size (charged later).
-  std::size_t runtime_reserve() const;
   int context_tokens() const;  // CudaOptions::n_ctx, or 4096
   HostRegistry::Lease registration_;  // CudaOptions::host_regions' pieces pinned for this backend
   HostRanges pinned_;                 // those pieces: copies from them run at the pinned rate

@@ -172,17 +172,13 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   budget_ = std::make_shared<DeviceBudget>(opt_.vram_budget);
   BudgetScope scope(budget_.get(), "the weights outside the routed experts");
   // One allocation for every weight (in a tiered run: every weight but the
-  // routed experts, which get slots of their own).
-  std::size_t total = 0;
-  // A matrix the twin holds takes no room here (put_matrix reads it there).
-  auto arena_bytes = [&](const TensorDesc& t) -> std::size_t {
+  // routed experts, which get slots of their own), as the VRAM ledger
+  // counts it; a matrix the twin holds takes no room here (put_matrix
+  // reads it there).
+  const std::size_t total = arena_bytes(s_, [&](const TensorDesc& t) -> uint64_t {
     if (t.form != TensorForm::kVector && twin_at(matrix_of(model, t).data, matrix_of(model, t).bytes())) return 0;
-    return WeightArena::padded(bytes_of(model, t));
-  };
-  for (const TensorDesc& t : model_tensors(s_, true)) total += arena_bytes(t);  // lm_head even when tied
-  for (int l = 0; l < s_.num_layers; ++l)
-    for (const TensorDesc& t : layer_tensors(s_, l))
-      if (!tiered_ || t.expert < 0) total += arena_bytes(t);
+    return bytes_of(model, t);
+  }, tiered_);
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   if (total + (256u << 20) > free_b)
@@ -245,7 +241,6 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   if (tiered_) ensure_buffers(std::max(1, opt_.max_chunk));  // charged before the slots take the rest
   ExpertTier::Setup ts;
   ts.model = &model, ts.opt = &opt_, ts.budget = budget_.get(), ts.stream = stream_, ts.pinned = &pinned_, ts.uploader = &uploader;
-  ts.runtime_reserve = runtime_reserve(), ts.context_tokens = context_tokens();
   tier_ = std::make_unique<ExpertTier>(ts, std::move(experts));
   phase("describe");
   const std::size_t staged = uploader.pending_bytes();
@@ -268,26 +263,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   phase("rest");
 }
 
-int CudaBackend::context_tokens() const { return opt_.n_ctx > 0 ? opt_.n_ctx : 4096; }
-
-std::size_t CudaBackend::runtime_reserve() const {
-  const std::size_t n_ctx = context_tokens(), T = std::max(1, opt_.max_chunk);
-  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
-  std::size_t bytes = std::size_t(s_.num_attention_layers()) * n_ctx * kv * 2 * sizeof(float);  // K and V
-  const std::size_t linear = s_.num_layers - s_.num_attention_layers();
-  bytes += linear * (std::size_t(s_.linear_conv_kernel - 1) * s_.linear_conv_dim() +
-                     std::size_t(s_.linear_num_value_heads) * s_.linear_key_head_dim * s_.linear_value_head_dim) * sizeof(float);
-  if (s_.num_attention_layers() > 0) {  // attention scratch at the context size (prepare())
-    int kps = 0;
-    std::size_t scratch = 0;
-    for (std::size_t t : {std::size_t(1), T})
-      scratch = split_kv_ ? std::max(scratch, t * s_.num_heads * (s_.head_dim + 2) * attention_splits(int(t), int(n_ctx), &kps))
-                          : std::max(scratch, t * s_.num_heads * n_ctx);
-    bytes += scratch * sizeof(float);
-  }
-  bytes += std::size_t(s_.vocab_size) * sizeof(float);  // the last row's logits
-  return bytes + (8u << 20);  // decode graphs (measured 0.7 MiB), allocation rounding
-}
+int CudaBackend::context_tokens() const { return vram_settings(opt_).context_tokens(); }
 
 TierStats CudaBackend::tier_stats() const {
   TierStats t;
@@ -359,26 +335,20 @@ std::unique_ptr<BackendState> CudaBackend::new_state() const {
 void CudaBackend::ensure_buffers(int T) {
   if (T <= buf_T_) return;
   BudgetScope scope(budget_.get(), "the activations of a chunk (--prefill-chunk / -ub)");
-  const std::size_t H = s_.hidden_size, t = T;
-  const std::size_t qg = std::size_t(s_.num_heads) * s_.head_dim * 2, cd = s_.linear_conv_dim();
-  const std::size_t heads_out = std::max<std::size_t>(std::size_t(s_.num_heads) * s_.head_dim, s_.linear_value_dim());
-  const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim, K = s_.num_experts_per_tok;
-  x_.resize(t * H), hn_.resize(t * H), mix_.resize(t * H), sh_.resize(t * H), routed_.resize(t * H);
-  proj_.resize(t * std::max(qg, cd));
-  z_.resize(t * s_.linear_value_dim()), b_.resize(t * s_.linear_num_value_heads), a_.resize(t * s_.linear_num_value_heads);
-  conv_out_.resize(t * cd), heads_out_.resize(t * heads_out), k_.resize(t * kv), v_.resize(t * kv);
-  rlogits_.resize(t * s_.num_experts), ridx_.resize(t * (K + 1)), rw_.resize(t * (K + 1));
-  sg_.resize(t * s_.shared_expert_intermediate_size), su_.resize(t * s_.shared_expert_intermediate_size), sgate_.resize(t);
-  act_.resize(t * (K + 1) * s_.moe_intermediate_size);
-  order_.resize(t * K), offsets_.resize(s_.num_experts + 1);
-  ey_.resize(t >= std::size_t(kGroupedMinTokens) ? t * K * H : 1);
-  if (T >= kFloatTiledMinTokens) router_work_.resize(float_tiled_work_floats(T, s_.num_experts, s_.hidden_size));
-  if (chunked_gdn_ && s_.num_attention_layers() < s_.num_layers)
-    gdn_work_.resize(gdn_chunk_workspace_floats(T, s_.linear_num_value_heads, s_.linear_key_head_dim, s_.linear_value_head_dim));
-  const std::size_t widest = std::max({H, std::size_t(s_.linear_value_dim()), std::size_t(s_.num_heads) * s_.head_dim,
-                                       std::size_t(s_.moe_intermediate_size), std::size_t(s_.shared_expert_intermediate_size)});
-  const std::size_t qn = std::max(t * widest, t * (K + 1) * s_.moe_intermediate_size) + 32;
-  qx_codes_.resize(qn), qx_scale_.resize(qn / 32 + 1), qx_sum_.resize(qn / 32 + 1);
+  // Every buffer's size from the VRAM ledger, which the planner reads too.
+  const ChunkBuffers n = chunk_buffers(s_, T, chunked_gdn_);
+  x_.resize(n.x), hn_.resize(n.hn), mix_.resize(n.mix), sh_.resize(n.sh), routed_.resize(n.routed);
+  proj_.resize(n.proj);
+  z_.resize(n.z), b_.resize(n.b), a_.resize(n.a);
+  conv_out_.resize(n.conv_out), heads_out_.resize(n.heads_out), k_.resize(n.k), v_.resize(n.v);
+  rlogits_.resize(n.rlogits), ridx_.resize(n.ridx), rw_.resize(n.rw);
+  sg_.resize(n.sg), su_.resize(n.su), sgate_.resize(n.sgate);
+  act_.resize(n.act);
+  order_.resize(n.order), offsets_.resize(n.offsets);
+  ey_.resize(n.ey);
+  if (n.router_work) router_work_.resize(n.router_work);
+  if (n.gdn_work) gdn_work_.resize(n.gdn_work);
+  qx_codes_.resize(n.qx_codes), qx_scale_.resize(n.qx_scale), qx_sum_.resize(n.qx_sum);
   qx_ = QuantX{qx_codes_.get(), qx_scale_.get(), qx_sum_.get()};
 
   buf_T_ = T;

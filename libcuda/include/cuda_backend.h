@@ -21,6 +21,7 @@
 #include "engine/expert_host.h"
 #include "model/weights.h"
 #include "placement/swap_policy.h"
+#include "placement/vram_ledger.h"
 #include "util/error.h"
 
 namespace coli::cuda {
@@ -162,6 +163,16 @@ struct CudaOptions {
   // host flag may not see it change. The same kernels and results, slower.
   bool serve_handoff_inline = false;
 };
+
+// The fields of o that size a run's device memory, for the VRAM ledger
+// (placement/vram_ledger.h) the backend and the planner share.
+inline VramSettings vram_settings(const CudaOptions& o) {
+  VramSettings v;
+  v.budget = o.vram_budget, v.expert_slots = o.expert_slots, v.n_ctx = o.n_ctx, v.max_chunk = o.max_chunk;
+  v.split_kv = o.split_kv, v.chunked_gdn = o.chunked_gdn, v.pcie_read_share = o.pcie_read_share;
+  v.decode_upload_max = o.decode_upload_max, v.prefill_upload = o.prefill_upload, v.swap = o.swap;
+  return v;
+}
 
 // Throws coli::Error naming the reason when no device is usable (or the
 // build has no CUDA), a matrix has a format the GPU kernels do not take

@@ -12,10 +12,6 @@
 
 namespace coli::cuda::detail {
 
-namespace {
-std::size_t padded(std::size_t n) { return (n + 255) / 256 * 256; }
-}  // namespace
-
 ExpertTier::ExpertTier(const Setup& su, std::vector<LayerInput> layers)
     : model_(*su.model), s_(su.model->spec()), opt_(*su.opt), budget_(su.budget), stream_(su.stream), pinned_(*su.pinned) {
   const int L = s_.num_layers;
@@ -32,7 +28,7 @@ ExpertTier::ExpertTier(const Setup& su, std::vector<LayerInput> layers)
     for (int l = 0; l < L; ++l) set_tables(l, std::move(layers[l].gate), std::move(layers[l].up), std::move(layers[l].down));
     return;
   }
-  build(*su.uploader, su.runtime_reserve, su.context_tokens);
+  build(*su.uploader);
 }
 
 // The device pointer tables of a layer's experts: entry e -> its gate / up
@@ -99,53 +95,38 @@ bool ExpertTier::pcie_readable(const ExpertWeights& x) const {
   return pinned(x.gate) && pinned(x.up) && pinned(x.down);
 }
 
-void ExpertTier::build(StagedUploader& uploader, uint64_t runtime_reserve, int context_tokens) {
+void ExpertTier::build(StagedUploader& uploader) {
   const int L = s_.num_layers, E = s_.num_experts;
   // A slot holds one expert's gate, up and down, each 256-byte aligned.
-  const MoeWeights& m0 = model_.layer(0).moe;
-  const std::size_t pg = padded(m0.experts[0].gate.bytes()), pu = padded(m0.experts[0].up.bytes()), pd = padded(m0.experts[0].down.bytes());
-  const std::size_t slot = pg + pu + pd;
-  expert_bytes_ = m0.experts[0].gate.bytes() + m0.experts[0].up.bytes() + m0.experts[0].down.bytes();
-  long long slots = opt_.expert_slots;
-  const uint64_t avail = budget_->available();
-  // What the decode upload's slots and buffers will take (DecodeUpload).
-  const std::size_t up_k = std::max(0, opt_.decode_upload_max);
-  // And the one-token tables of the PCIe reads (pcie_read_share).
-  const uint64_t one_tables = opt_.pcie_read_share > 0 ? uint64_t(L) * ((E + 2) * 3 * sizeof(void*) + E + 3 * 256) : 0;
-  const uint64_t reserve = runtime_reserve + one_tables +
-                           (up_k ? up_k * slot + (up_k * s_.moe_intermediate_size + s_.hidden_size + up_k) * 4 * 3 + (2u << 20) : 0);
-  // What the run will charge later (KV cache, state, scratch, logits) and
-  // the zero expert must fit now, or the run would fail part-way.
-  if (avail != UINT64_MAX && avail < reserve + slot)
-    throw Error("--vram-budget " + format_bytes(budget_->limit()) + " exceeded: the KV cache for " + std::to_string(context_tokens) +
-                " tokens, the recurrent state and the scratch need " + format_bytes(reserve + slot) + " with " + format_bytes(budget_->in_use()) +
-                " already in use by the trunk and the activations");
-  if (slots < 0) slots = avail == UINT64_MAX ? static_cast<long long>(L) * E : static_cast<long long>((avail - reserve) / slot) - 1;
+  const ExpertParts parts = expert_parts_of(model_);
+  const ExpertSlot es = expert_slot(parts);
+  const std::size_t pg = es.gate, pu = es.up, slot = es.bytes();
+  expert_bytes_ = parts.gate + parts.up + parts.down;
   if (!opt_.heat.empty() && opt_.heat.size() != std::size_t(L) * E)
     throw Error("CUDA backend: the heat has " + std::to_string(opt_.heat.size()) + " counts, the model " + std::to_string(L * E) + " experts");
-  plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
+  // What the run will charge later (KV cache, state, scratch, logits, the
+  // levers' tables and slots) and the zero expert must fit now, or the run
+  // would fail part-way; the rest holds slots (and hybrid prefill's two
+  // staging areas come out of them): the VRAM ledger's arithmetic.
+  const VramSettings run = vram_settings(opt_);
+  TierFillInputs in;
+  in.layers = L, in.experts = E, in.avail = budget_->available(), in.reserve = coli::runtime_reserve(s_, run, slot).total(), in.slot = slot;
+  in.expert_slots = opt_.expert_slots, in.prefill_upload = opt_.prefill_upload, in.swap = opt_.swap;
+  in.heat = opt_.heat.empty() ? nullptr : &opt_.heat;
+  const TierFill fill = fill_tier(in);
+  if (!fill.fits)
+    throw Error("--vram-budget " + format_bytes(budget_->limit()) + " exceeded: the KV cache for " + std::to_string(run.context_tokens()) +
+                " tokens, the recurrent state and the scratch need " + format_bytes(fill.need) + " with " + format_bytes(budget_->in_use()) +
+                " already in use by the trunk and the activations");
+  plan_ = fill.plan;
   slot_bytes_ = slot;
-  // Hybrid prefill's two staging areas come out of what the slots would take.
-  bool prefill = opt_.prefill_upload && !plan_.all();
-  if (prefill && avail != UINT64_MAX) {
-    const TierPlan full = plan_;
-    const long long full_slots = slots;
-    // The tables: three pointer arrays of E + 1 per layer (charged as allocated).
-    const uint64_t tables = uint64_t(L) * (E + 1) * sizeof(void*) * 3;
-    auto fits = [&] { return reserve + slot * (plan_.count + 1) + prefill_stage_bytes(plan_) + tables <= avail; };
-    while (!fits() && opt_.expert_slots < 0 && plan_.count > 0) {
-      slots = std::max(0LL, slots - std::max(1LL, slots / 64));
-      plan_ = plan_tier(L, E, slots, opt_.heat.empty() ? nullptr : &opt_.heat);
-    }
-    prefill = fits();
-    if (!prefill) plan_ = full, slots = full_slots;  // prompts hand their misses to the host as decode steps do
-  }
+  const bool prefill = fill.prefill;
   if (!plan_.all() && !opt_.expert_host)
     throw Error("CUDA backend: the expert tier holds " + std::to_string(plan_.count) + " of " + std::to_string(L * E) +
                 " experts and no host computes the others (CudaOptions::expert_host)");
   {
     BudgetScope scope(budget_, "the expert slots");
-    slots_.resize(slot * (plan_.count + (plan_.all() ? 0 : 1)));
+    slots_.resize(fill.slot_array);
   }
   uint8_t* next = slots_.get();
   const uint8_t* zero = nullptr;
@@ -205,7 +186,7 @@ void ExpertTier::build(StagedUploader& uploader, uint64_t runtime_reserve, int c
       else decode_upload_.reset();  // no expert in pinned memory (no registered mirror): nothing to upload from
     }
   }
-  if (prefill) init_prefill_upload();
+  if (prefill) init_prefill_upload(fill.stage_slots);
   if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps();  // after: its policy depends on the prefill uploads
 }
 

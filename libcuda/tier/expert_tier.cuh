@@ -45,16 +45,18 @@
 #include "expert_handoff.cuh"
 #include "host_registry.cuh"
 #include "kernels.cuh"
+#include "placement/device_sizes.h"
 #include "placement/swap_policy.h"
 #include "placement/tier_plan.h"
+#include "placement/vram_ledger.h"
 
 namespace coli::cuda::detail {
 
 class PrefillStager;
 class StagedUploader;
 
-constexpr int kSwapsInFlight = 8;     // background swaps at once (tier_swaps.cu)
-constexpr int kGroupedMinTokens = 4;  // chunks of this many tokens group their experts' pairs (moe_grouped)
+constexpr int kSwapsInFlight = kTierSwapsInFlight;     // background swaps at once (tier_swaps.cu; placement/device_sizes.h)
+constexpr int kGroupedMinTokens = kMoeGroupedMinTokens;  // chunks of this many tokens group their experts' pairs (moe_grouped)
 
 // A layer's routed experts on the device: their format and pointer tables.
 struct DevExperts {
@@ -86,11 +88,12 @@ class ExpertTier {
     cudaStream_t stream = nullptr;     // the compute stream
     const HostRanges* pinned = nullptr;  // host ranges registered with the device (HostRegistry)
     StagedUploader* uploader = nullptr;  // the start's upload pipeline: fills the slots
-    uint64_t runtime_reserve = 0;      // bytes the run charges later (KV cache, state, scratch, logits)
-    int context_tokens = 4096;         // the KV cache's size, for messages
   };
   // Builds the tables, and under a budget the slots, the handoff and the
-  // options' levers. Throws coli::Error naming what does not fit.
+  // options' levers: what the budget has left after the backend's charges
+  // so far holds the VRAM ledger's runtime reserve, then the slots
+  // (placement/vram_ledger.h: fill_tier, the planner's arithmetic too).
+  // Throws coli::Error naming what does not fit.
   ExpertTier(const Setup& setup, std::vector<LayerInput> layers);
   ~ExpertTier();
   ExpertTier(const ExpertTier&) = delete;
@@ -164,7 +167,7 @@ class ExpertTier {
   // Construction (expert_tier.cu).
   void set_tables(int layer, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp, bool one_token = false,
                   const std::array<const uint8_t*, 3>& zero = {});
-  void build(StagedUploader& uploader, uint64_t runtime_reserve, int context_tokens);
+  void build(StagedUploader& uploader);
   std::vector<uint8_t> pcie_read_set();
   bool pcie_readable(const ExpertWeights& x) const;  // its three matrices in registered host memory
   const uint8_t* mapped(const uint8_t* host) const;
@@ -176,9 +179,7 @@ class ExpertTier {
   void free_swaps();
   void set_entry(int pair, const uint8_t* slot, bool resident);
   // Prefill staging (prefill_upload.cu).
-  int prefill_stage_slots(const TierPlan& plan) const;
-  std::size_t prefill_stage_bytes(const TierPlan& plan) const;
-  void init_prefill_upload();
+  void init_prefill_upload(int stage_slots);
   void free_prefill_upload();
   void refresh_prefill_tables();
   void upload_layer_experts(int l);

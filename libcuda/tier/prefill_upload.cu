@@ -12,20 +12,13 @@
 
 namespace coli::cuda::detail {
 
-// Staging slots per area: the most experts a layer leaves out, plus one
-// per swap in flight (a swap evicts its victim before the candidate's copy
-// lands, and swaps stay within a layer: SwapPolicyOptions::within_layer).
-int ExpertTier::prefill_stage_slots(const TierPlan& plan) const {
-  int most = 0;
-  for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
-  return std::min(plan.experts, most + (opt_.swap && plan.count > 0 ? kSwapsInFlight : 0));
-}
-
-std::size_t ExpertTier::prefill_stage_bytes(const TierPlan& plan) const { return 2 * static_cast<std::size_t>(prefill_stage_slots(plan)) * slot_bytes_; }
-
-void ExpertTier::init_prefill_upload() {
+// Staging slots per area (the VRAM ledger's prefill_stage_slots): the
+// most experts a layer leaves out, plus one per swap in flight (a swap
+// evicts its victim before the candidate's copy lands, and swaps stay
+// within a layer: SwapPolicyOptions::within_layer).
+void ExpertTier::init_prefill_upload(int stage_slots) {
   const int L = s_.num_layers, E = s_.num_experts;
-  const int most = prefill_stage_slots(plan_);
+  const int most = stage_slots;
   pu_.stage_slots = most;
   {
     BudgetScope scope(budget_, "the prefill staging areas");

@@ -40,12 +40,19 @@ std::vector<int> chunks_up_to(const std::vector<int>& sizes, int chunk) {
 }  // namespace
 
 PlannerInputs plan_inputs(const Container& c, const ModelSpec& spec, const PlanRequest& r, std::string* rates_from) {
-  PlannerInputs in = planner_inputs(c, spec, r.vram_budget, r.ram_budget.value_or(0), r.ctx, r.chunk, r.prefill_upload);
+  // The VRAM the run's backend will have for slots, by the ledger it uses:
+  // its reserve holds the PCIe reads' one-token tables when they are on.
+  const double share = pcie_read_share(r.pcie_read, /*mirror=*/true, false);  // the RAM tier is the mirror the runs read
+  VramSettings run;
+  run.budget = r.vram_budget, run.n_ctx = r.ctx, run.max_chunk = r.chunk;
+  run.prefill_upload = r.prefill_upload, run.swap = true;  // the runs swap unless --no-swap
+  run.pcie_read_share = share;
+  PlannerInputs in = planner_inputs(c, spec, run, r.ram_budget.value_or(0));
   if (!r.ram_budget) in.ram_budget = in.ram_bytes = uint64_t(in.layers) * in.experts * in.expert_bytes;
   const Heat h = planning_heat(r.heat, c, spec, r.mirror);
   if (h.tokens() > 0) in.heat.assign(h.counts().begin(), h.counts().end()), in.heat_tokens = h.tokens();
   in.rates = rates_for(r.rates_file, expert_format_name(c), rates_from);
-  in.pcie_read_share = pcie_read_share(r.pcie_read, /*mirror=*/true, false);  // the RAM tier is the mirror the runs read
+  in.pcie_read_share = share;
   in.pcie_read_offset = r.pcie_read_offset;
   in.chunks = chunks_up_to(r.chunks, r.chunk);
   return in;
