@@ -9,7 +9,10 @@
 #       TOOLS="memcheck racecheck synccheck initcheck"
 #       LAYERS=4                          the hybrid run's real-shaped model (3 DeltaNet + 1 attention layer)
 #       LIMIT=300                         seconds per (sanitizer, test) before it counts as not finished
-#       JOBS=8                            sanitizer runs at once (each test is its own process)
+#       JOBS=1                            sanitizer runs at once (each test is its own process; two or
+#                                         more slow each other down far more than they overlap: 16 s
+#                                         alone, over 240 s with 3 others, for one memcheck run)
+#       PAIRS="TOOL:TEST ..."             only these (sanitizer, test) runs (TEST: a test's full name or hybrid)
 #
 # Each (sanitizer, test) pair runs as its own process, JOBS at a time: the
 # tests then share the device, and say so to the tests
@@ -31,7 +34,7 @@ bin=${BIN:-build/bin}
 tools=${TOOLS:-memcheck racecheck synccheck initcheck}
 layers=${LAYERS:-4}
 limit=${LIMIT:-300}
-jobs=${JOBS:-8}
+jobs=${JOBS:-1}
 cs=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -72,12 +75,19 @@ one() {
 export -f one
 export out bin limit cs hybrid
 
-for tool in $tools; do
-  for t in $tests hybrid; do
-    [ "$tool" = racecheck ] && [[ "$threaded" == *" $t "* ]] && continue
-    echo "$tool $t"
+pairs() {
+  if [ -n "${PAIRS:-}" ]; then
+    for p in $PAIRS; do echo "${p%%:*} ${p#*:}"; done
+    return
+  fi
+  for tool in $tools; do
+    for t in $tests hybrid; do
+      [ "$tool" = racecheck ] && [[ "$threaded" == *" $t "* ]] && continue
+      echo "$tool $t"
+    done
   done
-done | xargs -P "$jobs" -L 1 bash -c 'one "$0" "$1"'
+}
+pairs | xargs -P "$jobs" -L 1 bash -c 'one "$0" "$1"'
 "$bin/coli-pin" stop --model "$model" >/dev/null 2>&1 || true
 
 {

@@ -1,5 +1,5 @@
 // Host cost of launching a CUDA graph of N empty kernels, by node kind
-// (libcuda/graph_probe.h): the counters are microseconds per launch
+// (libcuda/include/graph_probe.h): the counters are microseconds per launch
 // (launch_us: inside cudaGraphLaunch; replay_us: launch to completion).
 // Skipped with the reason when no device is usable.
 #include <benchmark/benchmark.h>
