@@ -450,33 +450,36 @@ TEST(VramLedgerCuda, TheBackendHoldsTheLedgersSlots) {
   std::string why;
   if (coli::cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
   coli::test::TempDir d;
-  const auto m = coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", coli::QuantFormat::I4_G32);
-  const ModelSpec& s = m->spec();
-  const uint64_t L = s.num_layers, E = s.num_experts;
-  for (bool prefill : {false, true}) {
-    VramSettings run;
-    run.budget = 1, run.n_ctx = 512, run.max_chunk = 64, run.prefill_upload = prefill, run.swap = false;
-    const VramLedger ledger(*m, run);
-    const uint64_t floor = ledger.device_floor(), slot = ledger.slot().bytes();
-    for (uint64_t budget : {floor - 1, floor, floor + slot + 100, floor + 17 * slot, floor + 64 * slot + slot / 2, floor + 100 * slot,
-                            floor + 127 * slot, floor + 128 * slot, floor + 200 * slot}) {
-      coli::cuda::CudaOptions o;
-      o.vram_budget = budget, o.n_ctx = run.n_ctx, o.max_chunk = run.max_chunk, o.prefill_upload = prefill;
-      o.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*m, 2);
-      const TierFill f = ledger.fill(budget);
-      std::unique_ptr<coli::Backend> b;
-      try {
-        b = coli::cuda::make_cuda_backend(*m, o);
-      } catch (const coli::Error& e) {
-        EXPECT_FALSE(f.fits) << "budget " << budget << ": " << e.what();
-        continue;
+  for (coli::QuantFormat format : {coli::QuantFormat::I4_G32, coli::QuantFormat::I8}) {
+    const auto m = coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", d / (std::string(coli::format_name(format)) + ".coli"), format);
+    const ModelSpec& s = m->spec();
+    const uint64_t L = s.num_layers, E = s.num_experts;
+    for (bool prefill : {false, true}) {
+      VramSettings run;
+      run.budget = 1, run.n_ctx = 512, run.max_chunk = 64, run.prefill_upload = prefill, run.swap = false;
+      const VramLedger ledger(*m, run);
+      const uint64_t floor = ledger.device_floor(), slot = ledger.slot().bytes();
+      for (uint64_t budget : {floor - 1, floor, floor + slot + 100, floor + 17 * slot, floor + 64 * slot + slot / 2, floor + 100 * slot,
+                              floor + 127 * slot, floor + 128 * slot, floor + 200 * slot}) {
+        SCOPED_TRACE(std::string(coli::format_name(format)) + " budget " + std::to_string(budget) + " prefill " + std::to_string(prefill));
+        coli::cuda::CudaOptions o;
+        o.vram_budget = budget, o.n_ctx = run.n_ctx, o.max_chunk = run.max_chunk, o.prefill_upload = prefill;
+        o.expert_host = std::make_shared<coli::cpu::CpuExpertHost>(*m, 2);
+        const TierFill f = ledger.fill(budget);
+        std::unique_ptr<coli::Backend> b;
+        try {
+          b = coli::cuda::make_cuda_backend(*m, o);
+        } catch (const coli::Error& e) {
+          EXPECT_FALSE(f.fits) << e.what();
+          continue;
+        }
+        EXPECT_TRUE(f.fits);
+        const coli::TierStats ts = b->tier_stats();
+        EXPECT_EQ(ts.resident, f.plan.count);
+        const uint64_t expected = ledger.before_slots() + f.slot_array + L * E + L * 3 * 8 * E + (run.max_chunk + 1) * 4 + L * E * 8 +
+                                  (f.prefill ? f.stage_bytes + f.prefill_tables : 0);
+        EXPECT_EQ(ts.vram_peak, expected);
       }
-      EXPECT_TRUE(f.fits) << "budget " << budget;
-      const coli::TierStats ts = b->tier_stats();
-      EXPECT_EQ(ts.resident, f.plan.count) << "budget " << budget << " prefill " << prefill;
-      const uint64_t expected = ledger.before_slots() + f.slot_array + L * E + L * 3 * 8 * E + (run.max_chunk + 1) * 4 + L * E * 8 +
-                                (f.prefill ? f.stage_bytes + f.prefill_tables : 0);
-      EXPECT_EQ(ts.vram_peak, expected) << "budget " << budget << " prefill " << prefill;
     }
   }
 }
