@@ -42,7 +42,6 @@ class WeightArena {
     used_ += n;
     return dst;
   }
-  static std::size_t padded(std::size_t n) { return (n + 255) / 256 * 256; }
 
  private:
   DeviceArray<uint8_t> base_;
@@ -183,7 +182,6 @@ class CudaBackend : public Backend {
   int context_tokens() const;  // CudaOptions::n_ctx, or 4096
   HostRegistry::Lease registration_;  // CudaOptions::host_regions' pieces pinned for this backend
   HostRanges pinned_;                 // those pieces: copies from them run at the pinned rate
-  double register_ms_ = 0;
   std::vector<std::pair<std::string, double>> start_phases_;  // the constructor's timed phases
 
   const ModelSpec& s_;

@@ -168,5 +168,4 @@ bool CudaBackend::read_heat(std::vector<uint64_t>& counts) {
   return true;
 }
 
-
 }  // namespace coli::cuda::detail

@@ -6,7 +6,6 @@
 #include "backend_impl.cuh"
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -135,7 +134,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   check(cudaSetDevice(opt.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   phase("context");
-  tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
+  tiered_ = vram_settings(opt_).tiered();
   graph_timing_ = opt_.profile == CudaProfile::kGraph;
   profile_ = opt_.profile == CudaProfile::kSteps;
   if (profile_ || opt_.serve_handoff_inline) opt_.graphs = false;  // neither can run inside a captured graph
@@ -143,7 +142,6 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     // The mirror's pages, pinned through the process's registry (a second
     // backend over the same mirror takes a reference, not a second
     // registration) when an option copies experts from them during the run.
-    const auto t0 = std::chrono::steady_clock::now();
     const bool needed = tiered_ && (opt_.decode_upload_max > 0 || opt_.pcie_read_share > 0 || opt_.prefill_upload);
     const bool reg = opt_.register_hosts == CudaOptions::Register::kAlways || (opt_.register_hosts == CudaOptions::Register::kWhenNeeded && needed);
     for (auto [p, n] : opt_.host_regions) {
@@ -152,7 +150,6 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
       for (auto piece : lease.pieces()) pinned_.push_back(piece);
       registration_.adopt(std::move(lease));
     }
-    register_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   phase("register");
   // A device twin (coli-pin start --gpu) on this device: mapped once.

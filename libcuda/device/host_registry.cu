@@ -49,30 +49,17 @@ HostRegistry::Lease HostRegistry::lease(const void* p, std::size_t n) {
   for (std::size_t o = 0; o < n; o += kPiece) {
     void* piece = const_cast<uint8_t*>(static_cast<const uint8_t*>(p)) + o;
     const std::size_t len = std::min(kPiece, n - o);
-    auto same = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.base == piece && e.len == len; });
-    if (same != entries_.end()) {  // registered already: one more reference
-      ++same->refs;
-      out.pieces_.push_back({piece, len});
+    // Registered already (the same piece, or one holding it): one more
+    // reference on that registration. A piece that only overlaps registered
+    // bytes cannot be registered (the driver refuses): left to the pageable
+    // path.
+    auto held = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return inside(e.base, e.len, piece, len); });
+    if (held != entries_.end()) {
+      ++held->refs;
+      out.pieces_.push_back({held->base, held->len});
       continue;
     }
-    // A piece inside a registered one is pinned as it is; one that only
-    // overlaps registered bytes cannot be registered (the driver refuses):
-    // left to the pageable path.
-    bool covered = false, clash = false;
-    for (const Entry& e : entries_) {
-      covered = covered || inside(e.base, e.len, piece, len);
-      clash = clash || overlaps(e.base, e.len, piece, len);
-    }
-    if (covered) {
-      for (Entry& e : entries_)
-        if (inside(e.base, e.len, piece, len)) {
-          ++e.refs;
-          out.pieces_.push_back({e.base, e.len});
-          break;
-        }
-      continue;
-    }
-    if (clash) continue;
+    if (std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) { return overlaps(e.base, e.len, piece, len); })) continue;
     if (cudaHostRegister(piece, len, cudaHostRegisterDefault) != cudaSuccess) {
       cudaGetLastError();  // not registrable: the pageable path
       continue;

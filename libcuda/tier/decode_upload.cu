@@ -20,14 +20,8 @@ ExpertTier::DecodeUpload::DecodeUpload(ExpertTier& t) : t_(t) {
   // Which experts' weights are in pinned (registered) host memory: only
   // those can be copied asynchronously at the pinned rate.
   pinned_.assign(static_cast<std::size_t>(L) * E, 0);
-  // Pinned: inside one of the registered ranges (a copy across two would be
-  // refused).
-  auto is_pinned = [&](const Matrix& m) { return within_any(t.pinned_, m.data, m.bytes()); };
   for (int l = 0; l < L; ++l)
-    for (int e = 0; e < E; ++e) {
-      const ExpertWeights& x = model.layer(l).moe.experts[e];
-      pinned_[static_cast<std::size_t>(l) * E + e] = is_pinned(x.gate) && is_pinned(x.up) && is_pinned(x.down);
-    }
+    for (int e = 0; e < E; ++e) pinned_[static_cast<std::size_t>(l) * E + e] = t.in_pinned_memory(model.layer(l).moe.experts[e]);
   BudgetScope scope(t.budget_, "the decode upload slots");
   stage_.resize(static_cast<std::size_t>(k_) * t.slot_bytes_);
   std::vector<const uint8_t*> g(k_), u(k_), d(k_);

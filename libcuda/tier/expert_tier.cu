@@ -15,7 +15,7 @@ namespace coli::cuda::detail {
 ExpertTier::ExpertTier(const Setup& su, std::vector<LayerInput> layers)
     : model_(*su.model), s_(su.model->spec()), opt_(*su.opt), budget_(su.budget), stream_(su.stream), pinned_(*su.pinned) {
   const int L = s_.num_layers;
-  tiered_ = opt_.vram_budget > 0 || opt_.expert_slots >= 0;
+  tiered_ = vram_settings(opt_).tiered();
   experts_.resize(L);
   shared_.resize(L);
   for (int l = 0; l < L; ++l) {
@@ -81,7 +81,7 @@ std::vector<uint8_t> ExpertTier::pcie_read_set() {
   for (int l = 0; l < L; ++l)
     for (int e = 0; e < E; ++e) {
       const std::size_t i = static_cast<std::size_t>(l) * E + e;
-      if (!plan_.resident[i] && pcie_readable(model_.layer(l).moe.experts[e])) set[i] = 1, ++pcie_read_;
+      if (!plan_.resident[i] && in_pinned_memory(model_.layer(l).moe.experts[e])) set[i] = 1, ++pcie_read_;
     }
   if (!pcie_read_) return {};
   int same = 0;
@@ -90,7 +90,7 @@ std::vector<uint8_t> ExpertTier::pcie_read_set() {
   return set;
 }
 
-bool ExpertTier::pcie_readable(const ExpertWeights& x) const {
+bool ExpertTier::in_pinned_memory(const ExpertWeights& x) const {
   auto pinned = [&](const Matrix& m) { return within_any(pinned_, m.data, m.bytes()); };
   return pinned(x.gate) && pinned(x.up) && pinned(x.down);
 }

@@ -169,7 +169,9 @@ class ExpertTier {
                   const std::array<const uint8_t*, 3>& zero = {});
   void build(StagedUploader& uploader);
   std::vector<uint8_t> pcie_read_set();
-  bool pcie_readable(const ExpertWeights& x) const;  // its three matrices in registered host memory
+  // Its gate, up and down each inside one registered host range: the
+  // device may read it in place or copy it at the pinned rate.
+  bool in_pinned_memory(const ExpertWeights& x) const;
   const uint8_t* mapped(const uint8_t* host) const;
   uint8_t* slot_address(long long slot) const { return slots_.get() + static_cast<std::size_t>(slot) * slot_bytes_; }
   // Swaps (tier_swaps.cu).

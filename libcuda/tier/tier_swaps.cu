@@ -66,7 +66,7 @@ void ExpertTier::set_entry(int pair, const uint8_t* slot, bool resident) {
   // when its bytes are registered, else the host's).
   if (!one_resident_.empty()) {
     const ExpertWeights& w = model_.layer(l).moe.experts[e];
-    const bool pcie = !resident && pcie_readable(w);
+    const bool pcie = !resident && in_pinned_memory(w);
     const uint8_t *g = slot, *u = slot + slot_up_, *d = slot + slot_down_;
     if (pcie) g = mapped(w.gate.data), u = mapped(w.up.data), d = mapped(w.down.data);
     set_entry_kernel<<<1, 1, 0, stream_>>>(x.one_gate_ptrs.get(), x.one_up_ptrs.get(), x.one_down_ptrs.get(), one_resident_[l].get(), e, g, u, d,
