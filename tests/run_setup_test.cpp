@@ -98,10 +98,10 @@ TEST(RunSetup, FitsTheWholeModelABudgetOrNothing) {
   EXPECT_EQ(cli::fit_device(100 * MiB, 256 * MiB, 1, 1).kind, K::kCpu) << "a margin larger than what is free leaves nothing";
 }
 
-// The chunk: the most prefill among the sizes that keep decode within 5 %.
+// The chunk: the most prefill among the sizes that keep decode within 8 %.
 TEST(RunSetup, PicksTheLargestChunkDecodeAffords) {
-  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(99, 1500), pred(95.5, 2000), pred(90, 2500)}), 2u);
-  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(94, 1500), pred(93, 2000), pred(92, 2500)}), 0u);
+  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(99, 1500), pred(92.5, 2000), pred(90, 2500)}), 2u);
+  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(91, 1500), pred(90, 2000), pred(89, 2500)}), 0u);
   EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(99, 0), pred(98, 0)}), 0u) << "prompts that cannot upload gain nothing from a larger chunk";
   EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(100, 1000), pred(100, 900)}), 0u) << "ties: the smaller chunk";
   EXPECT_EQ(cli::pick_chunk({pred(80, 1000), pred(100, 900)}), 1u) << "the first size can be the one decode cannot afford";
@@ -197,9 +197,11 @@ TEST(RunSetupCuda, TakesTheFreeMemoryItFinds) {
   EXPECT_LT(ts0.resident, ts0.experts);
   EXPECT_EQ(s.host_memory, "container") << "no mirror: the container's mapping is registered";
   EXPECT_GT(ts0.pinned_host_bytes, 0u);
-  EXPECT_TRUE(ts0.prefill_upload) << "pinned weights: prompts upload the tier's misses";
   EXPECT_EQ(s.plan_source, "even");
   const std::string line = cli::notice(s);
+  // Pinned weights: prompts upload the tier's misses when the staging fits
+  // beside the tier (the VRAM ledger's test), and the line says which.
+  EXPECT_EQ(line.find("prompts on the GPU") != std::string::npos, ts0.prefill_upload) << line;
   EXPECT_NE(line.find("VRAM budget"), std::string::npos) << line;
   EXPECT_NE(line.find("--vram-margin"), std::string::npos) << line;
   EXPECT_NE(line.find("experts in VRAM"), std::string::npos) << line;

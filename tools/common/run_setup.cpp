@@ -221,7 +221,7 @@ std::string notice(const RunSetup& s) {
       l += share;
     }
   }
-  if (s.host_memory == "container") l += "; weights pinned (the container registered, " + gib(t.pinned_host_bytes) + ")";
+  if (s.host_memory == "container") l += "; weights pinned (the container registered, " + format_bytes(t.pinned_host_bytes) + ")";
   else if (s.host_memory.rfind("mirror ", 0) == 0) l += "; weights pinned (coli-pin " + s.host_memory + ")";
   else l += "; weights pageable (" + s.pageable_why + ")";
   l += t.prefill_upload || t.resident == t.experts ? "; prompts on the GPU" : "; prompts' missing experts on the CPU";

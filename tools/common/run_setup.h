@@ -50,7 +50,7 @@ namespace coli::cli {
 // kChunkDecodeCost (the planner's predictions at each size; a size whose
 // prompt uploads do not fit beside the plan's experts gains nothing).
 inline constexpr int kChunkChoices[] = {512, 1024, 2048, 4096};
-inline constexpr double kChunkDecodeCost = 0.05;
+inline constexpr double kChunkDecodeCost = 0.08;
 inline constexpr int kDefaultChunk = 512;
 
 struct DeviceFit {
