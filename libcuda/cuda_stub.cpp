@@ -24,6 +24,11 @@ std::string describe_device(int) { return "none (built without CUDA)"; }
 
 std::size_t device_free_bytes() { return 0; }
 
+std::size_t device_total_bytes() { return 0; }
+
+DeviceMemoryHold::DeviceMemoryHold(std::size_t) { throw Error("CUDA: no usable device: built without CUDA"); }
+DeviceMemoryHold::~DeviceMemoryHold() = default;
+
 std::size_t registered_host_ranges() { return 0; }
 
 void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {

@@ -30,7 +30,7 @@ std::string run_to_string(RecordFormat f, const std::vector<std::string>& models
   o.prompt_gen = {{8, 2}};
   o.n_depth = {0, 5};
   o.repetitions = 2;
-  *failures = run_bench(o, [](const Model& m, const MirrorAttachment*, int, uint64_t) { return std::make_unique<cpu::CpuBackend>(m); }, w, nullptr);
+  *failures = run_bench(o, [](const BackendRequest& q) { return BenchBackend{std::make_unique<cpu::CpuBackend>(*q.model), 512, {}}; }, w, nullptr);
   std::fclose(mem);
   std::string s(buf, len);
   std::free(buf);

@@ -189,6 +189,17 @@ TEST(RunOptions, FlagsBecomeCudaOptions) {
   t.plan = nullptr;
   EXPECT_EQ(co.expert_host, nullptr) << "--device cpu: no GPU to hand experts off from";
   EXPECT_TRUE(co.host_regions.empty());
+  EXPECT_TRUE(co.read_only_host_regions.empty());
+  // Without a mirror, the container's span: registered read-only, and
+  // auto's PCIe share with it; prefill uploads as the target chose.
+  const cli::RunFlags a = run_flags({"--vram-budget", "2G"});
+  t.container_span = cli::host_span(*model), t.prefill_upload = true;
+  co = cli::cuda_options(base, a, t);
+  ASSERT_EQ(co.read_only_host_regions.size(), 1u);
+  EXPECT_EQ(co.read_only_host_regions[0], t.container_span);
+  EXPECT_EQ(co.pcie_read_share, coli::kPcieReadAutoShare);
+  EXPECT_TRUE(co.prefill_upload);
+  t.container_span = {nullptr, 0}, t.prefill_upload = false;
   co = cli::cuda_options(base, run_flags({"--vram-budget", "2G", "--pcie-read", "0.5", "--decode-upload", "2"}), t);
   EXPECT_EQ(co.pcie_read_share, 0.5) << "a given share is kept";
   EXPECT_EQ(co.decode_upload_max, 2);
@@ -207,14 +218,13 @@ TEST(RunFlags, ChecksWithTheToolsMessages) {
   EXPECT_EQ(run_flags({"--device", "gpu", "--reference"}).device, "cpu") << "--reference: the CPU, --device unread";
   EXPECT_EQ(run_flags({}).device, "auto");
   EXPECT_EQ(usage_error({"--heat", ""}), "--heat needs a FILE or 'none'");
-  EXPECT_EQ(usage_error({"--plan", "auto"}), "--plan auto plans for a --vram-budget: give one");
+  EXPECT_EQ(usage_error({"--plan", "auto"}), "(no usage error)") << "auto is the default";
   EXPECT_EQ(usage_error({"--vram-budget", "0"}), "--vram-budget must be more than 0");
   EXPECT_EQ(usage_error({"--vram-budget", "1G,0"}, cli::Tool::kBench), "--vram-budget values must be more than 0");
   EXPECT_EQ(run_flags({"--vram-budget", "1G,2G"}, cli::Tool::kBench).vram_budgets, (std::vector<uint64_t>{1ull << 30, 2ull << 30}));
   EXPECT_EQ(usage_error({"--mirror", "a/b"}).find("--mirror"), 0u);
-  // The tier's companions: coli-run checks them under a budget (they do
-  // nothing without one), coli-bench always.
-  EXPECT_EQ(usage_error({"--decode-upload", "-1"}), "(no usage error)");
+  // The tier's companions: checked always (a budget is auto by default).
+  EXPECT_EQ(usage_error({"--decode-upload", "-1"}), "--decode-upload must be >= 0");
   EXPECT_EQ(usage_error({"--vram-budget", "1G", "--decode-upload", "-1"}), "--decode-upload must be >= 0");
   EXPECT_EQ(usage_error({"--decode-upload", "-1"}, cli::Tool::kBench), "--decode-upload must be >= 0");
   EXPECT_NE(usage_error({"--vram-budget", "1G", "--pcie-read", "x"}).find("--pcie-read"), std::string::npos);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <ctime>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <span>
@@ -345,8 +346,8 @@ class BenchRun {
 
  private:
   json base_record(const Config& c) const;
-  void start(const Config& c, json& base, std::unique_ptr<Backend>& backend, std::unique_ptr<Engine>& engine);
-  void write_records(const Config& c, const json& base, const std::string& error, Engine* engine, Backend* backend);
+  void start(const Config& c, json& base, std::unique_ptr<Backend>& backend, std::unique_ptr<Engine>& engine, int* n_ubatch);
+  void write_records(const Config& c, int n_ubatch, const json& base, const std::string& error, Engine* engine, Backend* backend);
 
   const BenchOptions& opt_;
   const BackendFactory& make_backend_;
@@ -374,27 +375,35 @@ json BenchRun::base_record(const Config& c) const {
   const int threads = c.threads_req > 0 ? c.threads_req : default_threads();
   json base = {{"build_commit", commit_}, {"cpu_info", cpu_}, {"gpu_info", ""}, {"backends", "CPU"}, {"model_filename", c.model_path},
                {"n_batch", c.n_batch}, {"n_ubatch", c.n_ubatch}, {"n_threads", threads}, {"repetitions", opt_.repetitions}};
-  if (c.vram_budget) base["vram_budget_mb"] = static_cast<double>(c.vram_budget) / (1 << 20);
   return base;
 }
 
 // The model (loaded when it changes), the backend and the engine of c.
-void BenchRun::start(const Config& c, json& base, std::unique_ptr<Backend>& backend, std::unique_ptr<Engine>& engine) {
+void BenchRun::start(const Config& c, json& base, std::unique_ptr<Backend>& backend, std::unique_ptr<Engine>& engine, int* n_ubatch) {
   if (cur_.path != c.model_path || !cur_.model) {
     save_heat();
     cur_ = Loaded{};
     load(cur_, c.model_path, opt_, log_);
   }
-  if (c.n_ubatch < 1) throw Error("n_ubatch must be >= 1");
-  backend = make_backend_(*cur_.model, cur_.mirror.get(), c.threads_req, c.vram_budget);
-  engine = std::make_unique<Engine>(cur_.model->spec(), *backend, c.n_ubatch);
+  if (c.n_ubatch < 0) throw Error("n_ubatch must be >= 1 (0: chosen)");
+  BenchBackend made = make_backend_({cur_.model.get(), cur_.mirror.get(), c.model_path, c.threads_req, c.vram_budget, c.n_ubatch, cur_.heat.get()});
+  if (made.n_ubatch < 1) throw Error("the backend factory chose no chunk size");
+  backend = std::move(made.backend);
+  *n_ubatch = made.n_ubatch;
+  base["n_ubatch"] = made.n_ubatch;
+  for (const auto& [k, v] : made.fields) {
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    base[k] = !v.empty() && end && *end == 0 ? json(d) : json(v);  // numbers as numbers (jsonl)
+  }
+  engine = std::make_unique<Engine>(cur_.model->spec(), *backend, made.n_ubatch);
   engine->set_heat(cur_.heat->run());
   base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked
   base["backends"] = backend->name();
 }
 
 // A record per test: measured, or carrying the error that stopped it.
-void BenchRun::write_records(const Config& c, const json& base, const std::string& error, Engine* engine, Backend* backend) {
+void BenchRun::write_records(const Config& c, int n_ubatch, const json& base, const std::string& error, Engine* engine, Backend* backend) {
   const int threads = c.threads_req > 0 ? c.threads_req : default_threads();
   for (const Test& t : tests_) {
     json rec = base;
@@ -409,9 +418,9 @@ void BenchRun::write_records(const Config& c, const json& base, const std::strin
       ++failures_;
       continue;
     }
-    if (log_) std::fprintf(log_, "coli-bench: %s %s t=%d ub=%d\n", c.model_path.c_str(), t.name().c_str(), threads, c.n_ubatch);
+    if (log_) std::fprintf(log_, "coli-bench: %s %s t=%d ub=%d\n", c.model_path.c_str(), t.name().c_str(), threads, n_ubatch);
     try {
-      measure(rec, t, *engine, *backend, cur_, c.n_ubatch, opt_);
+      measure(rec, t, *engine, *backend, cur_, n_ubatch, opt_);
     } catch (const std::exception& e) {
       rec["error"] = e.what();
       ++failures_;
@@ -425,8 +434,9 @@ void BenchRun::run(const Config& c) {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
   std::string error;
+  int n_ubatch = c.n_ubatch;
   try {
-    start(c, base, backend, engine);
+    start(c, base, backend, engine, &n_ubatch);
   } catch (const std::exception& e) {
     error = e.what();
     save_heat();
@@ -438,7 +448,7 @@ void BenchRun::run(const Config& c) {
     base["model_n_params"] = static_cast<uint64_t>(cur_.bytes->params);
     base["model_fingerprint"] = cur_.fingerprint;
   }
-  write_records(c, base, error, engine.get(), backend.get());
+  write_records(c, n_ubatch, base, error, engine.get(), backend.get());
   if (engine && cur_.heat) {
     try {
       engine->collect_heat();

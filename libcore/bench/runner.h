@@ -24,6 +24,7 @@
 
 namespace coli {
 
+class HeatRecorder;
 class MirrorAttachment;
 
 struct BenchOptions {
@@ -34,8 +35,8 @@ struct BenchOptions {
   std::vector<int> n_depth = {0};
   std::vector<int> threads = {0};
   std::vector<int> n_batch = {2048};
-  std::vector<int> n_ubatch = {512};
-  std::vector<uint64_t> vram_budget = {0};  // bytes per configuration (0: none)
+  std::vector<int> n_ubatch = {512};        // 0: the factory's choice
+  std::vector<uint64_t> vram_budget = {0};  // per configuration, passed to the factory as is
   int repetitions = 5;
   bool warmup = true;
   uint64_t seed = 0;
@@ -49,10 +50,25 @@ struct BenchOptions {
   std::function<std::string(uint64_t fingerprint)> heat_path;
 };
 
-// Makes the backend a configuration runs on: threads as -t asked (0: the
-// backend's default), the VRAM budget in bytes (0: none).
-// mirror: the shared-memory mirror the model's blobs come from, or null.
-using BackendFactory = std::function<std::unique_ptr<Backend>(const Model& model, const MirrorAttachment* mirror, int threads, uint64_t vram_budget)>;
+// What a configuration asks of the backend factory.
+struct BackendRequest {
+  const Model* model = nullptr;
+  const MirrorAttachment* mirror = nullptr;  // the shared-memory mirror the model's blobs come from, or null
+  std::string model_path;                    // as -m named it
+  int threads = 0;                           // as -t asked (0: the backend's default)
+  uint64_t vram_budget = 0;                  // one of BenchOptions::vram_budget, as the tool reads it
+  int n_ubatch = 0;                          // one of BenchOptions::n_ubatch (0: the factory chooses)
+  const HeatRecorder* heat = nullptr;        // the model's routing heat (its file), or null
+};
+// The backend it made, the chunk it runs (n_ubatch's value, or the chosen
+// one) and record fields that describe the choice (coli-bench: where the
+// experts are, the budget taken from the card, ...).
+struct BenchBackend {
+  std::unique_ptr<Backend> backend;
+  int n_ubatch = 0;
+  std::vector<std::pair<std::string, std::string>> fields;
+};
+using BackendFactory = std::function<BenchBackend(const BackendRequest& request)>;
 
 // Runs everything, writing records; progress lines go to `log` (may be null).
 // Returns the number of records that carry an error.

@@ -71,6 +71,8 @@ struct TierStats {
   long long swaps = 0;                  // background swaps completed (a hot miss took a cold resident's slot)
   uint64_t swap_bytes = 0;              // expert bytes those swaps copied to the device
   uint64_t prefill_upload_bytes = 0;    // expert bytes prompt chunks uploaded (CudaOptions::prefill_upload)
+  bool prefill_upload = false;          // prompt chunks upload the experts the tier lacks (their staging fit the budget)
+  uint64_t pinned_host_bytes = 0;       // host memory registered with the device for this backend (a mirror, a container's mapping)
   uint64_t vram_budget = 0, vram_peak = 0;  // bytes: the limit (0: none) and the most charged at once
   double hit_rate() const { return pairs ? 1.0 - double(misses) / double(pairs) : 1.0; }
 };

@@ -144,12 +144,15 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     // registration) when an option copies experts from them during the run.
     const bool needed = tiered_ && (opt_.decode_upload_max > 0 || opt_.pcie_read_share > 0 || opt_.prefill_upload);
     const bool reg = opt_.register_hosts == CudaOptions::Register::kAlways || (opt_.register_hosts == CudaOptions::Register::kWhenNeeded && needed);
-    for (auto [p, n] : opt_.host_regions) {
-      if (!reg) break;
-      HostRegistry::Lease lease = HostRegistry::instance().lease(p, n);
+    auto take = [&](const void* p, std::size_t n, bool read_only) {
+      HostRegistry::Lease lease = HostRegistry::instance().lease(p, n, read_only);
       for (auto piece : lease.pieces()) pinned_.push_back(piece);
       registration_.adopt(std::move(lease));
-    }
+    };
+    for (auto [p, n] : opt_.host_regions)
+      if (reg) take(p, n, false);
+    for (auto [p, n] : opt_.read_only_host_regions)
+      if (reg) take(p, n, true);
   }
   phase("register");
   // A device twin (coli-pin start --gpu) on this device: mapped once.
@@ -178,7 +181,13 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   }, tiered_);
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  if (total + (256u << 20) > free_b)
+  // Under a budget every allocation is charged to it: the budget is what
+  // must be free (the tools take it from the free memory less a margin).
+  // Without one, the weights and 256 MiB for the rest.
+  if (opt_.vram_budget > 0 && opt_.vram_budget > free_b)
+    throw Error("CUDA backend: --vram-budget " + std::to_string(opt_.vram_budget >> 20) + " MiB is more than the device's " +
+                std::to_string(free_b >> 20) + " MiB free");
+  if (opt_.vram_budget == 0 && total + (256u << 20) > free_b)
     throw Error("CUDA backend: the weights need " + std::to_string(total >> 20) + " MiB, the device has " + std::to_string(free_b >> 20) +
                 " MiB free");
   arena_.reserve(total);
@@ -267,6 +276,7 @@ TierStats CudaBackend::tier_stats() const {
   tier_->fill_stats(t);
   t.vram_budget = opt_.vram_budget;
   t.vram_peak = budget_->peak();
+  for (auto [p, n] : pinned_) t.pinned_host_bytes += n;
   return t;
 }
 

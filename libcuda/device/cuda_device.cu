@@ -70,6 +70,25 @@ std::size_t device_free_bytes() {
   return free_b;
 }
 
+std::size_t device_total_bytes() {
+  std::size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return total_b;
+}
+
+DeviceMemoryHold::DeviceMemoryHold(std::size_t bytes) {
+  std::string why;
+  if (device_count(&why) == 0) throw Error("CUDA: no usable device: " + why);
+  check(cudaMalloc(&p_, bytes), ("cudaMalloc of " + std::to_string(bytes >> 20) + " MiB held").c_str());
+}
+
+DeviceMemoryHold::~DeviceMemoryHold() {
+  if (p_) cudaFree(p_);
+}
+
 void rms_norm_1p_rows(const float* x, const float* w, int rows, int n, float eps, float* y) {
   std::string why;
   if (device_count(&why) == 0) throw Error("CUDA: no usable device: " + why);

@@ -43,7 +43,7 @@ void HostRegistry::Lease::release() {
   pieces_.clear();
 }
 
-HostRegistry::Lease HostRegistry::lease(const void* p, std::size_t n) {
+HostRegistry::Lease HostRegistry::lease(const void* p, std::size_t n, bool read_only) {
   Lease out;
   std::lock_guard<std::mutex> lock(mu_);
   for (std::size_t o = 0; o < n; o += kPiece) {
@@ -60,7 +60,7 @@ HostRegistry::Lease HostRegistry::lease(const void* p, std::size_t n) {
       continue;
     }
     if (std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) { return overlaps(e.base, e.len, piece, len); })) continue;
-    if (cudaHostRegister(piece, len, cudaHostRegisterDefault) != cudaSuccess) {
+    if (cudaHostRegister(piece, len, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault) != cudaSuccess) {
       cudaGetLastError();  // not registrable: the pageable path
       continue;
     }

@@ -54,7 +54,11 @@ class HostRegistry {
 
   static HostRegistry& instance();
   // Pins [p, p + n) for the lease's life (see the contract above).
-  Lease lease(const void* p, std::size_t n);
+  // read_only: the bytes are mapped read-only (a container file's
+  // PROT_READ mapping), which the driver registers only as read-only for
+  // the device (cudaHostRegisterReadOnly): copies from them and kernels
+  // reading them work, writes do not.
+  Lease lease(const void* p, std::size_t n, bool read_only = false);
   // How many pieces the registry holds (tests).
   std::size_t registered_pieces() const;
 

@@ -92,6 +92,14 @@ struct CudaOptions {
   // prefill_upload under a tier). Registered whole (256 GiB pieces: a copy whose source spans two
   // registrations is refused); a piece the driver refuses is skipped.
   std::vector<std::pair<const void*, std::size_t>> host_regions;
+  // The same for host memory mapped read-only, such as a coli container's
+  // own mapping when no mirror serves it (the tools' default under a
+  // budget): registered read-only (cudaHostRegisterReadOnly), which pins
+  // the file's pages in the page cache while the backend lives. A range
+  // the driver refuses (too little lockable memory, a file system whose
+  // pages cannot be pinned) stays pageable: TierStats::pinned_host_bytes
+  // says what was pinned.
+  std::vector<std::pair<const void*, std::size_t>> read_only_host_regions;
   enum class Register { kNever, kWhenNeeded, kAlways } register_hosts = Register::kWhenNeeded;
   // A device twin made by another process (coli-pin start --gpu,
   // device_twin.h): the host bytes [host, host + bytes) have a copy on

@@ -29,6 +29,22 @@ std::string describe_device(int i);
 // (cudaDeviceSynchronize, then cudaMemGetInfo): what tests and benchmarks
 // hold a --vram-budget against. 0 without a device.
 std::size_t device_free_bytes();
+// The current device's memory in bytes (cudaMemGetInfo's total). 0 without a device.
+std::size_t device_total_bytes();
+
+// Device memory held for as long as the object lives: a test's or a
+// benchmark's stand-in for another process using the card. Throws
+// coli::Error when the allocation fails (or no device is usable).
+class DeviceMemoryHold {
+ public:
+  explicit DeviceMemoryHold(std::size_t bytes);
+  ~DeviceMemoryHold();
+  DeviceMemoryHold(const DeviceMemoryHold&) = delete;
+  DeviceMemoryHold& operator=(const DeviceMemoryHold&) = delete;
+
+ private:
+  void* p_ = nullptr;
+};
 
 // Host ranges this process holds registered with the device (pinned) on
 // the backends' behalf: each range once, however many backends use it, and

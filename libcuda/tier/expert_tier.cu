@@ -285,6 +285,7 @@ void ExpertTier::fill_stats(TierStats& t) const {
   t.tokens = tokens_;
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
   t.prefill_upload_bytes = pu_.bytes;
+  t.prefill_upload = pu_.on;
   t.pcie_read = pcie_read_;
   t.pcie_read_share = pcie_read_ ? opt_.pcie_read_share : 0.0;
 }

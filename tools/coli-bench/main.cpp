@@ -14,6 +14,7 @@
 #include "bench/runner.h"
 #include "common/run_flags.h"
 #include "common/run_options.h"
+#include "common/run_setup.h"
 #include "cpu_backend.h"
 #include "cuda_backend.h"
 #include "env_options.h"
@@ -79,7 +80,8 @@ po::options_description options() {
       ("repetitions", po::value<int>()->default_value(5), "timed repetitions per test")
       ("threads", po::value<std::string>()->default_value("0"), "CPU threads (0: all cores)")
       ("batch-size", po::value<std::string>()->default_value("2048"), "logical batch size (recorded)")
-      ("ubatch-size", po::value<std::string>()->default_value("512"), "tokens per forward chunk");
+      ("ubatch-size", po::value<std::string>()->default_value("auto"), "tokens per forward chunk (auto: as coli-run chooses: under a VRAM budget "
+                                                                     "the plan's, 512 to 4096; else 512)");
   cli::add_flags(opts, cli::Tool::kBench, cli::kTierFlags);
   opts.add_options()
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
@@ -116,9 +118,16 @@ void read_tests(const po::variables_map& vm, coli::BenchOptions& o) {
   o.threads = coli::parse_int_list(vm["threads"].as<std::string>(), "-t");
   for (int t : o.threads) coli::check_thread_count(t, "-t");
   o.n_batch = coli::parse_int_list(vm["batch-size"].as<std::string>(), "-b");
-  o.n_ubatch = coli::parse_int_list(vm["ubatch-size"].as<std::string>(), "-ub");
-  for (int u : o.n_ubatch)
-    if (u < 1) throw coli::UsageError("-ub values must be >= 1");
+  o.n_ubatch.clear();
+  for (const std::string& u : split(vm["ubatch-size"].as<std::string>())) {
+    if (u == "auto") {
+      o.n_ubatch.push_back(0);
+      continue;
+    }
+    const std::vector<int> v = coli::parse_int_list(u, "-ub");
+    if (v.size() != 1 || v[0] < 1) throw coli::UsageError("-ub values must be >= 1 or auto");
+    o.n_ubatch.push_back(v[0]);
+  }
   const bool any_pp = std::any_of(o.n_prompt.begin(), o.n_prompt.end(), [](int p) { return p > 0; });
   const bool any_tg = std::any_of(o.n_gen.begin(), o.n_gen.end(), [](int n) { return n > 0; });
   if (!any_pp && !any_tg && o.prompt_gen.empty()) throw coli::UsageError("nothing to run: every -p and -n is 0 and there is no -pg");
@@ -138,8 +147,8 @@ void set_heat(const coli::cli::HeatFlag& heat, coli::BenchOptions& o) {
 // A plan (coli-place) names the tier's first experts; it must be the model's.
 std::optional<coli::Plan> read_plan(const coli::cli::RunFlags& flags, const coli::BenchOptions& o) {
   if (!flags.plan) return std::nullopt;
+  if (flags.plan_auto()) return std::nullopt;  // planned per configuration (run_setup.h), as coli-run does
   if (o.models.size() != 1) throw coli::UsageError("--plan places one model's experts: give one -m");
-  if (flags.vram_budgets.empty()) throw coli::UsageError("--plan places experts in a VRAM tier: give --vram-budget");
   const std::string file = coli::container_file_of(o.models[0]);
   const coli::Container pc(file.empty() ? o.models[0] : file);
   const coli::ModelSpec ps = coli::parse_model_spec(pc.config_json(), o.models[0]);
@@ -173,7 +182,7 @@ int run(int argc, char** argv) {
     if (m.empty()) throw coli::UsageError("-m: empty model name");
   read_tests(vm, o);
   const coli::cli::RunFlags flags = coli::cli::read_run_flags(vm, coli::cli::Tool::kBench);
-  if (!flags.vram_budgets.empty()) o.vram_budget = flags.vram_budgets;
+  o.vram_budget = flags.vram_budgets;
   set_heat(flags.heat, o);
   coli::RecordFormat fmt;
   if (!coli::parse_record_format(vm["output"].as<std::string>(), &fmt)) throw coli::UsageError("-o: one of tsv, csv, jsonl, md");
@@ -182,14 +191,26 @@ int run(int argc, char** argv) {
   const coli::cuda::CudaOptions env = coli::apply_environment();  // COLI_* variables (env_options.h); the flags win
   const std::optional<coli::Plan> plan = read_plan(flags, o);
   o.mirror = flags.mirror;
-  const int n_ctx = longest_test(o), max_chunk = *std::max_element(o.n_ubatch.begin(), o.n_ubatch.end());
+  const int n_ctx = longest_test(o);
   const bool fast = !vm["reference"].as<bool>();
+  // Each configuration's backend as coli-run would make it for the same
+  // model, budget and chunk (tools/common/run_setup.h).
   const int failures = coli::run_bench(
       o,
-      [&](const coli::Model& m, const coli::MirrorAttachment* mirror, int threads, uint64_t vram_budget) -> std::unique_ptr<coli::Backend> {
-        const coli::cli::BackendTarget t{&m, mirror, vram_budget, n_ctx, max_chunk, threads, {}, plan ? &*plan : nullptr};
-        std::string why;
-        return coli::cli::make_backend(flags.device, m, coli::cli::cuda_options(env, flags, t), coli::cpu::CpuOptions{threads, fast}, &why);
+      [&](const coli::BackendRequest& q) {
+        coli::cli::RunRequest r;
+        r.flags = &flags, r.model_path = q.model_path, r.model = q.model, r.mirror = q.mirror;
+        r.vram_budget = q.vram_budget, r.n_ctx = n_ctx, r.chunk = q.n_ubatch, r.threads = q.threads, r.fast_cpu = fast;
+        if (q.heat) r.start_heat = coli::cli::tier_start_heat(*q.heat, q.mirror);
+        r.plan_file = plan ? &*plan : nullptr;
+        r.env = env;
+        coli::cli::RunSetup s = coli::cli::setup_run(r);
+        if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-bench: %s\n", line.c_str());
+        coli::BenchBackend b;
+        b.fields = coli::cli::record_fields(s);
+        b.n_ubatch = s.chunk;
+        b.backend = std::move(s.backend);
+        return b;
       },
       writer, log ? stderr : nullptr);
   if (failures) std::fprintf(stderr, "coli-bench: %d record(s) failed\n", failures);

@@ -18,6 +18,7 @@
 #include "common/run_flags.h"
 #include "common/run_options.h"
 #include "common/run_plan.h"
+#include "common/run_setup.h"
 #include "cpu_backend.h"
 #include "cuda_backend.h"
 #include "cuda_device.h"
@@ -214,7 +215,7 @@ po::options_description options() {
       ("json", po::bool_switch(), "one JSON object per generated token")
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
-      ("prefill-chunk", po::value<int>()->default_value(512), "prompt tokens per forward chunk");
+      ("prefill-chunk", po::value<int>(), "prompt tokens per forward chunk (default: under a VRAM budget the plan's, 512 to 4096; else 512)");
   cli::add_flags(opts, cli::Tool::kRun, cli::kTierFlags);
   cli::add_flags(opts, cli::Tool::kRun, {cli::Flag::kDevice, cli::Flag::kThreads, cli::Flag::kReference, cli::Flag::kHeat});
   opts.add_options()
@@ -256,7 +257,7 @@ struct Job {
 
 Job checked_job(Flags f) {
   if (!f.has("model")) throw coli::UsageError("--model is required");
-  if (f.get<int>("prefill-chunk") < 1) throw coli::UsageError("--prefill-chunk must be at least 1");
+  if (f.has("prefill-chunk") && f.get<int>("prefill-chunk") < 1) throw coli::UsageError("--prefill-chunk must be at least 1");
   Job j;
   j.threads = coli::check_thread_count(f.get<int>("threads"), "-t/--threads");
   j.go = generate_options(f);
@@ -311,7 +312,7 @@ coli::HeatRecorder open_heat(const Job& j, const coli::Model& model) {
 }
 
 // A plan's RAM part: its VRAM and RAM experts asked into memory ahead of
-// use (the tier part follows under --vram-budget: backend_options).
+// use (the tier part follows under a budget: start_run).
 std::optional<coli::Plan> read_plan_file(const Job& j, const coli::Model& model) {
   if (!j.run.plan || j.run.plan_auto()) return std::nullopt;
   const coli::ModelSpec& ms = model.spec();
@@ -321,51 +322,30 @@ std::optional<coli::Plan> read_plan_file(const Job& j, const coli::Model& model)
   return plan;
 }
 
-// --plan FILE, or auto: planned here as coli-place plans (tools/common/run_plan.h).
-coli::Plan tier_plan(const Job& j, const Loaded& l, const std::optional<coli::Plan>& file_plan, int n_ctx, int chunk) {
-  if (!j.run.plan_auto()) return *file_plan;
-  coli::Prediction pr;
-  std::string rates_from;
-  coli::Plan plan = coli::cli::plan_for_run(j.model, l.model().spec(), j.run, n_ctx, chunk, l.lm.mirror.get(), &pr, &rates_from);
-  if (j.verbose)
-    std::fprintf(stderr, "coli-run: plan auto (rates: %s): predicted decode %.1f tok/s, hit rate %.3f\n",
-                 rates_from.empty() ? "defaults; run coli-place probe" : rates_from.c_str(), pr.decode_tok_s, pr.hit_rate);
-  return plan;
-}
-
-// The backend's options: the COLI_* variables (env_options.h), then the
-// flags. *chunk: the prefill chunk, a plan's unless --prefill-chunk is given.
-coli::cuda::CudaOptions backend_options(const Job& j, const Loaded& l, const coli::HeatRecorder& heat, const std::optional<coli::Plan>& file_plan,
-                                        int* chunk) {
-  const coli::cuda::CudaOptions env = coli::apply_environment();
-  coli::cli::BackendTarget t;
-  t.model = l.lm.model.get(), t.mirror = l.lm.mirror.get(), t.threads = j.threads;
-  *chunk = j.f.get<int>("prefill-chunk");
-  std::optional<coli::Plan> plan;
-  if (!j.run.vram_budgets.empty()) {
-    t.vram_budget = j.run.vram_budgets[0];
-    t.n_ctx = j.f.has("ctx-size") ? j.go.n_ctx : std::min(j.go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
-    t.heat = coli::cli::tier_start_heat(heat, t.mirror);  // the experts earlier runs routed to most
-    if (j.run.plan) {  // a plan names the tier's experts: they come first
-      plan = tier_plan(j, l, file_plan, t.n_ctx, *chunk);
-      t.plan = &*plan;
-      if (j.verbose) std::fprintf(stderr, "coli-run: plan %s: %lld experts for VRAM\n", j.run.plan->c_str(), (long long)plan->count(coli::Tier::kVram));
-      if (plan->prefill_chunk > 0 && !j.f.has("prefill-chunk")) *chunk = plan->prefill_chunk;
-    }
-  }
-  t.max_chunk = *chunk;
-  return coli::cli::cuda_options(env, j.run, t);
-}
-
-// The backend --device asks for (auto: the CPU's when no GPU can run it).
-std::unique_ptr<coli::Backend> start_backend(const Job& j, const coli::Model& model, const coli::cuda::CudaOptions& co) {
-  std::string why;
-  auto backend = coli::cli::make_backend(j.run.device, model, co, coli::cpu::CpuOptions{j.threads, !j.f.get<bool>("reference")}, &why);
-  if (!why.empty() && j.run.device == "auto" && coli::cuda::compiled_with_cuda() && j.verbose)
-    std::fprintf(stderr, "coli-run: no CUDA device used (%s); running on the CPU\n", why.c_str());
-  if (const coli::TierStats t = backend->tier_stats(); j.run.tier.pcie_read > 0 && t.tiered && t.resident < t.experts && t.pcie_read == 0)
-    std::fprintf(stderr, "coli-run: --pcie-read: no expert outside the tier is in a registered mirror (start coli-pin for this model): off\n");
-  return backend;
+// The device, the budget, the tier's plan and chunk, the backend
+// (tools/common/run_setup.h: coli-bench makes the same choice), and the
+// line that says what was chosen when it is not the whole GPU.
+coli::cli::RunSetup start_run(const Job& j, const Loaded& l, const coli::HeatRecorder& heat, const std::optional<coli::Plan>& file_plan) {
+  coli::cli::RunRequest r;
+  r.flags = &j.run, r.model_path = j.model, r.model = l.lm.model.get(), r.mirror = l.lm.mirror.get();
+  r.vram_budget = j.run.vram_budgets.at(0);
+  r.n_ctx = j.f.has("ctx-size") ? j.go.n_ctx : std::min(j.go.n_ctx, 4096);  // 0 (no stated maximum): the backend's 4096
+  r.chunk = j.f.has("prefill-chunk") ? j.f.get<int>("prefill-chunk") : 0;
+  r.threads = j.threads, r.fast_cpu = !j.f.get<bool>("reference");
+  r.start_heat = coli::cli::tier_start_heat(heat, r.mirror);  // the experts earlier runs routed to most
+  r.plan_file = file_plan ? &*file_plan : nullptr;
+  r.env = coli::apply_environment();  // COLI_* variables (env_options.h); the flags win
+  coli::cli::RunSetup s = coli::cli::setup_run(r);
+  if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-run: %s\n", line.c_str());
+  else if (!s.fallback.empty() && j.verbose && coli::cuda::compiled_with_cuda())
+    std::fprintf(stderr, "coli-run: no CUDA device used (%s); running on the CPU\n", s.fallback.c_str());
+  if (j.verbose && s.plan && s.plan_source != "file")
+    std::fprintf(stderr, "coli-run: plan (rates: %s): predicted decode %.1f tok/s, prefill %.0f tok/s at chunks of %d, hit rate %.3f\n",
+                 s.rates_from.empty() ? "defaults; run coli-place probe" : s.rates_from.c_str(), s.predicted.decode_tok_s, s.predicted.prefill_tok_s,
+                 s.chunk, s.predicted.hit_rate);
+  if (const coli::TierStats t = s.backend->tier_stats(); j.run.tier.pcie_read > 0 && t.tiered && t.resident < t.experts && t.pcie_read == 0)
+    std::fprintf(stderr, "coli-run: --pcie-read: no expert outside the tier is in pinned memory (start coli-pin for this model): off\n");
+  return s;
 }
 
 // -v: where the start's time went (time to first token = this + the prompt).
@@ -478,13 +458,12 @@ int run(int argc, char** argv) {
   Loaded l = load(j);
   coli::HeatRecorder heat = open_heat(j, l.model());
   const std::optional<coli::Plan> file_plan = read_plan_file(j, l.model());
-  int chunk = 0;
-  const coli::cuda::CudaOptions co = backend_options(j, l, heat, file_plan, &chunk);
   if (context_maker.joinable()) context_maker.join();
   const auto t_backend = Clock::now();
-  const std::unique_ptr<coli::Backend> backend = start_backend(j, l.model(), co);
+  const coli::cli::RunSetup run = start_run(j, l, heat, file_plan);
+  const std::unique_ptr<coli::Backend>& backend = run.backend;
   if (j.verbose) print_start(t_start, l.load_ms, t_backend, *backend);
-  coli::Engine engine(l.model().spec(), *backend, chunk);
+  coli::Engine engine(l.model().spec(), *backend, run.chunk);
   engine.set_heat(heat.run());
   Generator g{j, l, engine, *backend, [&] {
                 engine.collect_heat();

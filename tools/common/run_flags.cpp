@@ -19,33 +19,38 @@ using Wordings = std::array<const char*, 5>;
 Wordings wordings(Flag f) {
   switch (f) {
     case Flag::kVramBudget:
-      return {"GPU memory coli may use (8G, 12000M, ...): the experts that do not fit run on the CPU at the same time",
-              "GPU memory budgets (8G,12G,...): experts that do not fit run on the CPU at the same time"};
+      return {"GPU memory coli may use (8G, 12000M, ...; default auto: the device's free memory less --vram-margin when the whole model does not "
+              "fit): the experts that do not fit run on the CPU at the same time",
+              "GPU memory budgets (8G,12G,auto,...; default auto, as coli-run): experts that do not fit run on the CPU at the same time"};
+    case Flag::kVramMargin:
+      return {"with an auto --vram-budget: GPU memory left free for what the budget does not count (default 256M)"};
     case Flag::kMirror:
       return {"weights from a coli-pin shared-memory mirror: auto (the model's, when ready), off, or a segment NAME",
               "weights from a coli-pin shared-memory mirror: auto (each model's, when ready), off, or a segment NAME"};
     case Flag::kPlan:
       return {"FILE|auto: a coli-place plan (man coli-plan): its VRAM and RAM experts are read into memory ahead of use; "
-              "with --vram-budget the tier starts with its VRAM experts and its prefill chunk is the default "
-              "(auto: planned at start from the budget, the heat and this machine's rates)",
-              "under a budget: the expert tier starts with this coli-place plan's VRAM experts (one -m)"};
+              "under a budget the tier starts with its VRAM experts and its prefill chunk is the default "
+              "(auto, the default: planned at the start from the budget, the routing heat and this machine's rates)",
+              "FILE|auto: under a budget the expert tier starts with this coli-place plan's VRAM experts (one -m; auto, the default: planned at the "
+              "start, as coli-run does)"};
     case Flag::kDecodeUpload:
-      return {"with --vram-budget and a mirror: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)",
+      return {"under a budget, with pinned weights: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)",
               "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)"};
     case Flag::kPcieRead:
-      return {"with --vram-budget and a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place "
-              "while the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)",
-              "under a budget with a mirror: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in place while "
-              "the CPU computes the others (auto: 0.35 with a coli-pin mirror, else off; off or 0: off)",
+      return {"under a budget, with pinned weights: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in "
+              "place while the CPU computes the others (auto: 0.35 with a coli-pin mirror or the container registered, else off; off or 0: off)",
+              "under a budget, with pinned weights: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in "
+              "place while the CPU computes the others (auto: 0.35 with a coli-pin mirror or the container registered, else off; off or 0: off)",
               "the runs' --pcie-read: the GPU reads that share of a decode layer's RAM misses over PCIe (auto: 0.35, as coli-run with a coli-pin mirror; off)"};
     case Flag::kPcieReadOffset:
       return {"the CPU's fixed cost of a layer in experts, for --pcie-read's split", nullptr, "the runs' --pcie-read-offset"};
     case Flag::kPrefillUpload:
-      return {"with --vram-budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU",
-              "under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU",
+      return {"under a budget: prompts upload the experts the tier lacks, a layer ahead, instead of computing them on the CPU (the default "
+              "when the weights are pinned; this flag asks for it from pageable memory too)",
+              "under a budget: prompts upload the experts the tier lacks, a layer ahead (the default when the weights are pinned; this flag: always)",
               "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM"};
     case Flag::kNoSwap:
-      return {"with --vram-budget: keep the experts the tier starts with (no background swaps; reproducible speed)",
+      return {"under a budget: keep the experts the tier starts with (no background swaps; reproducible speed)",
               "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)"};
     case Flag::kDevice: return {"cuda, cpu or auto (the GPU when one is usable and the model fits)"};
     case Flag::kThreads: return {"CPU threads (0: all cores)"};
@@ -71,6 +76,7 @@ void add_flag(po::options_description& o, Tool t, Flag f) {
   const char* help = help_of(f, t);
   switch (f) {
     case Flag::kVramBudget: add("vram-budget", po::value<std::string>(), help); break;
+    case Flag::kVramMargin: add("vram-margin", po::value<std::string>(), help); break;
     case Flag::kMirror: add("mirror", po::value<std::string>()->default_value("auto"), help); break;
     case Flag::kPlan: add("plan", po::value<std::string>(), help); break;
     case Flag::kDecodeUpload: add("decode-upload", po::value<int>()->default_value(0), help); break;
@@ -85,20 +91,21 @@ void add_flag(po::options_description& o, Tool t, Flag f) {
   }
 }
 
-// coli-run's one budget, coli-bench's comma-separated list.
+// coli-run's one budget, coli-bench's comma-separated list; auto: kBudgetAuto.
 std::vector<uint64_t> vram_budgets(const po::variables_map& vm, Tool t) {
-  if (!vm.count("vram-budget")) return {};
+  if (!vm.count("vram-budget")) return {kBudgetAuto};
   const std::string s = vm["vram-budget"].as<std::string>();
-  if (t != Tool::kBench) {
-    const uint64_t b = parse_size(s, "--vram-budget");
-    if (b == 0) throw UsageError("--vram-budget must be more than 0");
-    return {b};
-  }
+  auto one = [](const std::string& v, const char* zero) {
+    if (v == "auto") return kBudgetAuto;
+    const uint64_t b = parse_size(v, "--vram-budget");
+    if (b == 0) throw UsageError(zero);
+    return b;
+  };
+  if (t != Tool::kBench) return {one(s, "--vram-budget must be more than 0")};
   std::vector<uint64_t> v;
   for (std::size_t i = 0;;) {
     const std::size_t j = s.find(',', i);
-    v.push_back(parse_size(s.substr(i, j == std::string::npos ? std::string::npos : j - i), "--vram-budget"));
-    if (!v.back()) throw UsageError("--vram-budget values must be more than 0");
+    v.push_back(one(s.substr(i, j == std::string::npos ? std::string::npos : j - i), "--vram-budget values must be more than 0"));
     if (j == std::string::npos) return v;
     i = j + 1;
   }
@@ -131,13 +138,13 @@ TierFlags read_tier_flags(const po::variables_map& vm) {
 RunFlags read_run_flags(const po::variables_map& vm, Tool tool) {
   RunFlags f;
   f.vram_budgets = vram_budgets(vm, tool);
-  if (tool == Tool::kBench || !f.vram_budgets.empty()) f.tier = read_tier_flags(vm);
+  if (vm.count("vram-margin")) f.vram_margin = parse_size(vm["vram-margin"].as<std::string>(), "--vram-margin");
+  f.tier = read_tier_flags(vm);
   f.device = device_of(vm);
   f.heat = HeatFlag::from(vm);
   f.mirror = vm["mirror"].as<std::string>();
   check_mirror_flag(f.mirror);
   if (vm.count("plan")) f.plan = vm["plan"].as<std::string>();
-  if (tool == Tool::kRun && f.plan_auto() && f.vram_budgets.empty()) throw UsageError("--plan auto plans for a --vram-budget: give one");
   return f;
 }
 

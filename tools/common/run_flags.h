@@ -9,8 +9,8 @@
 //  - read_run_flags() checks every value once, before any file is read,
 //    and throws coli::UsageError with the message the tools have always
 //    given (exit status 2). Their values take effect later, when the model
-//    is known (run_options.h). coli-run checks the tier's companions only
-//    under a --vram-budget (they do nothing without one); coli-bench always.
+//    is known (run_options.h, run_setup.h). The tier's companions are
+//    checked whether or not a budget is given (auto is the default).
 //  - device_of() is the one reading of --device (and --reference).
 // Everything returned is a value the caller owns.
 #pragma once
@@ -29,7 +29,8 @@ namespace coli::cli {
 enum class Tool { kRun, kBench, kPlace, kCalibrate, kPin };
 
 enum class Flag {
-  kVramBudget,      // --vram-budget SIZE (coli-bench: SIZE,...)
+  kVramBudget,      // --vram-budget SIZE|auto (coli-bench: a list of them)
+  kVramMargin,      // --vram-margin SIZE
   kMirror,          // --mirror auto|off|NAME
   kPlan,            // --plan FILE (coli-run: FILE|auto)
   kDecodeUpload,    // --decode-upload N
@@ -44,8 +45,17 @@ enum class Flag {
 };
 
 // The expert tier's flags in coli-run's and coli-bench's order.
-inline constexpr std::initializer_list<Flag> kTierFlags = {Flag::kVramBudget,     Flag::kMirror,         Flag::kPlan,  Flag::kDecodeUpload,
-                                                           Flag::kPcieRead,       Flag::kPcieReadOffset, Flag::kPrefillUpload, Flag::kNoSwap};
+inline constexpr std::initializer_list<Flag> kTierFlags = {Flag::kVramBudget, Flag::kVramMargin,     Flag::kMirror,        Flag::kPlan,
+                                                           Flag::kDecodeUpload, Flag::kPcieRead, Flag::kPcieReadOffset, Flag::kPrefillUpload,
+                                                           Flag::kNoSwap};
+
+// A --vram-budget of "auto" (the default): the device's free memory at the
+// start, less --vram-margin, when the whole model does not fit in it.
+inline constexpr uint64_t kBudgetAuto = ~uint64_t(0);
+// --vram-margin's default: what an auto budget leaves free on the card for
+// what the budget does not charge (the kernels' code and local memory,
+// the driver's allocations) and for other programs' small needs.
+inline constexpr uint64_t kDefaultVramMargin = uint64_t(256) << 20;
 
 void add_flags(boost::program_options::options_description& opts, Tool tool, std::initializer_list<Flag> flags);
 
@@ -67,14 +77,17 @@ struct TierFlags {
 TierFlags read_tier_flags(const boost::program_options::variables_map& vm);
 
 struct RunFlags {
-  std::vector<uint64_t> vram_budgets;  // bytes, > 0 (coli-run: at most one); empty: no tier
+  // Bytes, > 0, or kBudgetAuto (coli-run: one; coli-bench: a list).
+  // Without the flag: {kBudgetAuto}.
+  std::vector<uint64_t> vram_budgets = {kBudgetAuto};
+  uint64_t vram_margin = kDefaultVramMargin;
   std::string mirror = "auto";
-  std::optional<std::string> plan;     // FILE, or (coli-run) auto
+  std::optional<std::string> plan;     // FILE, or auto (the default under a budget: planned at the start)
   TierFlags tier;
   std::string device = "auto";         // device_of()
   HeatFlag heat;
 
-  bool plan_auto() const { return plan && *plan == "auto"; }
+  bool plan_auto() const { return !plan || *plan == "auto"; }
 };
 
 // tool: kRun or kBench (their flags as add_flags(kTierFlags) and kDevice,

@@ -1,5 +1,12 @@
 #include "common/run_options.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "model/layer_tensors.h"
+
 #include "cpu_expert_host.h"
 #include "cuda_device.h"
 #include "util/parse.h"
@@ -17,10 +24,13 @@ void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget&
   co.n_ctx = t.n_ctx;
   co.swap = f.swap;
   co.decode_upload_max = f.decode_upload;
-  // auto: with a mirror (registered at the start: 0.08 s per GB), unless --decode-upload takes the misses.
-  co.pcie_read_share = pcie_read_share(f.pcie_read, t.mirror != nullptr, f.decode_upload > 0);
+  // auto: with pinned weights (a mirror or the container, registered at the
+  // start: 0.05-0.1 s per GB), unless --decode-upload takes the misses.
+  const bool pinned = t.mirror != nullptr || t.container_span.first != nullptr;
+  co.pcie_read_share = pcie_read_share(f.pcie_read, pinned, f.decode_upload > 0);
   co.pcie_read_offset = f.pcie_read_offset;
-  co.prefill_upload = f.prefill_upload;
+  co.prefill_upload = f.prefill_upload || t.prefill_upload;
+  if (!t.mirror && t.container_span.first) co.read_only_host_regions.push_back(t.container_span);
   co.heat = t.plan ? plan_as_heat(*t.plan, t.heat) : t.heat;
   // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
   if (flags.device != "cpu" && cuda::device_count() > 0) co.expert_host = std::make_shared<cpu::CpuExpertHost>(*t.model, t.threads);
@@ -37,6 +47,23 @@ void set_mirror(cuda::CudaOptions& co, const MirrorAttachment& m, uint64_t vram_
 }
 
 }  // namespace
+
+std::pair<const void*, std::size_t> host_span(const Model& model) {
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  auto add = [&](const Matrix& m) {
+    if (!m.data || !m.bytes()) return;
+    lo = std::min(lo, reinterpret_cast<uintptr_t>(m.data));
+    hi = std::max(hi, reinterpret_cast<uintptr_t>(m.data) + m.bytes());
+  };
+  add(model.embed()), add(model.lm_head());
+  for (int l = 0; l < model.spec().num_layers; ++l)
+    for (const TensorDesc& t : layer_tensors(model.spec(), l))
+      if (t.form != TensorForm::kVector) add(matrix_of(model, t));
+  if (lo >= hi) return {nullptr, 0};
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  lo &= ~(page - 1), hi = (hi + page - 1) & ~(page - 1);  // a mapping covers whole pages
+  return {reinterpret_cast<const void*>(lo), std::size_t(hi - lo)};
+}
 
 cuda::CudaOptions cuda_options(const cuda::CudaOptions& base, const RunFlags& flags, const BackendTarget& target) {
   cuda::CudaOptions co = base;

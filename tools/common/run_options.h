@@ -8,12 +8,13 @@
 //  - cuda_options() starts from `base` (the COLI_* variables,
 //    env_options.h) and sets what the flags say, so that a flag wins over a
 //    variable. Under a budget: vram_budget, n_ctx, swap, decode-upload,
-//    the PCIe-read share (auto: kPcieReadAutoShare with a mirror and no
-//    --decode-upload) and offset, prefill-upload, the tier's heat (a plan's
-//    VRAM experts first) and a CPU expert host (when the device may be a
-//    GPU and one is there). With a
-//    mirror: its pages as host_regions, and its device twin without a
-//    budget. Nothing else of base changes.
+//    the PCIe-read share (auto: kPcieReadAutoShare with pinned weights, a
+//    mirror or the container's span, and no --decode-upload) and offset,
+//    prefill-upload (the flag or the target's choice), the tier's heat (a
+//    plan's VRAM experts first), the container's span as a read-only host
+//    region, and a CPU expert host (when the device may be a GPU and one
+//    is there). With a mirror: its pages as host_regions, and its device
+//    twin without a budget. Nothing else of base changes.
 //  - make_backend() never returns null: the CUDA backend (cuda, or auto
 //    when it can be made), else the CPU backend; *why says why auto fell
 //    back (empty otherwise). A cuda device that cannot be made throws.
@@ -46,7 +47,17 @@ struct BackendTarget {
   int threads = 0;                           // the CPU's, as -t asked (0: the default)
   std::vector<uint64_t> heat;                // routing counts the tier fills from, hottest first (heat_flag.h tier_start_heat)
   const Plan* plan = nullptr;                // a coli-place plan: its VRAM experts first, then the heat (plan_as_heat)
+  // Without a mirror, under a budget: the container's mapping holding the
+  // weights (host_span), registered read-only so that copies from it and
+  // the PCIe reads run at the pinned rate; {nullptr, 0}: none.
+  std::pair<const void*, std::size_t> container_span{nullptr, 0};
+  bool prefill_upload = false;               // prompts upload the tier's misses (--prefill-upload, or run_setup's choice)
 };
+
+// The host bytes [first, first + second) that hold every matrix of the
+// model (its routed experts among them), page-aligned: for a model read
+// from a container, inside the container's one mapping.
+std::pair<const void*, std::size_t> host_span(const Model& model);
 
 cuda::CudaOptions cuda_options(const cuda::CudaOptions& base, const RunFlags& flags, const BackendTarget& target);
 

@@ -1,0 +1,261 @@
+// Zero-config runs (tools/common/run_setup.h): the budget's arithmetic and
+// the chunk's pick by hand-computed cases; then, on the GPU machine, a
+// process that takes most of the device's memory itself and a run with no
+// flags: a hybrid backend inside what is left, the whole model's tokens,
+// the budget never exceeded; too little left: the CPU, with a line that
+// says so (the tool prints it without -v). Skipped, with the reason,
+// without a device.
+#include <gtest/gtest.h>
+
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/run_flags.h"
+#include "common/run_options.h"
+#include "common/run_setup.h"
+#include "cuda_backend.h"
+#include "cuda_device.h"
+#include "engine/engine.h"
+#include "engine_util.h"
+#include "formats/container.h"
+#include "mirror/mirror_load.h"
+#include "placement/vram_ledger.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace {
+
+namespace po = boost::program_options;
+namespace cli = coli::cli;
+using coli::test::run_command;
+
+constexpr uint64_t MiB = 1 << 20;
+
+cli::RunFlags flags_of(std::vector<std::string> args, cli::Tool tool = cli::Tool::kRun) {
+  po::options_description opts;
+  cli::add_flags(opts, tool, cli::kTierFlags);
+  cli::add_flags(opts, tool, {cli::Flag::kDevice, cli::Flag::kReference, cli::Flag::kHeat});
+  args.insert(args.begin(), "coli-run");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  po::variables_map vm;
+  po::store(po::command_line_parser(int(argv.size()), argv.data()).options(opts).run(), vm);
+  po::notify(vm);
+  return cli::read_run_flags(vm, tool);
+}
+
+std::string usage_error(std::vector<std::string> args, cli::Tool tool = cli::Tool::kRun) {
+  try {
+    flags_of(std::move(args), tool);
+  } catch (const coli::UsageError& e) {
+    return e.what();
+  }
+  return "(no usage error)";
+}
+
+coli::Prediction pred(double decode, double prefill) {
+  coli::Prediction p;
+  p.decode_tok_s = decode, p.prefill_tok_s = prefill;
+  return p;
+}
+
+// The tiny fixture as an int4-g32 container, loaded as coli-run loads it.
+struct Tiny {
+  coli::test::TempDir dir;
+  std::string path;
+  coli::LoadedModel lm;
+  Tiny() {
+    path = dir / "m.coli";
+    coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", path, coli::QuantFormat::I4_G32);
+    lm = coli::load_model(path, "off");
+  }
+  const coli::Model& model() const { return *lm.model; }
+};
+
+bool have_device(std::string* why) { return coli::cuda::device_count(why) > 0; }
+
+}  // namespace
+
+// Whole when free - margin holds it, a budget of free - margin when that
+// holds the model without its routed experts, else the CPU with numbers.
+TEST(RunSetup, FitsTheWholeModelABudgetOrNothing) {
+  using K = cli::DeviceFit::Kind;
+  const cli::DeviceFit whole = cli::fit_device(1000 * MiB, 256 * MiB, 744 * MiB, 100 * MiB);
+  EXPECT_EQ(whole.kind, K::kWhole);
+  EXPECT_EQ(whole.budget, 0u);
+  const cli::DeviceFit tier = cli::fit_device(1000 * MiB, 256 * MiB, 745 * MiB, 100 * MiB);
+  EXPECT_EQ(tier.kind, K::kTier);
+  EXPECT_EQ(tier.budget, 744 * MiB);
+  EXPECT_TRUE(tier.budget_auto);
+  EXPECT_EQ(cli::fit_device(1000 * MiB, 256 * MiB, 4000 * MiB, 744 * MiB).kind, K::kTier) << "the floor fits exactly";
+  const cli::DeviceFit cpu = cli::fit_device(1000 * MiB, 256 * MiB, 4000 * MiB, 745 * MiB);
+  EXPECT_EQ(cpu.kind, K::kCpu);
+  EXPECT_NE(cpu.why.find("0.98 GiB free"), std::string::npos) << cpu.why;
+  EXPECT_NE(cpu.why.find("256 MiB --vram-margin"), std::string::npos) << cpu.why;
+  EXPECT_NE(cpu.why.find("3.91 GiB on it whole and 0.73 GiB without its routed experts"), std::string::npos) << cpu.why;
+  EXPECT_EQ(cli::fit_device(100 * MiB, 256 * MiB, 1, 1).kind, K::kCpu) << "a margin larger than what is free leaves nothing";
+}
+
+// The chunk: the most prefill among the sizes that keep decode within 8 %.
+TEST(RunSetup, PicksTheLargestChunkDecodeAffords) {
+  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(99, 1500), pred(92.5, 2000), pred(90, 2500)}), 2u);
+  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(91, 1500), pred(90, 2000), pred(89, 2500)}), 0u);
+  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(99, 0), pred(98, 0)}), 0u) << "prompts that cannot upload gain nothing from a larger chunk";
+  EXPECT_EQ(cli::pick_chunk({pred(100, 1000), pred(100, 1000), pred(100, 900)}), 0u) << "ties: the smaller chunk";
+  EXPECT_EQ(cli::pick_chunk({pred(80, 1000), pred(100, 900)}), 1u) << "the first size can be the one decode cannot afford";
+  EXPECT_EQ(cli::pick_chunk({pred(100, 1000)}), 0u);
+}
+
+// auto is the default budget and a list entry; the margin is a size.
+TEST(RunSetup, BudgetAutoAndTheMargin) {
+  EXPECT_EQ(flags_of({}).vram_budgets, std::vector<uint64_t>{cli::kBudgetAuto});
+  EXPECT_EQ(flags_of({"--vram-budget", "auto"}).vram_budgets, std::vector<uint64_t>{cli::kBudgetAuto});
+  EXPECT_EQ(flags_of({"--vram-budget", "auto,2G"}, cli::Tool::kBench).vram_budgets, (std::vector<uint64_t>{cli::kBudgetAuto, 2ull << 30}));
+  EXPECT_EQ(flags_of({}).vram_margin, cli::kDefaultVramMargin);
+  EXPECT_EQ(flags_of({"--vram-margin", "1G"}).vram_margin, 1ull << 30);
+  EXPECT_EQ(flags_of({"--vram-margin", "0"}).vram_margin, 0u);
+  EXPECT_NE(usage_error({"--vram-margin", "-1G"}).find("--vram-margin"), std::string::npos);
+  EXPECT_NE(usage_error({"--vram-margin", "nan"}).find("--vram-margin"), std::string::npos);
+  EXPECT_NE(usage_error({"--vram-budget", "x"}).find("--vram-budget"), std::string::npos);
+  EXPECT_NE(usage_error({"--vram-budget", "-2G"}).find("--vram-budget"), std::string::npos);
+  EXPECT_TRUE(flags_of({}).plan_auto()) << "planned by default";
+  EXPECT_FALSE(flags_of({"--plan", "p.plan"}).plan_auto());
+}
+
+// The weights' span is the container's mapping: every matrix inside it.
+TEST(RunSetup, HostSpanIsInsideTheContainer) {
+  Tiny t;
+  const auto [p, n] = cli::host_span(t.model());
+  ASSERT_NE(p, nullptr);
+  EXPECT_LE(n, std::filesystem::file_size(t.path) + 4096);
+  EXPECT_GT(n, std::filesystem::file_size(t.path) / 2) << "the weights are most of the file";
+  const auto* x = t.model().layer(0).moe.experts[0].gate.data;
+  EXPECT_TRUE(x >= static_cast<const uint8_t*>(p) && x < static_cast<const uint8_t*>(p) + n);
+}
+
+// --device cpu: the CPU, no line; with no device (CI): the CPU, no line,
+// the reason kept for -v.
+TEST(RunSetup, TheCpuWithoutALine) {
+  Tiny t;
+  const cli::RunFlags f = flags_of({"--device", "cpu", "--heat", "none"});
+  cli::RunRequest r;
+  r.flags = &f, r.model_path = t.path, r.model = &t.model(), r.vram_budget = f.vram_budgets[0];
+  cli::RunSetup s = cli::setup_run(r);
+  EXPECT_EQ(s.backend->name(), "cpu");
+  EXPECT_EQ(s.chunk, cli::kDefaultChunk);
+  EXPECT_EQ(cli::notice(s), "");
+  std::string why;
+  if (have_device(&why)) return;
+  const cli::RunFlags a = flags_of({"--heat", "none"});
+  r.flags = &a;
+  s = cli::setup_run(r);
+  EXPECT_EQ(s.backend->name(), "cpu");
+  EXPECT_EQ(cli::notice(s), "") << "no device: nothing to explain without -v";
+  EXPECT_FALSE(s.fallback.empty());
+}
+
+// On the GPU: this process holds all but a little more than the model
+// without its routed experts; no budget given, the run gets a tier inside
+// what is free, the whole model's greedy tokens, and never more memory
+// than its budget.
+TEST(RunSetupCuda, TakesTheFreeMemoryItFinds) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  Tiny t;
+  const coli::ModelSpec& spec = t.model().spec();
+  coli::VramSettings whole, tier;
+  whole.n_ctx = tier.n_ctx = 512, whole.max_chunk = tier.max_chunk = 512, tier.budget = 1;
+  const uint64_t need = coli::VramLedger(t.model(), whole).device_floor(), floor = coli::VramLedger(t.model(), tier).device_floor();
+  ASSERT_LT(floor, need);
+  // Leave the floor, half the experts' room and a 4 MiB margin free (the
+  // tier's later allocations and the driver's granularity within it).
+  const uint64_t margin = 4 * MiB, leave = floor + (need - floor) / 2 + margin;
+  // The whole model's tokens first (the reference placement).
+  std::vector<std::vector<int>> want;
+  {
+    auto w = coli::cuda::make_cuda_backend(t.model());
+    coli::Engine ew(spec, *w, 512);
+    for (const auto& p : coli::test::tiny_goldens()["prompts"]) want.push_back(coli::test::greedy_tokens(ew, p["ids"]));
+  }
+  const std::size_t free0 = coli::cuda::device_free_bytes();
+  ASSERT_GT(free0, leave + 64 * MiB);
+  coli::cuda::DeviceMemoryHold hold(free0 - leave);
+  const cli::RunFlags f = flags_of({"--vram-margin", "4M", "--heat", "none", "--no-swap"});
+  cli::RunRequest r;
+  r.flags = &f, r.model_path = t.path, r.model = &t.model(), r.vram_budget = f.vram_budgets[0], r.n_ctx = 512;
+  const std::size_t free1 = coli::cuda::device_free_bytes();
+  cli::RunSetup s = cli::setup_run(r);
+  EXPECT_EQ(s.fit.kind, cli::DeviceFit::Kind::kTier);
+  EXPECT_TRUE(s.fit.budget_auto);
+  EXPECT_LE(s.fit.budget + margin, free1);
+  EXPECT_EQ(s.backend->name(), "cuda");
+  const coli::TierStats ts0 = s.backend->tier_stats();
+  EXPECT_TRUE(ts0.tiered);
+  EXPECT_GT(ts0.resident, 0);
+  EXPECT_LT(ts0.resident, ts0.experts);
+  EXPECT_EQ(s.host_memory, "container") << "no mirror: the container's mapping is registered";
+  EXPECT_GT(ts0.pinned_host_bytes, 0u);
+  EXPECT_EQ(s.plan_source, "even");
+  const std::string line = cli::notice(s);
+  // Pinned weights: prompts upload the tier's misses when the staging fits
+  // beside the tier (the VRAM ledger's test), and the line says which.
+  EXPECT_EQ(line.find("prompts on the GPU") != std::string::npos, ts0.prefill_upload) << line;
+  EXPECT_NE(line.find("VRAM budget"), std::string::npos) << line;
+  EXPECT_NE(line.find("--vram-margin"), std::string::npos) << line;
+  EXPECT_NE(line.find("experts in VRAM"), std::string::npos) << line;
+  std::printf("[ info     ] %s\n", line.c_str());
+  coli::Engine e(spec, *s.backend, s.chunk);
+  std::size_t free_min = SIZE_MAX;
+  std::size_t i = 0;
+  for (const auto& p : coli::test::tiny_goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    EXPECT_EQ(coli::test::greedy_tokens(e, ids), want[i++]) << "prompt of " << ids.size();
+    free_min = std::min(free_min, coli::cuda::device_free_bytes());
+  }
+  const coli::TierStats ts = s.backend->tier_stats();
+  EXPECT_LE(ts.vram_peak, s.fit.budget);
+  const char* shared = std::getenv("COLI_TEST_SHARED_DEVICE");
+  if (!(shared && std::string(shared) == "1")) {
+    EXPECT_LE(free1 - free_min, s.fit.budget + 2 * MiB) << "the device's own count";
+  }
+  EXPECT_GT(ts.misses, 0) << "the CPU computed the experts the tier lacks";
+}
+
+// Too little left for the model without its experts: the CPU, and the
+// line says why; coli-run prints it without -v. A margin or budget larger
+// than the card is a usage error.
+TEST(RunSetupCuda, TooLittleMemoryRunsOnTheCpuAndSaysSo) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  Tiny t;
+  const std::size_t total = coli::cuda::device_total_bytes();
+  const std::string margin = std::to_string(total - MiB);  // leaves nothing whatever is free
+  const cli::RunFlags f = flags_of({"--vram-margin", margin, "--heat", "none"});
+  cli::RunRequest r;
+  r.flags = &f, r.model_path = t.path, r.model = &t.model(), r.vram_budget = f.vram_budgets[0];
+  cli::RunSetup s = cli::setup_run(r);
+  EXPECT_EQ(s.fit.kind, cli::DeviceFit::Kind::kCpu);
+  EXPECT_EQ(s.backend->name(), "cpu");
+  const std::string line = cli::notice(s);
+  EXPECT_NE(line.find("running on the CPU"), std::string::npos) << line;
+  EXPECT_NE(line.find("without its routed experts"), std::string::npos) << line;
+  const cli::RunFlags c = flags_of({"--vram-margin", margin, "--heat", "none", "--device", "cuda"});
+  r.flags = &c;
+  EXPECT_THROW(cli::setup_run(r), coli::Error) << "--device cuda: an error, not the CPU";
+
+  const std::string run = coli::test::bin_dir() + "/coli-run -m " + t.path + " --prompt-ids 1,2,3 -n 2 --temp 0 --heat none";
+  std::string out;
+  EXPECT_EQ(run_command(run + " --vram-margin " + margin + " 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find("coli-run: not enough GPU memory: "), std::string::npos) << out;
+  EXPECT_NE(out.find("running on the CPU"), std::string::npos) << out;
+  EXPECT_EQ(run_command(run + " --vram-margin " + std::to_string(total) + " 2>&1", &out), 2) << out;
+  EXPECT_NE(out.find("--vram-margin"), std::string::npos) << out;
+  EXPECT_EQ(run_command(run + " --vram-budget " + std::to_string(total + MiB) + " 2>&1", &out), 2) << out;
+  EXPECT_NE(out.find("--vram-budget"), std::string::npos) << out;
+  // No flags on a card that holds it: the whole GPU, no line.
+  EXPECT_EQ(run_command(run + " 2>&1", &out), 0) << out;
+  EXPECT_EQ(out.find("coli-run: VRAM budget"), std::string::npos) << out;
+  EXPECT_EQ(out.find("not enough GPU memory"), std::string::npos) << out;
+}

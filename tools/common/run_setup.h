@@ -1,0 +1,113 @@
+// What a run of coli-run or coli-bench runs on, chosen without flags: the
+// device's fit (the whole model on the GPU, a VRAM budget from the card's
+// free memory, or the CPU), the tier's plan and prefill chunk, whether the
+// weights are pinned (a coli-pin mirror, else the container's mapping
+// registered) and so how prompts reach the GPU; then the backend, and the
+// one line that says what was chosen. The flags (run_flags.h) override
+// each choice; both tools call setup_run() with the same inputs and so
+// make the same choice (a coli-bench record measures what a user gets).
+//
+// Contract:
+//  - fit_device() is the budget's arithmetic alone (pure; tests reach it):
+//    the whole model when it fits in free - margin, else a budget of
+//    free - margin when that holds the model without its routed experts
+//    (the VRAM ledger's floor), else the CPU with a reason.
+//  - setup_run() reads the device's free and total memory (a device
+//    context is made), plans the tier when the model is a coli container
+//    (plan_inputs(): the heat file and a ready mirror's counters, this
+//    machine's rates; without heat the plan is the even spread), and makes
+//    the backend: --device cuda throws when it cannot be made, auto falls
+//    back to the CPU's with RunSetup::fallback saying why. A --vram-budget
+//    larger than the device's memory, or a --vram-margin not smaller, is
+//    a UsageError (exit 2); with --device cpu both are ignored.
+//  - notice() is the line a tool prints always (on stderr, with its name
+//    in front) when the run is not the whole-GPU one: a budget (what it
+//    holds and how the rest runs) or the CPU in place of a present GPU;
+//    "" otherwise. record_fields() are the same facts for coli-bench.
+// The backend keeps pointers into the model and the mirror: both outlive
+// the RunSetup.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/run_flags.h"
+#include "cpu_backend.h"
+#include "cuda_backend.h"
+#include "engine/backend.h"
+#include "mirror/mirror.h"
+#include "model/weights.h"
+#include "placement/plan.h"
+#include "placement/planner.h"
+
+namespace coli::cli {
+
+// Prefill chunks a budget run picks from when no chunk is given: the
+// largest whose activations cost the predicted decode speed at most
+// kChunkDecodeCost (the planner's predictions at each size; a size whose
+// prompt uploads do not fit beside the plan's experts gains nothing).
+inline constexpr int kChunkChoices[] = {512, 1024, 2048, 4096};
+inline constexpr double kChunkDecodeCost = 0.08;
+inline constexpr int kDefaultChunk = 512;
+
+struct DeviceFit {
+  enum class Kind { kCpu, kWhole, kTier } kind = Kind::kCpu;
+  uint64_t budget = 0;            // kTier: the VRAM budget in bytes
+  bool budget_auto = false;       // taken from the card (else --vram-budget's)
+  uint64_t free = 0, margin = 0;  // the device's free bytes at the start, the margin kept
+  uint64_t whole = 0;             // bytes the model needs with every expert on the device
+  uint64_t floor = 0;             // bytes it needs without its routed experts (the tier's floor)
+  std::string why;                // kCpu with a device: why not the GPU
+};
+
+// free: the device's free bytes; whole, floor: the VRAM ledger's.
+DeviceFit fit_device(uint64_t free, uint64_t margin, uint64_t whole, uint64_t floor);
+
+// Of the planner's predictions at increasing chunk sizes, the index of the
+// one with the most prefill speed among those whose decode is within
+// kChunkDecodeCost of the best decode (ties: the smaller chunk).
+std::size_t pick_chunk(const std::vector<Prediction>& at);
+
+// What one run is made for.
+struct RunRequest {
+  const RunFlags* flags = nullptr;
+  std::string model_path;                    // -m: a container, a directory holding one, or a checkpoint directory
+  const Model* model = nullptr;
+  const MirrorAttachment* mirror = nullptr;  // the weights' coli-pin mirror, or null
+  uint64_t vram_budget = kBudgetAuto;        // one of flags->vram_budgets
+  int n_ctx = 0;                             // tokens the KV cache is made for under a budget (0: 4096)
+  int chunk = 0;                             // prompt tokens per forward chunk as given; 0: chosen
+  int threads = 0;                           // the CPU's, as -t asked (0: the default)
+  bool fast_cpu = true;                      // false: --reference (the scalar CPU backend)
+  std::vector<uint64_t> start_heat;          // the tier's order when there is no plan (heat_flag.h tier_start_heat)
+  const Plan* plan_file = nullptr;           // --plan FILE, read by the tool
+  cuda::CudaOptions env;                     // the COLI_* variables (env_options.h)
+};
+
+struct RunSetup {
+  std::unique_ptr<Backend> backend;
+  int chunk = kDefaultChunk;   // prompt tokens per forward chunk
+  DeviceFit fit;
+  bool gpu_present = false;    // a usable CUDA device
+  std::string fallback;        // --device auto: why the CUDA backend was not made ("" when it was, or not tried)
+  std::string host_memory;     // under a budget: "mirror NAME", "container" (its mapping registered) or "pageable"
+  std::string pageable_why;    // "pageable": why
+  std::string plan_source;     // under a budget: "file", "heat" (the planner over routing heat), "even" (no heat), "order" (no container)
+  uint64_t heat_tokens = 0;    // the heat the plan was made from
+  std::optional<Plan> plan;    // the tier's plan (a file's or the planner's)
+  Prediction predicted;        // the planner's, for -v
+  std::string rates_from;      // the rates file the planner read ("" for the defaults)
+};
+
+RunSetup setup_run(const RunRequest& r);
+
+// The line for stderr (without the tool's name), or "".
+std::string notice(const RunSetup& s);
+// The choice as coli-bench record fields: vram_free_mb, vram_margin_mb,
+// vram_budget_auto, tier_experts, host_memory, prefill_path, plan_source.
+std::vector<std::pair<std::string, std::string>> record_fields(const RunSetup& s);
+
+}  // namespace coli::cli
