@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_flags_util.h"
 #include "common/run_flags.h"
 #include "common/run_options.h"
 #include "common/run_setup.h"
@@ -33,27 +34,8 @@ using coli::test::run_command;
 
 constexpr uint64_t MiB = 1 << 20;
 
-cli::RunFlags flags_of(std::vector<std::string> args, cli::Tool tool = cli::Tool::kRun) {
-  po::options_description opts;
-  cli::add_flags(opts, tool, cli::kTierFlags);
-  cli::add_flags(opts, tool, {cli::Flag::kDevice, cli::Flag::kReference, cli::Flag::kHeat});
-  args.insert(args.begin(), "coli-run");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  po::variables_map vm;
-  po::store(po::command_line_parser(int(argv.size()), argv.data()).options(opts).run(), vm);
-  po::notify(vm);
-  return cli::read_run_flags(vm, tool);
-}
-
-std::string usage_error(std::vector<std::string> args, cli::Tool tool = cli::Tool::kRun) {
-  try {
-    flags_of(std::move(args), tool);
-  } catch (const coli::UsageError& e) {
-    return e.what();
-  }
-  return "(no usage error)";
-}
+cli::RunFlags flags_of(std::vector<std::string> args, cli::Tool tool = cli::Tool::kRun) { return coli::test::cli_flags(std::move(args), tool); }
+std::string usage_error(std::vector<std::string> args, cli::Tool tool = cli::Tool::kRun) { return coli::test::cli_usage_error(std::move(args), tool); }
 
 coli::Prediction pred(double decode, double prefill) {
   coli::Prediction p;
