@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "engine_util.h"
 #include "mirror/mirror.h"
@@ -305,4 +306,97 @@ TEST(Mirror, ToolsGiveTheSameTokensThroughTheMirror) {
   std::string rec;
   ASSERT_EQ(test::run_command(test::bin_dir() + "/coli-bench --device cpu -m " + fx.path + " -p 0 -n 4 -r 1 --heat none --progress -o jsonl 2>&1 >/dev/null", &rec), 0);
   EXPECT_NE(rec.find("weights from mirror " + b.name()), std::string::npos) << rec;
+}
+
+// Issue 29: a segment is made under a private name and published only with
+// its header written. While a keeper pauses between the two (the
+// before_publish hook), no status, list or coli-pin stop sees it, so a stop
+// cannot remove it as "bad magic"; once published it is loading, with its
+// owner.
+TEST(Mirror, ASegmentIsInvisibleUntilItsHeaderIsWritten) {
+  Fixture fx;
+  Segment seg("publish");
+  MirrorBuildOptions o;
+  o.name = seg.name;
+  bool paused = false;
+  o.before_publish = [&](const std::string& priv) {
+    paused = true;
+    EXPECT_TRUE(mirror_status(seg.name).state.empty()) << "not under its name yet";
+    for (const MirrorStatus& s : list_mirrors()) EXPECT_NE(s.name, seg.name);
+    EXPECT_EQ(priv.rfind("." + seg.name + ".new-", 0), 0u) << priv;
+    EXPECT_TRUE(std::filesystem::exists("/dev/shm/" + priv));
+    std::string out;
+    EXPECT_EQ(test::run_command(test::bin_dir() + "/coli-pin stop " + seg.name + " 2>&1", &out), 1) << out;
+    EXPECT_NE(out.find("no mirror " + seg.name), std::string::npos) << out;
+    EXPECT_TRUE(std::filesystem::exists("/dev/shm/" + priv)) << "the stop removed nothing";
+  };
+  MirrorBuilder b(*fx.c, fx.path, o);
+  EXPECT_TRUE(paused);
+  const MirrorStatus st = mirror_status(seg.name);
+  EXPECT_EQ(st.state, "loading");
+  EXPECT_TRUE(st.owner_alive);
+  b.fill();
+  EXPECT_EQ(mirror_status(seg.name).state, "ready");
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    EXPECT_EQ(e.path().filename().string().find(".new-"), std::string::npos) << e.path() << ": a private name left behind";
+}
+
+// Two keepers of one name: the second to publish gets MirrorTaken and
+// leaves the first's segment alone (and no private segment behind); a
+// keeper whose segment was removed under it (the old stop race) never
+// removes the segment another keeper has since published.
+TEST(Mirror, AKeeperOnlyEverRemovesItsOwnSegment) {
+  Fixture fx;
+  Segment seg("identity");
+  MirrorBuildOptions o;
+  o.name = seg.name;
+  std::unique_ptr<MirrorBuilder> first;
+  MirrorBuildOptions racing = o;
+  racing.before_publish = [&](const std::string&) { first = std::make_unique<MirrorBuilder>(*fx.c, fx.path, o); };
+  EXPECT_THROW(MirrorBuilder(*fx.c, fx.path, racing), MirrorTaken);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(mirror_status(seg.name).state, "loading") << "the first keeper's segment stays";
+  // Removed under its keeper, then made again by another: the orphaned
+  // keeper's exit leaves the new segment in place.
+  ASSERT_TRUE(remove_mirror(seg.name));
+  {
+    MirrorBuilder second(*fx.c, fx.path, o);
+    second.fill();
+    first.reset();  // the orphan exits
+    EXPECT_EQ(mirror_status(seg.name).state, "ready") << "the orphan removed another keeper's segment";
+  }
+  EXPECT_TRUE(mirror_status(seg.name).state.empty()) << "its own keeper removes it";
+}
+
+// One byte flipped in an expert blob of the container: the keeper's copy
+// fails the blob's checksum and the mirror is refused, not served.
+TEST(Mirror, ACorruptBlobIsNotServed) {
+  Fixture fx;
+  Segment seg("corrupt");
+  const std::string bad = fx.dir / "bad.coli";
+  std::filesystem::copy_file(fx.path, bad);
+  uint64_t at = 0;
+  for (const Blob& b : fx.c->manifest().blobs)
+    if (b.kind == "expert" && b.layer == 1 && b.expert == 2) at = b.offset + b.bytes / 2;
+  ASSERT_GT(at, 0u);
+  {
+    std::FILE* fp = std::fopen(bad.c_str(), "r+b");
+    ASSERT_NE(fp, nullptr);
+    std::fseek(fp, long(at), SEEK_SET);
+    const int c = std::fgetc(fp);
+    std::fseek(fp, long(at), SEEK_SET);
+    std::fputc(c ^ 0x40, fp);
+    std::fclose(fp);
+  }
+  const Container c(bad);  // the manifest is intact: opening does not read the blobs
+  MirrorBuildOptions o;
+  o.name = seg.name;
+  MirrorBuilder b(c, bad, o);
+  try {
+    b.fill();
+    ADD_FAILURE() << "a corrupt blob was served";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert 2 of layer 1 fails its checksum"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(mirror_status(seg.name).state, "loading") << "never ready";
 }

@@ -136,6 +136,12 @@ TEST(RunSetup, TheCpuWithoutALine) {
   EXPECT_EQ(s.backend->name(), "cpu");
   EXPECT_EQ(cli::notice(s), "") << "no device: nothing to explain without -v";
   EXPECT_FALSE(s.fallback.empty());
+  // A budget given where there is no GPU is not ignored silently.
+  const cli::RunFlags b = flags_of({"--heat", "none", "--vram-budget", "16T"});
+  r.flags = &b, r.vram_budget = b.vram_budgets[0];
+  s = cli::setup_run(r);
+  EXPECT_EQ(s.backend->name(), "cpu");
+  EXPECT_EQ(cli::notice(s).find("--vram-budget 16384.00 GiB ignored: no usable GPU"), 0u) << cli::notice(s);
 }
 
 // On the GPU: this process holds all but a little more than the model

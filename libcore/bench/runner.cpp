@@ -129,9 +129,10 @@ void load(Loaded& cur, const std::string& model_path, const BenchOptions& opt, s
   const auto& e0 = cur.model->layer(0).moe.experts[0].gate;
   cur.type = "qwen3_5_moe " + std::to_string(cur.model->spec().num_layers) + "L " + format_name(e0.format);
   if (!opt.prompt_file.empty()) {
+    const std::string text = read_text_file(opt.prompt_file);  // the file's own problem first
     auto tok = Tokenizer::load(model_path);
     check_tokenizer_matches(*tok, model_path, cur.model->spec().vocab_size, model_path);
-    cur.text_ids = tok->encode(read_text_file(opt.prompt_file));
+    cur.text_ids = tok->encode(text);
     if (cur.text_ids.empty()) throw Error(opt.prompt_file + ": no tokens");
   }
 }
@@ -439,6 +440,7 @@ void BenchRun::run(const Config& c) {
     start(c, base, backend, engine, &n_ubatch);
   } catch (const std::exception& e) {
     error = e.what();
+    std::fprintf(stderr, "coli-bench: %s: %s\n", c.model_path.c_str(), error.c_str());  // once here; each record carries it too
     save_heat();
     cur_ = Loaded{};
   }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/io.h"
 #include "util/mapped_file.h"
 
 namespace coli {
@@ -109,10 +110,10 @@ SafetensorsArchive::SafetensorsArchive(const std::string& dir) : dir_(dir) {
   if (!fs::is_directory(d)) throw Error(dir + ": not a checkpoint directory");
   const fs::path index = d / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    std::ifstream in(index);
+    const std::string text = read_text_file(index.string());
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       throw Error(index.string() + ": corrupt index: " + e.what());
     }

@@ -1,6 +1,7 @@
 #include "mirror/mirror.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -10,8 +11,11 @@
 #include <algorithm>
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
+#include <xxhash.h>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <limits>
@@ -57,6 +61,43 @@ void check_name(const std::string& name) {
 }
 
 uint64_t heat_bytes(const MirrorHeader& h) { return uint64_t(h.layers) * h.experts * sizeof(uint64_t); }
+
+// Where a POSIX shared-memory object of that name lives (Linux: tmpfs).
+std::string shm_path(const std::string& name) { return "/dev/shm/" + name; }
+
+// Private segments of this name (.NAME.new-PID-N) whose maker is gone: a
+// keeper killed while it sized its segment, before publishing it.
+void sweep_private_leftovers(const std::string& name) {
+  DIR* d = ::opendir("/dev/shm");
+  if (!d) return;
+  const std::string prefix = "." + name + ".new-";
+  std::vector<std::string> gone;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind(prefix, 0) != 0) continue;
+    const int pid = std::atoi(n.c_str() + prefix.size());
+    if (pid > 0 && !pid_alive(pid)) gone.push_back(n);
+  }
+  ::closedir(d);
+  for (const std::string& n : gone) bip::shared_memory_object::remove(n.c_str());
+}
+
+// The private segment takes the mirror's name, never replacing one:
+// renameat2(RENAME_NOREPLACE), or link + unlink where the file system
+// lacks it. EEXIST: another keeper published first (MirrorTaken).
+void publish_segment(const std::string& priv, const std::string& name) {
+  const std::string from = shm_path(priv), to = shm_path(name);
+  int rc = ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) {
+    rc = ::link(from.c_str(), to.c_str());
+    if (rc == 0) ::unlink(from.c_str());
+  }
+  if (rc == 0) return;
+  const int e = errno;
+  ::unlink(from.c_str());
+  if (e == EEXIST) throw MirrorTaken(name + ": another keeper published it first");
+  throw Error(name + ": cannot publish the segment (" + to + "): " + std::strerror(e));
+}
 
 }  // namespace
 
@@ -160,8 +201,14 @@ MirrorBuilder::MirrorBuilder(const Container& c, const std::string& model_path, 
   const uint64_t dir_offset = kMirrorHeaderBytes, dir_bytes = chosen.size() * sizeof(MirrorEntry);
   const uint64_t heat_offset = align_up(dir_offset + dir_bytes, 64), hbytes = uint64_t(layers) * experts * 8;
   const uint64_t data_offset = align_up(heat_offset + hbytes, kBlobAlignment), total = data_offset + data;
+  // Made under a private name; published under name_ once its header is
+  // written (publish_segment below).
+  sweep_private_leftovers(name_);
+  static std::atomic<unsigned> builders{0};
+  const std::string priv = "." + name_ + ".new-" + std::to_string(::getpid()) + "-" + std::to_string(builders++);
+  bip::shared_memory_object::remove(priv.c_str());  // a leftover of a killed process that had this pid
   try {
-    m.shm = bip::shared_memory_object(bip::create_only, name_.c_str(), bip::read_write, bip::permissions(opt.group ? 0660 : 0600));
+    m.shm = bip::shared_memory_object(bip::create_only, priv.c_str(), bip::read_write, bip::permissions(opt.group ? 0660 : 0600));
     ::fchmod(m.shm.get_mapping_handle().handle, opt.group ? 0660 : 0600);  // exactly, whatever the umask
     m.shm.truncate(static_cast<bip::offset_t>(total));
     // Reserve the pages now: a full /dev/shm is an error here, not a
@@ -170,12 +217,14 @@ MirrorBuilder::MirrorBuilder(const Container& c, const std::string& model_path, 
       throw Error(name_ + ": cannot reserve " + std::to_string(total) + " bytes of shared memory (/dev/shm): " + std::strerror(rc));
     m.region = bip::mapped_region(m.shm, bip::read_write);
   } catch (const bip::interprocess_exception& e) {
-    bip::shared_memory_object::remove(name_.c_str());
+    bip::shared_memory_object::remove(priv.c_str());
     throw Error(name_ + ": cannot make a shared-memory segment of " + std::to_string(total) + " bytes: " + e.what());
   } catch (const Error&) {
-    bip::shared_memory_object::remove(name_.c_str());
+    bip::shared_memory_object::remove(priv.c_str());
     throw;
   }
+  struct stat st {};
+  if (::fstat(m.shm.get_mapping_handle().handle, &st) == 0) dev_ = uint64_t(st.st_dev), ino_ = uint64_t(st.st_ino);
   auto* base = static_cast<uint8_t*>(m.region.get_address());
   m.h = new (base) MirrorHeader{};
   std::memcpy(m.h->magic, kMagic, sizeof kMagic);
@@ -199,11 +248,24 @@ MirrorBuilder::MirrorBuilder(const Container& c, const std::string& model_path, 
     at += align_up(b.bytes, kBlobAlignment);
   }
   if (dir_bytes) std::memcpy(base + dir_offset, m.entries.data(), dir_bytes);
+  if (opt.before_publish) {
+    try {
+      opt.before_publish(priv);
+    } catch (...) {
+      bip::shared_memory_object::remove(priv.c_str());
+      throw;
+    }
+  }
+  publish_segment(priv, name_);
 }
 
 MirrorBuilder::~MirrorBuilder() {
   if (impl_ && impl_->locked) ::munlock(impl_->region.get_address(), impl_->region.get_size());
-  if (remove_) bip::shared_memory_object::remove(name_.c_str());
+  // Only the segment this builder made: a stop that removed it (or a start
+  // that replaced it) leaves another keeper's segment under the name.
+  struct stat st {};
+  if (remove_ && ::stat(shm_path(name_).c_str(), &st) == 0 && uint64_t(st.st_dev) == dev_ && uint64_t(st.st_ino) == ino_)
+    bip::shared_memory_object::remove(name_.c_str());
 }
 
 void MirrorBuilder::fill() {
@@ -231,6 +293,22 @@ void MirrorBuilder::fill() {
       m.opt.progress(d, total);
     }
   });
+  // Every blob's checksum over the copy (the manifest's xxh64): a
+  // container corrupted on disk is refused here, not served.
+  std::atomic<std::size_t> bad{m.entries.size()};
+  parallel_for(m.entries.size(), default_threads(), [&](std::size_t i) {
+    const MirrorEntry& e = m.entries[i];
+    if (XXH64(base + e.offset, e.bytes, 0) != e.xxh64) {
+      std::size_t cur = bad.load();
+      while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+      }
+    }
+  });
+  if (const std::size_t i = bad.load(); i < m.entries.size()) {
+    const Blob& b = m.c->manifest().blobs[m.entries[i].blob];
+    const std::string what = b.kind == "expert" ? "expert " + std::to_string(b.expert) + " of layer " + std::to_string(b.layer) : "tensor '" + b.parts[0].name + "'";
+    throw Error(name_ + ": the container's " + what + " fails its checksum (corrupt container: coli-convert verify tells more); not served");
+  }
   m.h->state.store(uint32_t(MirrorState::kReady), std::memory_order_release);
 }
 

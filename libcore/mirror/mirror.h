@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "formats/container.h"
+#include "util/error.h"
 
 namespace coli {
 
@@ -98,12 +99,27 @@ struct MirrorBuildOptions {
   bool group = false;               // mode 0660 instead of 0600
   std::vector<uint64_t> heat;       // [layers * experts]: the hottest experts first under a budget
   std::function<void(uint64_t, uint64_t)> progress;  // (bytes copied, bytes in all)
+  // Tests: called with the segment's private name after its header is
+  // written and before it is published under its name.
+  std::function<void(const std::string& private_name)> before_publish;
+};
+
+// Another keeper published the same name first (two starts at once).
+class MirrorTaken : public Error {
+ public:
+  using Error::Error;
 };
 
 // Makes and fills a segment from a container; the maker is its owner.
 // An existing segment of that name is an Error unless its owner is dead
-// (stale: then it is removed first). The destructor removes the segment
-// unless release() was called.
+// (stale: then it is removed first). The segment is made under a private
+// name (.NAME.new-PID-N, which no status, list or stop sees) and published
+// under NAME only once its header says loading and names its owner, by a
+// rename that never replaces a segment (MirrorTaken when another keeper
+// published first): a segment under a mirror's name always has a header.
+// The destructor removes the segment, unless release() was called, and
+// only when the name still holds the segment this builder made (its
+// inode): a keeper whose segment was removed never removes another's.
 class MirrorBuilder {
  public:
   MirrorBuilder(const Container& c, const std::string& model_path, const MirrorBuildOptions& opt);
@@ -131,6 +147,7 @@ class MirrorBuilder {
   std::unique_ptr<Impl> impl_;
   std::string name_;
   bool remove_ = true;
+  uint64_t dev_ = 0, ino_ = 0;  // the segment made (the destructor's identity check)
 };
 
 // A ready segment attached read-write (the heat counters and the run slot

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/io.h"
 
 namespace coli {
 
@@ -176,11 +177,7 @@ ModelSpec load_model_spec(const std::string& dir) {
   if (!fs::is_directory(st)) throw Error(dir + ": is not a directory; " + want);
   const std::string path = dir + "/config.json";
   if (!fs::exists(path)) throw Error(dir + ": has no config.json; " + want);
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_model_spec(ss.str(), path);
+  return parse_model_spec(read_text_file(path), path);
 }
 
 }  // namespace coli

@@ -4,7 +4,8 @@
 // model's heat (placement/heat.h load_heat), so a bad file stops the run
 // before any work. The engine counts the run into run(). save() merges the
 // run's counts into the file as it is then (read again, so a run that saved
-// in the meantime is kept), older counts decayed per heat.h, creates the
+// in the meantime is kept; runs saving at once take turns under an flock
+// on PATH.lock, so none is lost), older counts decayed per heat.h, creates the
 // file's directory and writes it atomically; the run's counts then start
 // again from zero, so a second save adds only what came after the first.
 #pragma once

@@ -14,6 +14,7 @@
 #include "tokenizer/byte_level.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
+#include "util/io.h"
 
 namespace coli {
 
@@ -23,13 +24,7 @@ namespace {
 
 constexpr int kMaxId = 1 << 24;  // larger ids are not a real vocabulary
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string slurp(const std::string& path) { return read_text_file(path); }
 
 std::string slurp_prefix(const std::string& path, std::size_t n) {
   std::ifstream in(path, std::ios::binary);

@@ -10,7 +10,9 @@
 
 namespace coli {
 
-std::vector<int> parse_id_list(const std::string& s, const std::string& flag) {
+namespace {
+
+std::vector<int> parse_list(const std::string& s, const std::string& flag, const char* what) {
   std::vector<int> out;
   std::size_t i = 0;
   while (true) {
@@ -22,13 +24,18 @@ std::vector<int> parse_id_list(const std::string& s, const std::string& flag) {
     char* end = nullptr;
     errno = 0;
     long v = std::strtol(item.c_str(), &end, 10);
-    if (*end || errno || v < 0 || v > 0x7fffffff) throw UsageError(flag + ": '" + item + "' is not a token id");
+    if (*end || errno || v < 0 || v > 0x7fffffff) throw UsageError(flag + ": '" + item + "' is not " + what);
     out.push_back(static_cast<int>(v));
     if (j == std::string::npos) break;
     i = j + 1;
   }
   return out;
 }
+
+}  // namespace
+
+std::vector<int> parse_id_list(const std::string& s, const std::string& flag) { return parse_list(s, flag, "a token id"); }
+std::vector<int> parse_int_list(const std::string& s, const std::string& flag) { return parse_list(s, flag, "a count from 0 to 2147483647"); }
 
 int check_thread_count(int n, const std::string& flag) {
   const int hw = std::max(1u, std::thread::hardware_concurrency());

@@ -10,8 +10,9 @@ namespace coli {
 // non-numbers and negatives throw coli::UsageError naming `flag`.
 std::vector<int> parse_id_list(const std::string& s, const std::string& flag);
 
-// Like parse_id_list, for counts and sizes (llama-bench's "-p 128,512").
-inline std::vector<int> parse_int_list(const std::string& s, const std::string& flag) { return parse_id_list(s, flag); }
+// Like parse_id_list, for counts and sizes (llama-bench's "-p 128,512"):
+// a bad item is "not a count from 0 to 2147483647".
+std::vector<int> parse_int_list(const std::string& s, const std::string& flag);
 
 // A worker-thread count from flag `flag`: 0 means all cores; negative counts
 // and counts over 4x the hardware threads (far past any speed-up, and enough

@@ -128,13 +128,39 @@ std::vector<uint64_t> heat_counts(const po::variables_map& vm, const coli::cli::
   return {h.counts().begin(), h.counts().end()};
 }
 
+// Another keeper's mirror of that name: waited for while it loads; its
+// status once ready, or none when there is none (absent, or stale: said).
+std::optional<coli::MirrorStatus> other_keeper(const std::string& name) {
+  for (;; std::this_thread::sleep_for(std::chrono::milliseconds(100))) {
+    const coli::MirrorStatus s = coli::mirror_status(name);
+    if (s.state == "loading") continue;
+    if (s.state == "ready") return s;
+    if (s.state == "stale") std::fprintf(stderr, "coli-pin: %s: replacing it (stale: its owner, pid %d, is gone)\n", name.c_str(), s.owner_pid);
+    return std::nullopt;
+  }
+}
+
 // Makes, locks and fills the mirror, calls ready(line) once it is ready,
 // then keeps it until a stop signal. Returns the exit status; the builder's
 // destructor removes the segment.
 int keep(const coli::Container& c, const std::string& path, coli::MirrorBuildOptions o, bool gpu, const std::function<void(const std::string&)>& ready) {
   auto progress = std::make_shared<LoadProgress>();
   o.progress = [progress](uint64_t done, uint64_t total) { (*progress)(done, total); };
-  coli::MirrorBuilder b(c, path, o);
+  // Two starts at once: the one that publishes second waits for the
+  // other's mirror and leaves it be, as a start that finds it loading does.
+  std::unique_ptr<coli::MirrorBuilder> made;
+  while (!made) {
+    try {
+      made = std::make_unique<coli::MirrorBuilder>(c, path, o);
+    } catch (const coli::MirrorTaken&) {
+      const std::string name = coli::mirror_name(c.fingerprint());
+      if (const auto s = other_keeper(name)) {
+        ready(describe(name, "already running", s->bytes, s->expert_blobs, s->trunk_blobs, s->owner_pid));
+        return 0;
+      }
+    }
+  }
+  coli::MirrorBuilder& b = *made;
   const coli::MirrorHeader& h = b.header();
   if (h.expert_blobs + h.trunk_blobs == 0) throw coli::Error(b.name() + ": --budget of " + std::to_string(o.budget) + " bytes holds no expert");
   // Locked before the copy: a too-low RLIMIT_MEMLOCK fails at once, not
@@ -300,15 +326,9 @@ int cmd_start(int argc, char** argv) {
   }
   const std::string name = coli::mirror_name(c.fingerprint());
   // Another keeper: wait while it loads, then leave it be.
-  for (coli::MirrorStatus s;; std::this_thread::sleep_for(std::chrono::milliseconds(100))) {
-    s = coli::mirror_status(name);
-    if (s.state == "loading") continue;
-    if (s.state == "ready") {
-      std::printf("%s\n", describe(name, "already running", s.bytes, s.expert_blobs, s.trunk_blobs, s.owner_pid).c_str());
-      return 0;
-    }
-    if (s.state == "stale") std::fprintf(stderr, "coli-pin: %s: replacing it (stale: its owner, pid %d, is gone)\n", name.c_str(), s.owner_pid);
-    break;
+  if (const auto s = other_keeper(name)) {
+    std::printf("%s\n", describe(name, "already running", s->bytes, s->expert_blobs, s->trunk_blobs, s->owner_pid).c_str());
+    return 0;
   }
   // Blocked before the fork, so the keeper never runs without its mask.
   const sigset_t stop = stop_signals();
@@ -367,7 +387,7 @@ bool maps_segment(int pid, const std::string& name) {
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
   if (!maps) return true;
   for (std::string l; std::getline(maps, l);)
-    if (l.find("/dev/shm/" + name) != std::string::npos) return true;
+    if (l.find("/dev/shm/" + name) != std::string::npos || l.find("/dev/shm/." + name + ".new-") != std::string::npos) return true;
   return false;
 }
 
@@ -382,7 +402,9 @@ int cmd_stop(int argc, char** argv) {
     return 0;
   }
   if (!vm.count("model")) throw coli::UsageError("--model PATH|NAME is required");
-  const std::string arg = vm["model"].as<std::string>();
+  std::string arg = vm["model"].as<std::string>();
+  if (arg.empty()) throw coli::UsageError("--model: give the container (or its directory), or the segment's name coli-...");
+  if (arg.rfind("/dev/shm/coli-", 0) == 0) arg = arg.substr(9);  // the segment's path, as coli-pin(1) shows it
   std::error_code ec;
   const bool is_name = arg.rfind("coli-", 0) == 0 && arg.find('/') == std::string::npos && !fs::exists(arg, ec);
   const std::string name = is_name ? arg : coli::mirror_name(coli::Container(container_path(arg)).fingerprint());

@@ -5,6 +5,7 @@
 // planner's inputs from the flags tools/common/run_plan.h (coli-run --plan
 // auto takes them from there too).
 #include <boost/program_options.hpp>
+#include <utf8proc.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -252,6 +253,13 @@ int cmd_heat(int argc, char** argv) {
 std::vector<std::string> read_prompts(const std::string& path) {
   std::vector<std::string> prompts;
   const std::string text = coli::read_text_file(path);
+  // Prompts are text: random bytes would merge junk routing into the heat.
+  for (std::size_t at = 0; at < text.size();) {
+    utf8proc_int32_t cp = 0;
+    const utf8proc_ssize_t n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data()) + at, utf8proc_ssize_t(text.size() - at), &cp);
+    if (n <= 0 || cp == 0) throw coli::Error(path + ": not UTF-8 text (byte " + std::to_string(at) + "): give prompts, one per line");
+    at += std::size_t(n);
+  }
   for (std::size_t at = 0; at < text.size();) {
     const std::size_t nl = std::min(text.find('\n', at), text.size());
     if (nl > at) prompts.push_back(text.substr(at, nl - at));

@@ -190,6 +190,8 @@ RunSetup setup_run(const RunRequest& r) {
   const cuda::CudaOptions co = cuda_options(r.env, f, t);
   std::string device = f.device;
   if (!s.gpu_present && device == "auto") device = "cpu", s.fallback = why;  // no device: the CPU, said with -v
+  if (!s.gpu_present && device == "cpu" && f.device != "cpu" && r.vram_budget != kBudgetAuto)
+    s.budget_ignored = "--vram-budget " + gib(r.vram_budget) + " ignored: no usable GPU (" + why + "); running on the CPU";
   if (s.fit.kind == DeviceFit::Kind::kCpu && s.gpu_present) {
     if (device == "cuda") throw Error("CUDA backend: " + s.fit.why);
     device = "cpu";
@@ -204,7 +206,7 @@ RunSetup setup_run(const RunRequest& r) {
 }
 
 std::string notice(const RunSetup& s) {
-  if (!s.gpu_present) return "";
+  if (!s.gpu_present) return s.budget_ignored;
   if (s.fit.kind == DeviceFit::Kind::kCpu) return "not enough GPU memory: " + s.fit.why + ": running on the CPU";
   if (!s.fallback.empty()) return "the GPU is not used (" + s.fallback + "): running on the CPU";
   const TierStats t = s.backend->tier_stats();

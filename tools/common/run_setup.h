@@ -22,8 +22,8 @@
 //    a UsageError (exit 2); with --device cpu both are ignored.
 //  - notice() is the line a tool prints always (on stderr, with its name
 //    in front) when the run is not the whole-GPU one: a budget (what it
-//    holds and how the rest runs) or the CPU in place of a present GPU;
-//    "" otherwise. record_fields() are the same facts for coli-bench.
+//    holds and how the rest runs), the CPU in place of a present GPU, or a
+//    --vram-budget given where there is no GPU; "" otherwise. record_fields() are the same facts for coli-bench.
 // The backend keeps pointers into the model and the mirror: both outlive
 // the RunSetup.
 #pragma once
@@ -93,6 +93,7 @@ struct RunSetup {
   DeviceFit fit;
   bool gpu_present = false;    // a usable CUDA device
   std::string fallback;        // --device auto: why the CUDA backend was not made ("" when it was, or not tried)
+  std::string budget_ignored;  // a --vram-budget given where no GPU is usable: the line that says so
   std::string host_memory;     // under a budget: "mirror NAME", "container" (its mapping registered) or "pageable"
   std::string pageable_why;    // "pageable": why
   std::string plan_source;     // under a budget: "file", "heat" (the planner over routing heat), "even" (no heat), "order" (no container)

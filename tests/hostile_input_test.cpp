@@ -1,0 +1,139 @@
+// Issue 29's hostile inputs that used to hang or grow without limit: a
+// FIFO given as a container, non-regular files (/dev/zero, /dev/full) as
+// heat, rates and prompt files, and coli-pin stop's arguments. Every tool
+// call runs under timeout(1): a hang is exit 124, not a stuck test.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+
+#include "engine_util.h"
+#include "test_util.h"
+#include "util/error.h"
+#include "util/io.h"
+#include "util/parse.h"
+
+namespace {
+
+using coli::test::run_command;
+
+std::string bin(const char* tool) { return "timeout 20 " + coli::test::bin_dir() + "/" + tool; }
+
+std::string error_of(const std::string& path, std::size_t max = coli::kTextFileMax) {
+  try {
+    coli::read_text_file(path, max);
+  } catch (const coli::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+struct Files {
+  coli::test::TempDir dir;
+  std::string model, fifo;
+  Files() {
+    model = dir / "m.coli", fifo = dir / "f.coli";
+    coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", model, coli::QuantFormat::I8);
+    EXPECT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  }
+};
+
+}  // namespace
+
+// The one reader of text files: regular files up to a size, nothing else,
+// each refusal naming the file; a FIFO refused without waiting for a writer.
+TEST(HostileInput, TextFilesAreRegularAndBounded) {
+  Files f;
+  EXPECT_EQ(error_of(f.dir.path()), f.dir.path() + ": is a directory, not a file");
+  EXPECT_EQ(error_of("/dev/null"), "/dev/null: is not a regular file (a device, FIFO or socket)");
+  EXPECT_EQ(error_of("/dev/zero"), "/dev/zero: is not a regular file (a device, FIFO or socket)");
+  EXPECT_EQ(error_of(f.fifo), f.fifo + ": is not a regular file (a device, FIFO or socket)");
+  const std::string small = f.dir / "t.txt";
+  coli::test::write_file(small, std::string(3000, 'x'));
+  EXPECT_EQ(coli::read_text_file(small).size(), 3000u);
+  EXPECT_NE(error_of(small, 2048).find("3000 bytes, more than"), std::string::npos) << error_of(small, 2048);
+  EXPECT_NE(error_of(f.dir / "missing.txt").find("cannot open"), std::string::npos);
+}
+
+// mkfifo f.coli; coli-pin start -m f.coli and coli-place plan -m f.coli:
+// one line, exit 1, at once (they used to block in open()).
+TEST(HostileInput, AFifoIsNotAContainer) {
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-place") + " plan -m " + f.fifo + " --vram 1G 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("is not a regular file"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin("coli-pin") + " start -m " + f.fifo + " --heat none 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("is not a regular file"), std::string::npos) << out;
+}
+
+// Devices as heat, rates and prompt files: refused by name at once (they
+// used to be read until memory ran out).
+TEST(HostileInput, DevicesAreNotTextFiles) {
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-place") + " plan -m " + f.model + " --vram 1G --heat /dev/zero 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("/dev/zero: is not a regular file"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin("coli-place") + " probe -o /dev/full 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("/dev/full: is not a regular file"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2 -n 1 --heat /dev/full 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("/dev/full: is not a regular file"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin("coli-bench") + " -m " + f.model + " --device cpu -p 4 -n 0 -r 1 --heat none --prompt-file /dev/zero 2>&1", &out), 1)
+      << out;
+  EXPECT_NE(out.find("/dev/zero: is not a regular file"), std::string::npos) << out;
+}
+
+// coli-pin stop "": a usage line (exit 2), not a raw filesystem error; the
+// segment's path as coli-pin(1) shows it names the segment.
+TEST(HostileInput, PinStopTakesANameOrPath) {
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-pin") + " stop \"\" 2>&1", &out), 2) << out;
+  EXPECT_NE(out.find("--model"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin("coli-pin") + " stop /dev/shm/coli-0000000000000bad 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("no mirror coli-0000000000000bad"), std::string::npos) << out;
+}
+
+// Eight runs saving into one heat file at once: the file ends as eight runs
+// one after the other leave it (each merge read, added and renamed under
+// the file's lock; they used to lose about a sixth of the tokens).
+TEST(HostileInput, RunsAtOnceLoseNoHeat) {
+  Files f;
+  const std::string run = bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2,3,4 -n 8 --temp 0 --ignore-eos --heat ";
+  std::string out;
+  const std::string one_by_one = f.dir / "seq.txt", at_once = f.dir / "par.txt";
+  for (int i = 0; i < 8; ++i) ASSERT_EQ(run_command(run + one_by_one + " >/dev/null 2>&1", &out), 0) << out;
+  std::string all;
+  for (int i = 0; i < 8; ++i) all += run + at_once + " >/dev/null 2>&1 & ";
+  ASSERT_EQ(run_command("{ " + all + "wait; } 2>&1", &out), 0) << out;
+  const std::string seq = coli::read_text_file(one_by_one), par = coli::read_text_file(at_once);
+  EXPECT_NE(seq.find("tokens"), std::string::npos) << seq.substr(0, 200);
+  EXPECT_EQ(par, seq);
+}
+
+// Weak spots of the sweep: list items are counts, not token ids; a heat
+// file under a regular file fails at the start, before any token; random
+// bytes are not prompts to calibrate heat from.
+TEST(HostileInput, CountsHeatPathsAndPromptText) {
+  Files f;
+  try {
+    coli::parse_int_list("512,1e9", "-p");
+    ADD_FAILURE() << "1e9 taken";
+  } catch (const coli::UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "-p: '1e9' is not a count from 0 to 2147483647");
+  }
+  std::string out;
+  const std::string file = f.dir / "plain.txt";
+  coli::test::write_file(file, "x");
+  EXPECT_EQ(run_command(bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2 -n 4 --temp 0 --heat " + file + "/sub/h.txt 2>/dev/null", &out), 1);
+  EXPECT_EQ(out, "") << "refused before the first token";
+  EXPECT_EQ(run_command(bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2 -n 4 --temp 0 --heat " + file + "/h.txt 2>&1", &out), 1);
+  EXPECT_NE(out.find("is not a directory"), std::string::npos) << out;
+  std::string junk;
+  for (int i = 0; i < 4096; ++i) junk += char((i * 2654435761u) >> 24);
+  const std::string prompts = f.dir / "junk.txt";
+  coli::test::write_file(prompts, junk);
+  EXPECT_EQ(run_command(bin("coli-place") + " calibrate -m " + f.model + " --prompts " + prompts + " --heat " + (f.dir / "h.txt") + " 2>&1", &out), 1)
+      << out;
+  EXPECT_NE(out.find("not UTF-8 text"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(f.dir / "h.txt")) << "no junk merged";
+}
