@@ -74,6 +74,9 @@ TEST(HostileInput, DevicesAreNotTextFiles) {
   std::string out;
   EXPECT_EQ(run_command(bin("coli-place") + " plan -m " + f.model + " --vram 1G --heat /dev/zero 2>&1", &out), 1) << out;
   EXPECT_NE(out.find("/dev/zero: is not a regular file"), std::string::npos) << out;
+  EXPECT_EQ(run_command(bin("coli-place") + " probe -o " + (f.dir / "no/such/dir/r.txt") + " 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("is not a directory (-o writes into an existing one)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("host memory read"), std::string::npos) << "refused before measuring";
   EXPECT_EQ(run_command(bin("coli-place") + " probe -o /dev/full 2>&1", &out), 1) << out;
   EXPECT_NE(out.find("/dev/full: is not a regular file"), std::string::npos) << out;
   EXPECT_EQ(run_command(bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2 -n 1 --heat /dev/full 2>&1", &out), 1) << out;

@@ -149,7 +149,8 @@ TEST(Plan, MalformedFilesAreErrorsNamingFileAndLine) {
   };
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "p.txt:1: empty file, not a coli plan file"},
-      {"# only a comment\n\n", "p.txt:1: empty file"},
+      {"# only a comment\n\n", "p.txt:1: only blank lines or comments, not a coli plan file (expected 'coli-plan 1')"},
+      {"\r\r\r", "p.txt:1: only blank lines or comments, not a coli plan file"},
       {"hello\n", "p.txt:1: not a coli plan file (expected 'coli-plan 1')"},
       {with("coli-plan 1", "coli-heat 1"), "p.txt:2: not a coli plan file"},
       {with("coli-plan 1", "coli-plan 2"), "p.txt:2: plan file version 2 is not supported"},

@@ -132,7 +132,9 @@ Plan parse_plan(std::string_view text, const std::string& name) {
   std::vector<std::string_view> w;
   // The magic is the first line that is neither blank nor a comment
   // (format_plan writes the predictions above it).
-  if (!in.next(w)) throw Error(name + ":1: empty file, not a coli plan file");
+  if (!in.next(w))
+    throw Error(name + (text.empty() ? ":1: empty file, not a coli plan file" : ":1: only blank lines or comments, not a coli plan file (expected 'coli-plan " +
+                                                                                  std::to_string(kPlanVersion) + "')"));
   if (w[0] != "coli-plan" || w.size() != 2) in.fail("not a coli plan file (expected 'coli-plan " + std::to_string(kPlanVersion) + "')");
   const uint64_t version = in.number(w[1], "version");
   if (version != kPlanVersion)

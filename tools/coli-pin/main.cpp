@@ -274,8 +274,11 @@ int start_daemon(const coli::Container& c, const std::string& path, const coli::
   int st = 0;
   while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
-  // A keeper that failed said why on stderr; one that exited 0 was stopped.
+  // A keeper that failed said why on stderr; one that exited 0 was stopped;
+  // one killed by a signal could say nothing: said here.
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) throw coli::Error("stopped before the mirror was ready");
+  if (WIFSIGNALED(st))
+    throw coli::Error("the keeper (pid " + std::to_string(pid) + ") was killed by " + strsignal(WTERMSIG(st)) + " before the mirror was ready");
   return 1;
 }
 

@@ -358,6 +358,13 @@ int cmd_probe(int argc, char** argv) {
     format = coli::expert_format_name(coli::Container(model_file));
   }
   const std::string out = vm.count("output") ? vm["output"].as<std::string>() : default_rates_path(format);
+  // -o writes into an existing directory, as plan -o does (checked before
+  // the measurement); only the default cache directory is made.
+  if (vm.count("output")) {
+    const fs::path dir = fs::path(out).parent_path();
+    std::error_code dec;
+    if (!dir.empty() && !fs::is_directory(dir, dec)) throw coli::Error(out + ": " + dir.string() + " is not a directory (-o writes into an existing one)");
+  }
   coli::MachineRates r = coli::cached_rates(out);
   std::string note = "measured:";
   const double read = coli::cpu::measure_read_gbs(std::size_t(1) << 30, threads, secs);
