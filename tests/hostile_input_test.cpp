@@ -140,3 +140,16 @@ TEST(HostileInput, CountsHeatPathsAndPromptText) {
   EXPECT_NE(out.find("not UTF-8 text"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(f.dir / "h.txt")) << "no junk merged";
 }
+
+// A usage error is the first line: no informational note before it (coli-pin
+// start used to say which heat orders the experts, then refuse --plan with
+// --heat).
+TEST(HostileInput, UsageErrorsComeFirst) {
+  Files f;
+  std::string out;
+  const std::string heat = f.dir / "h.txt";
+  ASSERT_EQ(run_command(bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2 -n 2 --temp 0 --heat " + heat + " >/dev/null 2>&1", &out), 0);
+  EXPECT_EQ(run_command(bin("coli-pin") + " start -m " + f.model + " --budget 1M --heat " + heat + " --plan " + (f.dir / "p.plan") + " 2>&1", &out), 2)
+      << out;
+  EXPECT_EQ(out.rfind("coli-pin: --plan and --heat both order the experts", 0), 0u) << out;
+}

@@ -8,11 +8,12 @@
 #include <string_view>
 
 #include "placement/heat.h"
+#include "fuzz_file.h"
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const coli::HeatFile f = coli::parse_heat(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+    const coli::HeatFile f = coli::parse_heat(coli::fuzz::through_file(data, size, "heat"), "fuzz");
     const coli::Heat& h = f.heat;
     if (h.layers() < 1 || h.layers() > 4096 || h.experts() < 1 || h.experts() > 65536) std::abort();
     if (h.counts().size() != std::size_t(h.layers()) * h.experts()) std::abort();

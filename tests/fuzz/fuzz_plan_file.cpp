@@ -9,11 +9,12 @@
 #include <string_view>
 
 #include "placement/plan.h"
+#include "fuzz_file.h"
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const coli::Plan p = coli::parse_plan(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+    const coli::Plan p = coli::parse_plan(coli::fuzz::through_file(data, size, "plan"), "fuzz");
     if (p.layers < 1 || p.layers > 4096 || p.experts < 1 || p.experts > 65536) std::abort();
     if (p.tier.size() != std::size_t(p.layers) * p.experts) std::abort();
     if (p.prefill_chunk < 0 || p.prefill_chunk > (1 << 20)) std::abort();

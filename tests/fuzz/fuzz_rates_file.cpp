@@ -9,11 +9,12 @@
 #include <string_view>
 
 #include "placement/machine_rates.h"
+#include "fuzz_file.h"
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const coli::MachineRates r = coli::parse_rates(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+    const coli::MachineRates r = coli::parse_rates(coli::fuzz::through_file(data, size, "rates"), "fuzz");
     for (double v : {r.host_expert_gbs, r.disk_gbs, r.pcie_gbs})
       if (!(v > 0) || !std::isfinite(v)) std::abort();
     for (double v : {r.gpu_layer_s, r.gpu_expert_s, r.handoff_s, r.token_fixed_s, r.prefill_layer_token_s})

@@ -307,8 +307,8 @@ int cmd_start(int argc, char** argv) {
   const coli::cli::HeatFlag heat = coli::cli::HeatFlag::from(vm);
   const std::string path = container_path(vm["model"].as<std::string>());
   const coli::Container c(path);
+  if (vm.count("plan") && vm.count("heat")) throw coli::UsageError("--plan and --heat both order the experts: give one");  // before any note
   o.heat = heat_counts(vm, heat, c, path);
-  if (vm.count("plan") && vm.count("heat")) throw coli::UsageError("--plan and --heat both order the experts: give one");
   if (vm.count("plan")) {
     // The plan's VRAM and RAM experts first (VRAM's hottest of all), and
     // without --budget only those (with the trunk under --trunk).
