@@ -153,3 +153,18 @@ TEST(HostileInput, UsageErrorsComeFirst) {
       << out;
   EXPECT_EQ(out.rfind("coli-pin: --plan and --heat both order the experts", 0), 0u) << out;
 }
+
+// A keeper killed while it loads (a test hook kills it there): the
+// detaching start says so and exits 1; the next start replaces the stale
+// segment it left.
+TEST(HostileInput, AKeeperKilledWhileLoadingIsReported) {
+  Files f;
+  std::string out;
+  const std::string pin = bin("coli-pin");
+  EXPECT_EQ(run_command("COLI_PIN_TEST_DIE_LOADING=1 " + pin + " start -m " + f.model + " --heat none 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("was killed by"), std::string::npos) << out;
+  EXPECT_NE(out.find("before the mirror was ready"), std::string::npos) << out;
+  EXPECT_EQ(run_command(pin + " start -m " + f.model + " --heat none 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find("stale"), std::string::npos) << out;
+  EXPECT_EQ(run_command(pin + " stop -m " + f.model + " 2>&1", &out), 0) << out;
+}

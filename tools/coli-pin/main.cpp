@@ -166,6 +166,9 @@ int keep(const coli::Container& c, const std::string& path, coli::MirrorBuildOpt
   // Locked before the copy: a too-low RLIMIT_MEMLOCK fails at once, not
   // after gigabytes are copied.
   b.lock_pages();
+  // Test hook (tests/hostile_input_test.cpp): the keeper dies here, loading,
+  // as a kill -9 would leave it; the detaching start must say so.
+  if (const char* v = std::getenv("COLI_PIN_TEST_DIE_LOADING"); v && std::string(v) == "1") ::raise(SIGKILL);
   try {
     b.fill();
     if (progress->bar) progress->bar->finish();
