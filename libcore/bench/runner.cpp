@@ -4,7 +4,6 @@
 #include <chrono>
 #include <ctime>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <span>
@@ -392,11 +391,7 @@ void BenchRun::start(const Config& c, json& base, std::unique_ptr<Backend>& back
   backend = std::move(made.backend);
   *n_ubatch = made.n_ubatch;
   base["n_ubatch"] = made.n_ubatch;
-  for (const auto& [k, v] : made.fields) {
-    char* end = nullptr;
-    const double d = std::strtod(v.c_str(), &end);
-    base[k] = !v.empty() && end && *end == 0 ? json(d) : json(v);  // numbers as numbers (jsonl)
-  }
+  if (made.fields.is_object()) base.update(made.fields);
   engine = std::make_unique<Engine>(cur_.model->spec(), *backend, made.n_ubatch);
   engine->set_heat(cur_.heat->run());
   base["n_threads"] = backend->num_threads();  // what it computes with, not what was asked

@@ -66,7 +66,7 @@ struct BackendRequest {
 struct BenchBackend {
   std::unique_ptr<Backend> backend;
   int n_ubatch = 0;
-  std::vector<std::pair<std::string, std::string>> fields;
+  nlohmann::json fields = nlohmann::json::object();  // field name -> value, merged into each record
 };
 using BackendFactory = std::function<BenchBackend(const BackendRequest& request)>;
 

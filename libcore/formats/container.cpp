@@ -216,17 +216,18 @@ std::optional<std::string_view> Container::file(const std::string& name) const {
   return std::nullopt;
 }
 
+std::string blob_description(const Blob& b) {
+  if (b.kind == "expert") return "expert " + std::to_string(b.expert) + " of layer " + std::to_string(b.layer);
+  if (b.kind == "file") return "file " + b.file_name;
+  return "tensor '" + (b.parts.empty() ? std::string() : b.parts[0].name) + "'";
+}
+
 void Container::verify_checksums(const std::function<void(uint64_t, uint64_t)>& progress) const {
   uint64_t total = 0, done = 0;
   for (const auto& b : manifest_.blobs) total += b.bytes;
   for (std::size_t i = 0; i < manifest_.blobs.size(); ++i) {
     const Blob& b = manifest_.blobs[i];
-    if (XXH64(base() + b.offset, b.bytes, 0) != b.xxh64) {
-      const std::string what = b.kind == "expert" ? "expert " + std::to_string(b.expert) + " of layer " + std::to_string(b.layer)
-                               : b.kind == "file" ? "file " + b.file_name
-                                                  : "tensor '" + b.parts[0].name + "'";
-      throw Error(path_ + ": corrupt container: checksum mismatch in " + what);
-    }
+    if (XXH64(base() + b.offset, b.bytes, 0) != b.xxh64) throw Error(path_ + ": corrupt container: checksum mismatch in " + blob_description(b));
     done += b.bytes;
     if (progress) progress(done, total);
   }

@@ -63,6 +63,9 @@ struct Blob {
   std::vector<BlobPart> parts;  // tensors: one; experts: gate, up, down
 };
 
+// "expert E of layer L", "file NAME" or "tensor 'NAME'": a blob in messages.
+std::string blob_description(const Blob& b);
+
 struct Manifest {
   uint32_t version = 0;
   uint64_t fingerprint = 0;

@@ -305,9 +305,8 @@ void MirrorBuilder::fill() {
     }
   });
   if (const std::size_t i = bad.load(); i < m.entries.size()) {
-    const Blob& b = m.c->manifest().blobs[m.entries[i].blob];
-    const std::string what = b.kind == "expert" ? "expert " + std::to_string(b.expert) + " of layer " + std::to_string(b.layer) : "tensor '" + b.parts[0].name + "'";
-    throw Error(name_ + ": the container's " + what + " fails its checksum (corrupt container: coli-convert verify tells more); not served");
+    throw Error(name_ + ": the container's " + blob_description(m.c->manifest().blobs[m.entries[i].blob]) +
+                " fails its checksum (corrupt container: coli-convert verify tells more); not served");
   }
   m.h->state.store(uint32_t(MirrorState::kReady), std::memory_order_release);
 }

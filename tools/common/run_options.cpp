@@ -5,10 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "model/layer_tensors.h"
-
 #include "cpu_expert_host.h"
 #include "cuda_device.h"
+#include "model/layer_tensors.h"
 #include "util/parse.h"
 
 namespace coli::cli {
@@ -26,8 +25,7 @@ void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget&
   co.decode_upload_max = f.decode_upload;
   // auto: with pinned weights (a mirror or the container, registered at the
   // start: 0.05-0.1 s per GB), unless --decode-upload takes the misses.
-  const bool pinned = t.mirror != nullptr || t.container_span.first != nullptr;
-  co.pcie_read_share = pcie_read_share(f.pcie_read, pinned, f.decode_upload > 0);
+  co.pcie_read_share = run_pcie_read_share(f, t.mirror != nullptr || t.container_span.first != nullptr);
   co.pcie_read_offset = f.pcie_read_offset;
   co.prefill_upload = f.prefill_upload || t.prefill_upload;
   if (!t.mirror && t.container_span.first) co.read_only_host_regions.push_back(t.container_span);
@@ -47,6 +45,8 @@ void set_mirror(cuda::CudaOptions& co, const MirrorAttachment& m, uint64_t vram_
 }
 
 }  // namespace
+
+double run_pcie_read_share(const TierFlags& f, bool pinned) { return pcie_read_share(f.pcie_read, pinned, f.decode_upload > 0); }
 
 std::pair<const void*, std::size_t> host_span(const Model& model) {
   uintptr_t lo = UINTPTR_MAX, hi = 0;

@@ -54,6 +54,11 @@ struct BackendTarget {
   bool prefill_upload = false;               // prompts upload the tier's misses (--prefill-upload, or run_setup's choice)
 };
 
+// The PCIe-read share a tier run takes: --pcie-read as given, auto
+// (kPcieReadAutoShare) when the weights are pinned (a mirror, or the
+// container registered) and no --decode-upload takes the misses, else 0.
+double run_pcie_read_share(const TierFlags& f, bool pinned);
+
 // The host bytes [first, first + second) that hold every matrix of the
 // model (its routed experts among them), page-aligned: for a model read
 // from a container, inside the container's one mapping.

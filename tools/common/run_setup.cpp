@@ -67,7 +67,7 @@ void plan_tier(RunSetup& s, const RunRequest& r, const std::string& container, b
     // speed up: only their activations' cost is left.
     VramSettings v;
     v.budget = s.fit.budget, v.n_ctx = r.n_ctx, v.max_chunk = sizes[i], v.prefill_upload = upload, v.swap = r.flags->tier.swap;
-    v.pcie_read_share = pinned ? pcie_read_share(r.flags->tier.pcie_read, true, r.flags->tier.decode_upload > 0) : 0;
+    v.pcie_read_share = run_pcie_read_share(r.flags->tier, pinned);
     v.decode_upload_max = r.flags->tier.decode_upload;
     const std::vector<uint64_t> heat = plan_as_heat(plans.back());
     if (upload && !VramLedger(*r.model, v).fill(s.fit.budget, &heat).prefill) preds[i].prefill_tok_s = 0;
@@ -235,21 +235,21 @@ std::string notice(const RunSetup& s) {
   return l;
 }
 
-std::vector<std::pair<std::string, std::string>> record_fields(const RunSetup& s) {
-  std::vector<std::pair<std::string, std::string>> v;
+nlohmann::json record_fields(const RunSetup& s) {
+  nlohmann::json v = nlohmann::json::object();
   const TierStats t = s.backend ? s.backend->tier_stats() : TierStats{};
   const bool tier = s.fit.kind == DeviceFit::Kind::kTier && t.tiered;
-  if (s.gpu_present) v.push_back({"vram_free_mb", std::to_string(s.fit.free >> 20)});
+  if (s.gpu_present) v["vram_free_mb"] = s.fit.free >> 20;
   if (tier) {
-    v.push_back({"vram_budget_mb", std::to_string(double(s.fit.budget) / (1 << 20))});
-    v.push_back({"vram_budget_auto", s.fit.budget_auto ? "1" : "0"});
-    if (s.fit.budget_auto) v.push_back({"vram_margin_mb", std::to_string(s.fit.margin >> 20)});
-    v.push_back({"tier_experts", std::to_string(t.resident)});
-    v.push_back({"host_memory", s.host_memory.rfind("mirror ", 0) == 0 ? "mirror" : s.host_memory});
-    v.push_back({"plan_source", s.plan_source});
+    v["vram_budget_mb"] = double(s.fit.budget) / (1 << 20);
+    v["vram_budget_auto"] = s.fit.budget_auto ? 1 : 0;
+    if (s.fit.budget_auto) v["vram_margin_mb"] = s.fit.margin >> 20;
+    v["tier_experts"] = t.resident;
+    v["host_memory"] = s.host_memory.rfind("mirror ", 0) == 0 ? "mirror" : s.host_memory;
+    v["plan_source"] = s.plan_source;
   }
   const bool gpu = s.backend && s.backend->name() == "cuda" && (tier || s.fit.kind == DeviceFit::Kind::kWhole);
-  v.push_back({"prefill_path", !gpu ? "cpu" : (!tier || t.prefill_upload || t.resident == t.experts) ? "gpu" : "cpu-experts"});
+  v["prefill_path"] = !gpu ? "cpu" : (!tier || t.prefill_upload || t.resident == t.experts) ? "gpu" : "cpu-experts";
   return v;
 }
 

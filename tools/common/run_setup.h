@@ -29,6 +29,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -109,6 +110,6 @@ RunSetup setup_run(const RunRequest& r);
 std::string notice(const RunSetup& s);
 // The choice as coli-bench record fields: vram_free_mb, vram_margin_mb,
 // vram_budget_auto, tier_experts, host_memory, prefill_path, plan_source.
-std::vector<std::pair<std::string, std::string>> record_fields(const RunSetup& s);
+nlohmann::json record_fields(const RunSetup& s);
 
 }  // namespace coli::cli
