@@ -97,7 +97,11 @@ TEST(CudaBackend, CheckpointMatchesTheGoldens) {
   test::expect_golden_prompts(e);
 }
 
-TEST(CudaBackend, ContainersMatchTheCpuReference) {
+// One test per container format, so that each runs (and each sanitizer
+// run over it finishes) on its own: racecheck takes minutes per format.
+class ContainerFormat : public ::testing::TestWithParam<QuantFormat> {};
+
+TEST_P(ContainerFormat, MatchesTheCpuReference) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   // bf16: float activations on both sides, only the summation order differs.
@@ -106,14 +110,21 @@ TEST(CudaBackend, ContainersMatchTheCpuReference) {
   // may move by up to twice what the container's own quantization moves
   // the CPU reference's (measured on the H200: int8 0.16-0.25 against a
   // container error of 0.19); greedy tokens stay identical for int8.
-  for (QuantFormat f : {QuantFormat::BF16, QuantFormat::I8, QuantFormat::I4_G32, QuantFormat::I4_G64_ASYM, QuantFormat::I4}) {
-    test::TempDir d;
-    auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", f);
-    const bool exact = f == QuantFormat::BF16;
-    const float tol = exact ? 1e-3f : std::max(1e-3f, 2 * cpu_quantization_error(*m));
-    for (int chunk : {7, 64}) expect_gpu_matches_cpu(*m, tol, f == QuantFormat::BF16 || f == QuantFormat::I8, format_name(f), chunk);
-  }
+  const QuantFormat f = GetParam();
+  test::TempDir d;
+  auto m = test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", d / "m.coli", f);
+  const bool exact = f == QuantFormat::BF16;
+  const float tol = exact ? 1e-3f : std::max(1e-3f, 2 * cpu_quantization_error(*m));
+  for (int chunk : {7, 64}) expect_gpu_matches_cpu(*m, tol, f == QuantFormat::BF16 || f == QuantFormat::I8, format_name(f), chunk);
 }
+
+INSTANTIATE_TEST_SUITE_P(CudaBackend, ContainerFormat,
+                         ::testing::Values(QuantFormat::BF16, QuantFormat::I8, QuantFormat::I4_G32, QuantFormat::I4_G64_ASYM, QuantFormat::I4),
+                         [](const ::testing::TestParamInfo<QuantFormat>& i) {
+                           std::string n = format_name(i.param);
+                           for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+                           return n;
+                         });
 
 // Long enough to grow the KV cache (256 positions, then doubled) in the
 // middle of decoding, which re-captures the decode graph; prefill in
