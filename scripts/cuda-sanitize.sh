@@ -56,7 +56,8 @@ hybrid="$bin/coli-run -m $model --device cuda --vram-budget 1.6G --prefill-uploa
 # one TOOL NAME: one sanitizer over one test (or "hybrid"); a line
 # "TOOL NAME ERRORS SECONDS NOTE" into its .res file.
 one() {
-  local tool=$1 name=$2 log=$out/$1-$2.log
+  local tool=$1 name=$2 file=${2//\//_}  # a parameterized test's name has slashes
+  local log=$out/$1-$file.log
   local cmd=("$bin/coli-tests" --gtest_filter="$name")
   [ "$name" = hybrid ] && read -r -a cmd <<<"$hybrid"
   local env=()
@@ -70,7 +71,7 @@ one() {
   [ $rc -eq 124 ] && note="not finished in ${limit}s"
   [ $rc -eq 99 ] && note=errors
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 99 ] && note="exit $rc (the test or run failed)"
-  echo "$tool $name $errors $secs $note" >"$out/$tool-$name.res"
+  echo "$tool $name $errors $secs $note" >"$out/$tool-$file.res"
 }
 export -f one
 export out bin limit cs hybrid
