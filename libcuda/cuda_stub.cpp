@@ -31,6 +31,10 @@ DeviceMemoryHold::~DeviceMemoryHold() = default;
 
 std::size_t registered_host_ranges() { return 0; }
 
+HostPin::HostPin(const void*, std::size_t, bool) {}
+
+void refuse_host_registrations(bool) {}
+
 void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {
   throw Error("CUDA: no usable device: built without CUDA");
 }

@@ -211,6 +211,63 @@ TEST(RunSetupCuda, TakesTheFreeMemoryItFinds) {
   EXPECT_GT(ts.misses, 0) << "the CPU computed the experts the tier lacks";
 }
 
+// The driver refuses to pin the container's mapping (as it does beyond the
+// memory the process may lock: RLIMIT_MEMLOCK, a cgroup's limit; here the
+// registry's test seam refuses): the run is the pageable one, prompts on
+// the CPU, the line says why, the tokens are the whole model's.
+TEST(RunSetupCuda, RefusedPinningRunsPageableAndSaysSo) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  Tiny t;
+  const coli::ModelSpec& spec = t.model().spec();
+  coli::VramSettings whole, tier;
+  whole.n_ctx = tier.n_ctx = 512, whole.max_chunk = tier.max_chunk = 512, tier.budget = 1;
+  const uint64_t need = coli::VramLedger(t.model(), whole).device_floor(), floor = coli::VramLedger(t.model(), tier).device_floor();
+  std::vector<std::vector<int>> want;
+  {
+    auto w = coli::cuda::make_cuda_backend(t.model());
+    coli::Engine ew(spec, *w, 512);
+    for (const auto& p : coli::test::tiny_goldens()["prompts"]) want.push_back(coli::test::greedy_tokens(ew, p["ids"]));
+  }
+  const cli::RunFlags f = flags_of({"--vram-budget", std::to_string(floor + (need - floor) / 2), "--heat", "none", "--no-swap"});
+  cli::RunRequest r;
+  r.flags = &f, r.model_path = t.path, r.model = &t.model(), r.vram_budget = f.vram_budgets[0], r.n_ctx = 512;
+  const std::size_t ranges = coli::cuda::registered_host_ranges();
+  {
+    struct Refusal {
+      Refusal() { coli::cuda::refuse_host_registrations(true); }
+      ~Refusal() { coli::cuda::refuse_host_registrations(false); }
+    } refusal;
+    cli::RunSetup s = cli::setup_run(r);
+    ASSERT_EQ(s.fit.kind, cli::DeviceFit::Kind::kTier);
+    EXPECT_EQ(s.host_memory, "pageable");
+    EXPECT_NE(s.pageable_why.find("refused to pin"), std::string::npos) << s.pageable_why;
+    const coli::TierStats ts = s.backend->tier_stats();
+    EXPECT_TRUE(ts.tiered);
+    EXPECT_EQ(ts.pinned_host_bytes, 0u);
+    EXPECT_FALSE(ts.prefill_upload) << "pageable: prompts' missing experts on the CPU";
+    EXPECT_EQ(ts.pcie_read, 0) << "nothing pinned to read over PCIe";
+    EXPECT_EQ(coli::cuda::registered_host_ranges(), ranges);
+    const std::string line = cli::notice(s);
+    EXPECT_NE(line.find("weights pageable (the driver refused to pin"), std::string::npos) << line;
+    EXPECT_NE(line.find("prompts' missing experts on the CPU in chunks"), std::string::npos) << line;
+    std::printf("[ info     ] %s\n", line.c_str());
+    coli::Engine e(spec, *s.backend, s.chunk);
+    std::size_t i = 0;
+    for (const auto& p : coli::test::tiny_goldens()["prompts"]) {
+      const std::vector<int> ids = p["ids"];
+      EXPECT_EQ(coli::test::greedy_tokens(e, ids), want[i++]) << "prompt of " << ids.size();
+    }
+    EXPECT_GT(s.backend->tier_stats().misses, 0);
+  }
+  // Allowed again: the same request pins the container.
+  cli::RunSetup s = cli::setup_run(r);
+  EXPECT_EQ(s.host_memory, "container");
+  EXPECT_GT(s.container_pin.bytes(), 0u);
+  EXPECT_GT(s.backend->tier_stats().pinned_host_bytes, 0u);
+  EXPECT_EQ(coli::cuda::registered_host_ranges(), ranges + 1) << "the backend shares the tool's registration";
+}
+
 // Too little left for the model without its experts: the CPU, and the
 // line says why; coli-run prints it without -v. A margin or budget larger
 // than the card is a usage error.

@@ -60,7 +60,7 @@ HostRegistry::Lease HostRegistry::lease(const void* p, std::size_t n, bool read_
       continue;
     }
     if (std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) { return overlaps(e.base, e.len, piece, len); })) continue;
-    if (cudaHostRegister(piece, len, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault) != cudaSuccess) {
+    if (refuse_ || cudaHostRegister(piece, len, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault) != cudaSuccess) {
       cudaGetLastError();  // not registrable: the pageable path
       continue;
     }
@@ -88,5 +88,15 @@ std::size_t HostRegistry::registered_pieces() const {
 namespace coli::cuda {
 
 std::size_t registered_host_ranges() { return detail::HostRegistry::instance().registered_pieces(); }
+
+HostPin::HostPin(const void* p, std::size_t n, bool read_only) {
+  if (device_count() == 0) return;
+  auto* lease = new detail::HostRegistry::Lease(detail::HostRegistry::instance().lease(p, n, read_only));
+  for (auto piece : lease->pieces()) bytes_ += piece.second;
+  bytes_ = std::min(bytes_, n);  // a piece registered already may hold more than was asked
+  lease_ = std::shared_ptr<void>(lease, [](void* l) { delete static_cast<detail::HostRegistry::Lease*>(l); });
+}
+
+void refuse_host_registrations(bool on) { detail::HostRegistry::instance().refuse(on); }
 
 }  // namespace coli::cuda

@@ -19,6 +19,7 @@
 // Thread-safe. A Lease is movable, not copyable; destroy it before the
 // device context goes (the backend's destructor does).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <utility>
@@ -61,6 +62,8 @@ class HostRegistry {
   Lease lease(const void* p, std::size_t n, bool read_only = false);
   // How many pieces the registry holds (tests).
   std::size_t registered_pieces() const;
+  // While on, new registrations fail (refuse_host_registrations, tests).
+  void refuse(bool on) { refuse_ = on; }
 
   static constexpr std::size_t kPiece = std::size_t(256) << 30;
 
@@ -74,6 +77,7 @@ class HostRegistry {
   void drop(void* base, std::size_t len);
   mutable std::mutex mu_;
   std::vector<Entry> entries_;
+  std::atomic<bool> refuse_{false};
 };
 
 }  // namespace coli::cuda::detail

@@ -4,6 +4,7 @@
 // In a build without CUDA every function reports "no device".
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace coli::cuda {
@@ -50,6 +51,33 @@ class DeviceMemoryHold {
 // the backends' behalf: each range once, however many backends use it, and
 // none once the last of them is gone. 0 without a device.
 std::size_t registered_host_ranges();
+
+// Host memory pinned (registered with the device) for as long as a copy
+// of this object lives, through the process's registry that the backends
+// share: a backend given the same range later takes a reference on the
+// registration, not a second one. A tool pins before it builds a backend
+// to learn whether the driver pins the range at all (it refuses beyond
+// the memory the process may lock: RLIMIT_MEMLOCK, a cgroup's limit) and
+// choose the paths that need pinned memory only when it does. read_only:
+// a PROT_READ mapping (a container file's), registered read-only for the
+// device. Without a device, or refused: bytes() is 0 and nothing is held.
+class HostPin {
+ public:
+  HostPin() = default;
+  HostPin(const void* p, std::size_t n, bool read_only);
+  // Of the n bytes asked, those pinned (the registry's 256 GiB pieces the
+  // driver took).
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<void> lease_;
+  std::size_t bytes_ = 0;
+};
+
+// Test seam: while on, every new registration of host memory fails as the
+// driver's does beyond the process's lockable memory (ranges registered
+// already stay). Off at the start.
+void refuse_host_registrations(bool on);
 
 // y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (1 + w) on device 0,
 // host pointers in and out. Throws coli::Error if no device is usable.

@@ -349,10 +349,12 @@ coli::cli::RunSetup start_run(const Job& j, const Loaded& l, const coli::HeatRec
 }
 
 // -v: where the start's time went (time to first token = this + the prompt).
-void print_start(Clock::time_point t_start, double load_ms, Clock::time_point t_backend, const coli::Backend& backend) {
+void print_start(Clock::time_point t_start, double load_ms, Clock::time_point t_backend, const coli::cli::RunSetup& run) {
   const auto now = Clock::now();
+  const coli::Backend& backend = *run.backend;
   std::string line = "coli-run: start: ready after " + fixed1(std::chrono::duration<double, std::milli>(now - t_start).count()) + " ms: load " +
                      fixed1(load_ms) + " ms, backend " + fixed1(std::chrono::duration<double, std::milli>(now - t_backend).count()) + " ms";
+  if (run.pin_ms > 0) line += " (of it: pin the container " + fixed1(run.pin_ms) + " ms)";
   const auto phases = backend.start_phases();
   for (std::size_t i = 0; i < phases.size(); ++i) line += (i ? ", " : " (") + phases[i].first + " " + fixed1(phases[i].second);
   std::fprintf(stderr, "%s%s\n", line.c_str(), phases.empty() ? "" : ")");
@@ -462,7 +464,7 @@ int run(int argc, char** argv) {
   const auto t_backend = Clock::now();
   const coli::cli::RunSetup run = start_run(j, l, heat, file_plan);
   const std::unique_ptr<coli::Backend>& backend = run.backend;
-  if (j.verbose) print_start(t_start, l.load_ms, t_backend, *backend);
+  if (j.verbose) print_start(t_start, l.load_ms, t_backend, run);
   coli::Engine engine(l.model().spec(), *backend, run.chunk);
   engine.set_heat(heat.run());
   Generator g{j, l, engine, *backend, [&] {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
@@ -102,6 +103,20 @@ bool choose_host_memory(RunSetup& s, const RunRequest& r, const std::string& con
   // the machine's memory stays for everything else.
   if (ram && sp.second > ram / 4 * 3) {
     s.pageable_why = "the container (" + gib(sp.second) + ") is more than 3/4 of this machine's " + gib(ram) + " of RAM";
+    return false;
+  }
+  // Pinned here, before the backend is made, so that a refusal (the
+  // process may not lock that much memory: RLIMIT_MEMLOCK, a cgroup's
+  // limit) turns the paths that need pinned memory off rather than
+  // sending prompts through the slow pageable uploads. The backend takes
+  // a reference on this registration.
+  const auto t0 = std::chrono::steady_clock::now();
+  s.container_pin = cuda::HostPin(sp.first, sp.second, true);
+  s.pin_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (s.container_pin.bytes() == 0) {
+    s.container_pin = {};
+    s.pageable_why = "the driver refused to pin the container's mapping (" + gib(sp.second) +
+                     "; too little lockable memory? see ulimit -l and the cgroup's memory limit)";
     return false;
   }
   *span = sp;

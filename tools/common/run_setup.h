@@ -38,6 +38,7 @@
 #include "common/run_flags.h"
 #include "cpu_backend.h"
 #include "cuda_backend.h"
+#include "cuda_device.h"
 #include "engine/backend.h"
 #include "mirror/mirror.h"
 #include "model/weights.h"
@@ -97,6 +98,8 @@ struct RunSetup {
   std::string budget_ignored;  // a --vram-budget given where no GPU is usable: the line that says so
   std::string host_memory;     // under a budget: "mirror NAME", "container" (its mapping registered) or "pageable"
   std::string pageable_why;    // "pageable": why
+  cuda::HostPin container_pin; // "container": its mapping, pinned before the backend is made (which shares the registration)
+  double pin_ms = 0;           // what pinning it took
   std::string plan_source;     // under a budget: "file", "heat" (the planner over routing heat), "even" (no heat), "order" (no container)
   uint64_t heat_tokens = 0;    // the heat the plan was made from
   std::optional<Plan> plan;    // the tier's plan (a file's or the planner's)
