@@ -267,3 +267,24 @@ TEST(HostileInput, AFifoWhereTheMirrorWouldBeIsIgnored) {
   struct stat st {};
   EXPECT_TRUE(::lstat(fifo.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) << "left as it was";
 }
+
+// R21, C08, L22: output onto a full device is an error naming standard
+// output, exit 1 (the tools used to exit 0 with the output lost).
+TEST(HostileInput, AFullStandardOutputFails) {
+  Files f;
+  std::string out;
+  const std::string rates = f.dir / "rates.txt";
+  ASSERT_EQ(run_command(bin("coli-place") + " probe -o " + rates + " --seconds 0.01 >/dev/null 2>&1", &out), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {"coli-run", " -m " + f.model + " --device cpu -t 1 --temp 0 --prompt-ids 1,2 -n 4 --heat none"},
+      {"coli-run", " --tokenizer " + coli::test::data_dir() + "/tiny-tokenizer --tokenize < " + coli::test::data_dir() + "/tiny-tokenizer/tokenizer.json"},
+      {"coli-bench", " -m " + f.model + " --device cpu -t 1 -r 1 -p 4 -n 0 --heat none"},
+      {"coli-place", " plan -m " + f.model + " --vram 1G --heat none --rates " + rates},
+      {"coli-pin", " status"},
+  };
+  for (const auto& [tool, args] : cases) {
+    EXPECT_EQ(run_command(bin(tool.c_str()) + args + " 2>&1 >/dev/full", &out), 1) << tool << args << ": " << out;
+    EXPECT_NE(out.find(tool + ": standard output: write error"), std::string::npos) << tool << args << ": " << out;
+    EXPECT_EQ(run_command(bin(tool.c_str()) + args + " >/dev/null 2>&1", &out), 0) << tool << args << ": " << out;
+  }
+}
