@@ -288,3 +288,24 @@ TEST(HostileInput, AFullStandardOutputFails) {
     EXPECT_EQ(run_command(bin(tool.c_str()) + args + " >/dev/null 2>&1", &out), 0) << tool << args << ": " << out;
   }
 }
+
+// P19: a keeper that finds another's live segment already published (the
+// first loads in milliseconds) gets MirrorTaken, as when the other
+// publishes first, so coli-pin's second start waits for it and exits 0
+// (it used to fail: "already kept by pid N (loading)").
+TEST(HostileInput, ASecondKeeperOfALiveSegmentIsTaken) {
+  coli::test::TempDir dir;
+  const std::string model = dir / "m.coli";
+  coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", model, coli::QuantFormat::I8);
+  const coli::Container c(model);
+  coli::MirrorBuildOptions o;
+  o.name = "coli-test-" + std::to_string(::getpid()) + "-taken";
+  coli::remove_mirror(o.name);
+  {
+    coli::MirrorBuilder first(c, model, o);
+    EXPECT_THROW(coli::MirrorBuilder(c, model, o), coli::MirrorTaken) << "loading";
+    first.fill();
+    EXPECT_THROW(coli::MirrorBuilder(c, model, o), coli::MirrorTaken) << "ready";
+  }
+  EXPECT_TRUE(coli::mirror_status(o.name).state.empty());
+}

@@ -224,7 +224,10 @@ MirrorBuilder::MirrorBuilder(const Container& c, const std::string& model_path, 
   if (!old.state.empty()) {
     if (!old.segment) throw Error(name_ + ": " + old.error + "; remove it to keep this model (coli-pin stop leaves what is no mirror)");
     if (old.state == "invalid") throw Error(name_ + ": exists and is not a usable coli mirror (" + old.error + "); remove it with coli-pin stop " + name_);
-    if (old.owner_alive) throw Error(name_ + ": already kept by pid " + std::to_string(old.owner_pid) + " (" + old.state + ")");
+    // MirrorTaken, as when the other keeper publishes first: a second start
+    // that finds the first's segment already there waits for it (coli-pin's
+    // keep) instead of failing.
+    if (old.owner_alive) throw MirrorTaken(name_ + ": already kept by pid " + std::to_string(old.owner_pid) + " (" + old.state + ")");
     remove_mirror(name_);
   }
   const Manifest& mf = c.manifest();
