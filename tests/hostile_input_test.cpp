@@ -309,3 +309,20 @@ TEST(HostileInput, ASecondKeeperOfALiveSegmentIsTaken) {
   }
   EXPECT_TRUE(coli::mirror_status(o.name).state.empty());
 }
+
+// L03, L15, R18: --chunks items are counts (not token ids); plan -o into a
+// missing directory fails before any note; a negative seed is a usage error
+// naming --seed (it used to become 2^64-1).
+TEST(HostileInput, ChunksOutputDirAndSeedAreCheckedFirst) {
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-place") + " plan -m " + f.model + " --vram 1G --heat none --chunks 512,1e9 2>&1", &out), 2) << out;
+  EXPECT_EQ(out.rfind("coli-place: --chunks: '1e9' is not a count from 0 to 2147483647", 0), 0u) << out;
+  EXPECT_EQ(run_command(bin("coli-place") + " plan -m " + f.model + " --vram 1G --heat none -o " + (f.dir / "nodir/p.plan") + " 2>&1", &out), 1) << out;
+  EXPECT_EQ(out, "coli-place: " + (f.dir / "nodir/p.plan") + ": " + (f.dir / "nodir") + " is not a directory (-o writes into an existing one)\n");
+  EXPECT_EQ(run_command(bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2 -n 2 --heat none --seed -1 2>&1", &out), 2) << out;
+  EXPECT_EQ(out.rfind("coli-run: --seed: '-1' is not a seed from 0 to 18446744073709551615", 0), 0u) << out;
+  EXPECT_EQ(coli::parse_seed("18446744073709551615", "--seed"), UINT64_MAX);
+  EXPECT_EQ(coli::parse_seed("0", "--seed"), 0u);
+  for (const char* bad : {"-1", "18446744073709551616", "", " 1", "+1", "1e3", "0x10"}) EXPECT_THROW(coli::parse_seed(bad, "--seed"), coli::UsageError) << bad;
+}
