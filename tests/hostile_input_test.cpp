@@ -326,3 +326,15 @@ TEST(HostileInput, ChunksOutputDirAndSeedAreCheckedFirst) {
   EXPECT_EQ(coli::parse_seed("0", "--seed"), 0u);
   for (const char* bad : {"-1", "18446744073709551616", "", " 1", "+1", "1e3", "0x10"}) EXPECT_THROW(coli::parse_seed(bad, "--seed"), coli::UsageError) << bad;
 }
+
+// P14: coli-pin start --gpu on a machine without a usable GPU names the
+// flag and why, before a keeper loads (it used to end with CUDA's own
+// "driver version is insufficient").
+TEST(HostileInput, PinGpuWithoutAGpuSaysSo) {
+  std::string why;
+  if (coli::cuda::device_count(&why) > 0) GTEST_SKIP() << "a usable GPU: --gpu works here";
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-pin") + " start -m " + f.model + " --gpu --heat none 2>&1", &out), 1) << out;
+  EXPECT_EQ(out, "coli-pin: --gpu: no usable CUDA device (" + why + ")\n");
+}

@@ -25,6 +25,7 @@
 
 #include "common/heat_flag.h"
 #include "common/run_flags.h"
+#include "cuda_device.h"
 #include "device_twin.h"
 #include "formats/container.h"
 #include "mirror/mirror.h"
@@ -311,6 +312,9 @@ int cmd_start(int argc, char** argv) {
   const std::string path = container_path(vm["model"].as<std::string>());
   const coli::Container c(path);
   if (vm.count("plan") && vm.count("heat")) throw coli::UsageError("--plan and --heat both order the experts: give one");  // before any note
+  // --gpu without a GPU: said by the flag, before the keeper loads (CUDA's
+  // own error would come later and name neither).
+  if (std::string why; gpu && coli::cuda::device_count(&why) == 0) throw coli::Error("--gpu: no usable CUDA device (" + why + ")");
   o.heat = heat_counts(vm, heat, c, path);
   if (vm.count("plan")) {
     // The plan's VRAM and RAM experts first (VRAM's hottest of all), and
