@@ -338,3 +338,16 @@ TEST(HostileInput, PinGpuWithoutAGpuSaysSo) {
   EXPECT_EQ(run_command(bin("coli-pin") + " start -m " + f.model + " --gpu --heat none 2>&1", &out), 1) << out;
   EXPECT_EQ(out, "coli-pin: --gpu: no usable CUDA device (" + why + ")\n");
 }
+
+// C07: a test's own error (here a depth beyond the model's context) is on
+// stderr, once however many configurations hit it, not only in the
+// records (stderr used to say only "N record(s) failed").
+TEST(HostileInput, BenchSaysEachFailureOnce) {
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-bench") + " -m " + f.model + " --device cpu -t 1,1 -r 1 -p 8 -n 0 -d 99999999 --heat none 2>&1 >/dev/null", &out), 1) << out;
+  const std::string cause = "coli-bench: " + f.model + ": depth 99999999 + prompt 8 + generation 0 tokens exceed the model's context of 4096";
+  EXPECT_EQ(out.rfind(cause, 0), 0u) << out;
+  EXPECT_EQ(count_of(out, "exceed the model's context"), 1) << out;
+  EXPECT_NE(out.find("coli-bench: 2 record(s) failed"), std::string::npos) << out;
+}
