@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -358,9 +360,12 @@ void print_start(Clock::time_point t_start, double load_ms, Clock::time_point t_
   std::fprintf(stderr, "%s%s\n", line.c_str(), phases.empty() ? "" : ")");
 }
 
+// A failed write (a full disk, >/dev/full) ends the run at once, naming
+// standard output (tool_main would catch it too, but only after the whole
+// generation and its stats line).
 void emit(const std::string& s) {
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fflush(stdout);
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
+    throw coli::Error(std::string("standard output: write error (") + std::strerror(errno) + ")");
 }
 
 // What generating needs once the backend is up.
