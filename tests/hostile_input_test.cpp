@@ -1,14 +1,21 @@
 // Issue 29's hostile inputs that used to hang or grow without limit: a
 // FIFO given as a container, non-regular files (/dev/zero, /dev/full) as
-// heat, rates and prompt files, and coli-pin stop's arguments. Every tool
-// call runs under timeout(1): a hang is exit 124, not a stuck test.
+// heat, rates and prompt files, and coli-pin stop's arguments; and what its
+// sweep re-run found (docs/hardening.md): FIFOs and directories named like
+// segments, standard output on a full device, two keepers at once, flags
+// checked late. Every tool call runs under timeout(1): a hang is exit 124,
+// not a stuck test.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "cuda_device.h"
 #include "engine_util.h"
+#include "mirror/mirror.h"
 #include "test_util.h"
 #include "util/error.h"
 #include "util/io.h"
@@ -36,6 +43,43 @@ struct Files {
     model = dir / "m.coli", fifo = dir / "f.coli";
     coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", model, coli::QuantFormat::I8);
     EXPECT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  }
+};
+
+// How often part occurs in text.
+int count_of(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;
+  return n;
+}
+
+// The tiny model as a container of this test's own (a config key naming
+// the process), so that the segment name of its fingerprint is this
+// test's alone while other suites run.
+std::string own_model(const coli::test::TempDir& dir, const std::string& tag) {
+  const std::string ck = dir / "ck", out = dir / (tag + ".coli");
+  std::filesystem::create_directories(ck);
+  for (const auto& e : std::filesystem::directory_iterator(coli::test::data_dir() + "/tiny-qwen35moe-text"))
+    std::filesystem::copy_file(e.path(), ck + "/" + e.path().filename().string(), std::filesystem::copy_options::overwrite_existing);
+  auto config = nlohmann::json::parse(coli::test::read_file(ck + "/config.json"));
+  config["coli_test_tag"] = tag + "-" + std::to_string(::getpid());
+  coli::test::write_file(ck + "/config.json", config.dump(2));
+  coli::test::convert_all(ck, out, coli::QuantFormat::I8);
+  return out;
+}
+
+// A FIFO or directory under /dev/shm named like a segment, removed on scope
+// exit (by unlink and rmdir: remove_mirror leaves what is no segment).
+struct ShmEntry {
+  std::string name, path;
+  ShmEntry(const std::string& n, bool fifo) : name(n), path("/dev/shm/" + n) {
+    remove();
+    EXPECT_EQ(fifo ? ::mkfifo(path.c_str(), 0600) : ::mkdir(path.c_str(), 0700), 0) << path;
+  }
+  ~ShmEntry() { remove(); }
+  void remove() {
+    ::unlink(path.c_str());
+    ::rmdir(path.c_str());
   }
 };
 
@@ -167,4 +211,143 @@ TEST(HostileInput, AKeeperKilledWhileLoadingIsReported) {
   EXPECT_EQ(run_command(pin + " start -m " + f.model + " --heat none 2>&1", &out), 0) << out;
   EXPECT_NE(out.find("stale"), std::string::npos) << out;
   EXPECT_EQ(run_command(pin + " stop -m " + f.model + " 2>&1", &out), 0) << out;
+}
+
+// P15, P16: a FIFO and a directory named like segments (anyone can make
+// them in /dev/shm). status lists them as what they are, without opening
+// them (a FIFO's open used to block status forever); stop refuses them,
+// exit 1, instead of claiming it removed them (it used to say "removed" of
+// a directory that stayed).
+TEST(HostileInput, ShmEntriesThatAreNoSegmentsAreNoMirrors) {
+  const std::string tag = "coli-test-" + std::to_string(::getpid());
+  const ShmEntry fifo(tag + "-fifo", true), dir(tag + "-dir", false);
+  const coli::MirrorStatus s = coli::mirror_status(fifo.name);
+  EXPECT_EQ(s.state, "invalid");
+  EXPECT_FALSE(s.segment);
+  EXPECT_EQ(s.error, fifo.path + " is a FIFO, not a shared-memory segment");
+  EXPECT_FALSE(coli::remove_mirror(fifo.name));
+  EXPECT_FALSE(coli::remove_mirror(dir.name));
+  std::string out;
+  const std::string pin = coli::test::bin_dir() + "/coli-pin";
+  EXPECT_EQ(run_command("timeout 10 " + pin + " status 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find(fifo.name + "  invalid"), std::string::npos) << out;
+  EXPECT_NE(out.find(fifo.path + " is a FIFO, not a shared-memory segment"), std::string::npos) << out;
+  EXPECT_NE(out.find(dir.path + " is a directory, not a shared-memory segment"), std::string::npos) << out;
+  EXPECT_EQ(run_command("timeout 10 " + pin + " stop " + fifo.name + " 2>&1", &out), 1) << out;
+  EXPECT_EQ(out, "coli-pin: " + fifo.name + ": " + fifo.path + " is a FIFO, not a shared-memory segment; not removed\n");
+  EXPECT_EQ(run_command("timeout 10 " + pin + " stop " + dir.name + " 2>&1", &out), 1) << out;
+  EXPECT_EQ(out, "coli-pin: " + dir.name + ": " + dir.path + " is a directory, not a shared-memory segment; not removed\n");
+  struct stat st {};
+  EXPECT_TRUE(::lstat(fifo.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode));
+  EXPECT_TRUE(::lstat(dir.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode));
+}
+
+// R22: a FIFO where a model's mirror would be. Every tool that looks for
+// the mirror by default reads the container instead (saying so once); an
+// explicit --mirror and coli-pin start refuse it by name. They all used to
+// block in the FIFO's open.
+TEST(HostileInput, AFifoWhereTheMirrorWouldBeIsIgnored) {
+  coli::test::TempDir dir;
+  const std::string model = own_model(dir, "fifo-mirror");
+  const std::string name = coli::mirror_name(coli::Container(model).fingerprint());
+  const ShmEntry fifo(name, true);
+  auto tool = [](const char* t) { return "timeout 10 " + coli::test::bin_dir() + "/" + t; };
+  const std::string ignored = "ignoring " + name + ": not a coli mirror (" + fifo.path + " is a FIFO, not a shared-memory segment); reading the container";
+  std::string out;
+  EXPECT_EQ(run_command(tool("coli-run") + " -m " + model + " --device cpu -t 1 --temp 0 --prompt-ids 1,2 -n 2 --heat none 2>&1 >/dev/null", &out), 0) << out;
+  EXPECT_EQ(out.rfind("coli-run: " + ignored + "\n", 0), 0u) << out;
+  EXPECT_EQ(count_of(out, "ignoring"), 1) << out;
+  EXPECT_EQ(run_command(tool("coli-bench") + " -m " + model + " --device cpu -t 1 -r 1 -p 4 -n 0 --heat none 2>&1 >/dev/null", &out), 0) << out;
+  EXPECT_EQ(count_of(out, ignored), 1) << out;
+  EXPECT_EQ(run_command(tool("coli-place") + " plan -m " + model + " --vram 1G --heat none 2>&1 >/dev/null", &out), 0) << out;
+  EXPECT_EQ(run_command(tool("coli-run") + " -m " + model + " --device cpu --prompt-ids 1,2 -n 2 --heat none --mirror " + name + " 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find("mirror " + name + ": " + fifo.path + " is a FIFO"), std::string::npos) << out;
+  EXPECT_EQ(run_command(tool("coli-pin") + " start -m " + model + " --heat none 2>&1", &out), 1) << out;
+  EXPECT_NE(out.find(fifo.path + " is a FIFO, not a shared-memory segment; remove it"), std::string::npos) << out;
+  struct stat st {};
+  EXPECT_TRUE(::lstat(fifo.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) << "left as it was";
+}
+
+// R21, C08, L22: output onto a full device is an error naming standard
+// output, exit 1 (the tools used to exit 0 with the output lost).
+TEST(HostileInput, AFullStandardOutputFails) {
+  Files f;
+  std::string out;
+  const std::string rates = f.dir / "rates.txt";
+  ASSERT_EQ(run_command(bin("coli-place") + " probe -o " + rates + " --seconds 0.01 >/dev/null 2>&1", &out), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {"coli-run", " -m " + f.model + " --device cpu -t 1 --temp 0 --prompt-ids 1,2 -n 4 --heat none"},
+      {"coli-run", " --tokenizer " + coli::test::data_dir() + "/tiny-tokenizer --tokenize < " + coli::test::data_dir() + "/tiny-tokenizer/tokenizer.json"},
+      {"coli-bench", " -m " + f.model + " --device cpu -t 1 -r 1 -p 4 -n 0 --heat none"},
+      {"coli-place", " plan -m " + f.model + " --vram 1G --heat none --rates " + rates},
+      {"coli-pin", " status"},
+  };
+  for (const auto& [tool, args] : cases) {
+    EXPECT_EQ(run_command(bin(tool.c_str()) + args + " 2>&1 >/dev/full", &out), 1) << tool << args << ": " << out;
+    EXPECT_EQ(out.rfind(tool + ": standard output: write error", 0), 0u) << tool << args << ": the first line: " << out;
+    EXPECT_EQ(run_command(bin(tool.c_str()) + args + " >/dev/null 2>&1", &out), 0) << tool << args << ": " << out;
+  }
+}
+
+// P19: a keeper that finds another's live segment already published (the
+// first loads in milliseconds) gets MirrorTaken, as when the other
+// publishes first, so coli-pin's second start waits for it and exits 0
+// (it used to fail: "already kept by pid N (loading)").
+TEST(HostileInput, ASecondKeeperOfALiveSegmentIsTaken) {
+  coli::test::TempDir dir;
+  const std::string model = dir / "m.coli";
+  coli::test::convert_all(coli::test::data_dir() + "/tiny-qwen35moe-text", model, coli::QuantFormat::I8);
+  const coli::Container c(model);
+  coli::MirrorBuildOptions o;
+  o.name = "coli-test-" + std::to_string(::getpid()) + "-taken";
+  coli::remove_mirror(o.name);
+  {
+    coli::MirrorBuilder first(c, model, o);
+    EXPECT_THROW(coli::MirrorBuilder(c, model, o), coli::MirrorTaken) << "loading";
+    first.fill();
+    EXPECT_THROW(coli::MirrorBuilder(c, model, o), coli::MirrorTaken) << "ready";
+  }
+  EXPECT_TRUE(coli::mirror_status(o.name).state.empty());
+}
+
+// L03, L15, R18: --chunks items are counts (not token ids); plan -o into a
+// missing directory fails before any note; a negative seed is a usage error
+// naming --seed (it used to become 2^64-1).
+TEST(HostileInput, ChunksOutputDirAndSeedAreCheckedFirst) {
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-place") + " plan -m " + f.model + " --vram 1G --heat none --chunks 512,1e9 2>&1", &out), 2) << out;
+  EXPECT_EQ(out.rfind("coli-place: --chunks: '1e9' is not a count from 0 to 2147483647", 0), 0u) << out;
+  EXPECT_EQ(run_command(bin("coli-place") + " plan -m " + f.model + " --vram 1G --heat none -o " + (f.dir / "nodir/p.plan") + " 2>&1", &out), 1) << out;
+  EXPECT_EQ(out, "coli-place: " + (f.dir / "nodir/p.plan") + ": " + (f.dir / "nodir") + " is not a directory (-o writes into an existing one)\n");
+  EXPECT_EQ(run_command(bin("coli-run") + " -m " + f.model + " --device cpu --prompt-ids 1,2 -n 2 --heat none --seed -1 2>&1", &out), 2) << out;
+  EXPECT_EQ(out.rfind("coli-run: --seed: '-1' is not a seed from 0 to 18446744073709551615", 0), 0u) << out;
+  EXPECT_EQ(coli::parse_seed("18446744073709551615", "--seed"), UINT64_MAX);
+  EXPECT_EQ(coli::parse_seed("0", "--seed"), 0u);
+  for (const char* bad : {"-1", "18446744073709551616", "", " 1", "+1", "1e3", "0x10"}) EXPECT_THROW(coli::parse_seed(bad, "--seed"), coli::UsageError) << bad;
+}
+
+// P14: coli-pin start --gpu on a machine without a usable GPU names the
+// flag and why, before a keeper loads (it used to end with CUDA's own
+// "driver version is insufficient").
+TEST(HostileInput, PinGpuWithoutAGpuSaysSo) {
+  std::string why;
+  if (coli::cuda::device_count(&why) > 0) GTEST_SKIP() << "a usable GPU: --gpu works here";
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-pin") + " start -m " + f.model + " --gpu --heat none 2>&1", &out), 1) << out;
+  EXPECT_EQ(out, "coli-pin: --gpu: no usable CUDA device (" + why + ")\n");
+}
+
+// C07: a test's own error (here a depth beyond the model's context) is on
+// stderr, once however many configurations hit it, not only in the
+// records (stderr used to say only "N record(s) failed").
+TEST(HostileInput, BenchSaysEachFailureOnce) {
+  Files f;
+  std::string out;
+  EXPECT_EQ(run_command(bin("coli-bench") + " -m " + f.model + " --device cpu -t 1,1 -r 1 -p 8 -n 0 -d 99999999 --heat none 2>&1 >/dev/null", &out), 1) << out;
+  const std::string cause = "coli-bench: " + f.model + ": depth 99999999 + prompt 8 + generation 0 tokens exceed the model's context of 4096";
+  EXPECT_EQ(out.rfind(cause, 0), 0u) << out;
+  EXPECT_EQ(count_of(out, "exceed the model's context"), 1) << out;
+  EXPECT_NE(out.find("coli-bench: 2 record(s) failed"), std::string::npos) << out;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <set>
 #include <span>
 
 #include "engine/engine.h"
@@ -357,6 +358,13 @@ class BenchRun {
   const std::string commit_, cpu_;
   int failures_ = 0;
   Loaded cur_;
+  std::set<std::pair<std::string, std::string>> said_;  // (model, error) lines on stderr so far
+  // A failure's cause, on stderr once however many configurations and tests
+  // it stops (each record carries it too): the exit status alone says only
+  // that records failed, not why.
+  void say(const std::string& model, const std::string& error) {
+    if (said_.insert({model, error}).second) std::fprintf(stderr, "coli-bench: %s: %s\n", model.c_str(), error.c_str());
+  }
 };
 
 void BenchRun::save_heat() {
@@ -419,6 +427,7 @@ void BenchRun::write_records(const Config& c, int n_ubatch, const json& base, co
       measure(rec, t, *engine, *backend, cur_, n_ubatch, opt_);
     } catch (const std::exception& e) {
       rec["error"] = e.what();
+      say(c.model_path, e.what());
       ++failures_;
     }
     out_.write(rec);
@@ -435,7 +444,7 @@ void BenchRun::run(const Config& c) {
     start(c, base, backend, engine, &n_ubatch);
   } catch (const std::exception& e) {
     error = e.what();
-    std::fprintf(stderr, "coli-bench: %s: %s\n", c.model_path.c_str(), error.c_str());  // once here; each record carries it too
+    say(c.model_path, error);
     save_heat();
     cur_ = Loaded{};
   }

@@ -26,6 +26,7 @@
 
 #include "util/error.h"
 #include "util/parallel.h"
+#include "util/publish.h"
 
 namespace coli {
 
@@ -64,6 +65,60 @@ uint64_t heat_bytes(const MirrorHeader& h) { return uint64_t(h.layers) * h.exper
 
 // Where a POSIX shared-memory object of that name lives (Linux: tmpfs).
 std::string shm_path(const std::string& name) { return "/dev/shm/" + name; }
+
+// Segment NAME opened without blocking and only if it is a regular file:
+// anyone can make /dev/shm/coli-NAME a FIFO (whose open would wait for a
+// writer forever), a directory or a symbolic link, and none of them is a
+// segment. lstat first names what the entry is; O_NONBLOCK and the fstat
+// after the open cover an entry swapped in between. Returns the fd, with
+// *st filled; -1 with *what empty when it cannot be opened (errno: ENOENT
+// when absent); -1 with *what set ("a FIFO", ...) when the entry is there
+// but is no segment.
+int open_segment(const std::string& name, int flags, struct stat* st, std::string* what) {
+  what->clear();
+  if (::lstat(shm_path(name).c_str(), st) != 0) return -1;
+  if (!S_ISREG(st->st_mode)) {
+    *what = file_type_name(st->st_mode);
+    return -1;
+  }
+  const int fd = ::shm_open(("/" + name).c_str(), flags | O_NONBLOCK | O_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (::fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+    const int e = errno;
+    *what = file_type_name(st->st_mode);
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+std::string not_a_segment(const std::string& name, const std::string& what) {
+  return shm_path(name) + " is " + what + ", not a shared-memory segment";
+}
+
+// A shared mapping of a whole segment, unmapped and closed on scope exit.
+struct SegmentMap {
+  int fd = -1;
+  void* addr = nullptr;
+  std::size_t size = 0;
+  SegmentMap() = default;
+  SegmentMap(const SegmentMap&) = delete;
+  SegmentMap& operator=(const SegmentMap&) = delete;
+  ~SegmentMap() {
+    if (addr) ::munmap(addr, size);
+    if (fd >= 0) ::close(fd);
+  }
+  // Maps [0, size) of fd (a size of 0 maps nothing; parse_mirror refuses it).
+  bool map(int prot) {
+    if (size == 0) return true;
+    void* p = ::mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return false;
+    addr = p;
+    return true;
+  }
+  const uint8_t* bytes() const { return static_cast<const uint8_t*>(addr); }
+};
 
 // Private segments of this name (.NAME.new-PID-N) whose maker is gone: a
 // keeper killed while it sized its segment, before publishing it.
@@ -167,8 +222,12 @@ MirrorBuilder::MirrorBuilder(const Container& c, const std::string& model_path, 
   // An existing segment: refused while its owner lives, replaced when stale.
   const MirrorStatus old = mirror_status(name_);
   if (!old.state.empty()) {
+    if (!old.segment) throw Error(name_ + ": " + old.error + "; remove it to keep this model (coli-pin stop leaves what is no mirror)");
     if (old.state == "invalid") throw Error(name_ + ": exists and is not a usable coli mirror (" + old.error + "); remove it with coli-pin stop " + name_);
-    if (old.owner_alive) throw Error(name_ + ": already kept by pid " + std::to_string(old.owner_pid) + " (" + old.state + ")");
+    // MirrorTaken, as when the other keeper publishes first: a second start
+    // that finds the first's segment already there waits for it (coli-pin's
+    // keep) instead of failing.
+    if (old.owner_alive) throw MirrorTaken(name_ + ": already kept by pid " + std::to_string(old.owner_pid) + " (" + old.state + ")");
     remove_mirror(name_);
   }
   const Manifest& mf = c.manifest();
@@ -348,20 +407,21 @@ bool MirrorAttachment::twin(const uint8_t** data, std::size_t* bytes, int* devic
 }
 
 struct MirrorAttachment::Impl {
-  bip::shared_memory_object shm;
-  bip::mapped_region region;
+  SegmentMap map;
 };
 
 MirrorAttachment::MirrorAttachment(const std::string& name, const Container& c) : impl_(std::make_unique<Impl>()), name_(name) {
   check_name(name);
-  try {
-    impl_->shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write);
-    impl_->region = bip::mapped_region(impl_->shm, bip::read_write);
-  } catch (const bip::interprocess_exception& e) {
-    throw Error("mirror " + name + ": cannot attach: " + e.what());
-  }
-  base_ = static_cast<uint8_t*>(impl_->region.get_address());
-  size_ = impl_->region.get_size();
+  SegmentMap& m = impl_->map;
+  struct stat st {};
+  std::string what;
+  m.fd = open_segment(name, O_RDWR, &st, &what);
+  if (m.fd < 0 && !what.empty()) throw Error("mirror " + name + ": " + not_a_segment(name, what));
+  if (m.fd < 0) throw Error("mirror " + name + ": cannot attach: " + std::strerror(errno));
+  m.size = static_cast<std::size_t>(st.st_size);
+  if (!m.map(PROT_READ | PROT_WRITE)) throw Error("mirror " + name + ": cannot attach: " + std::strerror(errno));
+  base_ = static_cast<uint8_t*>(m.addr);
+  size_ = m.size;
   layout_ = parse_mirror(base_, size_, "mirror " + name);
   const MirrorHeader& h = *layout_.header;
   if (h.fingerprint != c.fingerprint())
@@ -451,26 +511,33 @@ MirrorStatus mirror_status(const std::string& name) {
   MirrorStatus s;
   s.name = name;
   check_name(name);
-  bip::shared_memory_object shm;
-  try {
-    shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_only);
-  } catch (const bip::interprocess_exception&) {
-    return s;  // absent: state empty
+  SegmentMap m;
+  struct stat st {};
+  std::string what;
+  m.fd = open_segment(name, O_RDONLY, &st, &what);
+  if (m.fd < 0 && what.empty()) return s;  // absent: state empty
+  s.mode = st.st_mode & 07777;
+  if (m.fd < 0) {  // listed, so that status shows it, but never opened, mapped or removed
+    s.state = "invalid", s.segment = false, s.error = not_a_segment(name, what);
+    return s;
   }
-  struct stat st{};
-  if (::fstat(shm.get_mapping_handle().handle, &st) == 0) s.mode = st.st_mode & 07777, s.bytes = static_cast<uint64_t>(st.st_size);
+  s.bytes = static_cast<uint64_t>(st.st_size);
   if (s.bytes < kMirrorHeaderBytes) {
     s.state = "invalid", s.error = "segment of " + std::to_string(s.bytes) + " bytes";
     return s;
   }
+  m.size = static_cast<std::size_t>(st.st_size);
+  if (!m.map(PROT_READ)) {
+    s.state = "invalid", s.error = std::string("cannot map it: ") + std::strerror(errno);
+    return s;
+  }
   try {
-    bip::mapped_region region(shm, bip::read_only);
-    const MirrorLayout l = parse_mirror(static_cast<const uint8_t*>(region.get_address()), region.get_size(), name);
+    const MirrorLayout l = parse_mirror(m.bytes(), m.size, name);
     const MirrorHeader& h = *l.header;
     s.fingerprint = h.fingerprint, s.model = h.model_path, s.owner_pid = h.owner_pid, s.owner_alive = pid_alive(h.owner_pid);
     s.expert_blobs = h.expert_blobs, s.trunk_blobs = h.trunk_blobs;
     for (int i = 0; i < kMirrorRunSlots; ++i) s.runs += pid_alive(h.runs[i].load());
-    const auto* c = reinterpret_cast<const uint64_t*>(static_cast<const uint8_t*>(region.get_address()) + h.heat_offset);
+    const auto* c = reinterpret_cast<const uint64_t*>(m.bytes() + h.heat_offset);
     for (uint64_t i = 0; i < uint64_t(h.layers) * h.experts; ++i) s.heat_total += c[i];
     s.state = !s.owner_alive ? "stale" : h.state.load() == uint32_t(MirrorState::kReady) ? "ready" : "loading";
   } catch (const std::exception& e) {
@@ -498,7 +565,15 @@ std::vector<MirrorStatus> list_mirrors() {
 
 bool remove_mirror(const std::string& name) {
   check_name(name);
-  return bip::shared_memory_object::remove(name.c_str());
+  // Only a segment: a FIFO or directory someone named like one is not a
+  // mirror's to remove (false, errno EPERM).
+  struct stat st {};
+  if (::lstat(shm_path(name).c_str(), &st) != 0) return false;
+  if (!S_ISREG(st.st_mode)) {
+    errno = EPERM;
+    return false;
+  }
+  return ::shm_unlink(("/" + name).c_str()) == 0;
 }
 
 }  // namespace coli

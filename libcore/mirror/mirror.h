@@ -18,7 +18,9 @@
 // Contract: parse_mirror() validates every offset and size against the
 // segment's size and the header's own fields, and an attacher checks every
 // entry against its container (blob index, size, xxh64) before using it, so
-// a corrupt or foreign segment is an Error naming it, never a bad read. A
+// a corrupt or foreign segment is an Error naming it, never a bad read;
+// an entry /dev/shm/coli-* that is not a regular file (a FIFO, directory,
+// link) is checked without blocking and never opened as a segment. A
 // segment whose magic, layout version or fingerprint differs is never used.
 // The creator (MirrorBuilder) is the owner: it fills the segment, marks it
 // ready last, and removes it when it stops; attached runs keep their mapping
@@ -111,8 +113,9 @@ class MirrorTaken : public Error {
 };
 
 // Makes and fills a segment from a container; the maker is its owner.
-// An existing segment of that name is an Error unless its owner is dead
-// (stale: then it is removed first). The segment is made under a private
+// An existing segment of that name is MirrorTaken while its owner lives,
+// an Error when it is invalid or no segment, and removed first when its
+// owner is dead (stale). The segment is made under a private
 // name (.NAME.new-PID-N, which no status, list or stop sees) and published
 // under NAME only once its header says loading and names its owner, by a
 // rename that never replaces a segment (MirrorTaken when another keeper
@@ -202,12 +205,18 @@ struct MirrorStatus {
   bool owner_alive = false;
   int runs = 0;        // attached runs alive now
   unsigned mode = 0;   // permission bits
+  // false: /dev/shm/NAME is no segment at all (a FIFO, a directory, a
+  // symbolic link...: anyone can make one there). Its state is invalid and
+  // error says what it is; it is never opened (a FIFO's open would block),
+  // attached or removed.
+  bool segment = true;
 };
 std::vector<MirrorStatus> list_mirrors();
 // NAME's status; state empty when there is no such segment. An owner that
 // is gone or a zombie makes a segment stale.
 MirrorStatus mirror_status(const std::string& name);
-// Removes segment NAME (attached runs keep their mapping). False if absent.
+// Removes segment NAME (attached runs keep their mapping). False if absent,
+// or if NAME is no segment (errno EPERM: MirrorStatus::segment).
 bool remove_mirror(const std::string& name);
 
 }  // namespace coli

@@ -37,6 +37,16 @@ std::vector<int> parse_list(const std::string& s, const std::string& flag, const
 std::vector<int> parse_id_list(const std::string& s, const std::string& flag) { return parse_list(s, flag, "a token id"); }
 std::vector<int> parse_int_list(const std::string& s, const std::string& flag) { return parse_list(s, flag, "a count from 0 to 2147483647"); }
 
+uint64_t parse_seed(const std::string& s, const std::string& flag) {
+  // strtoull would take "-1" (and leading spaces or '+'): digits only.
+  const bool digits = !s.empty() && s.size() <= 20 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = digits ? std::strtoull(s.c_str(), &end, 10) : 0;
+  if (!digits || errno == ERANGE || *end) throw UsageError(flag + ": '" + s + "' is not a seed from 0 to 18446744073709551615");
+  return v;
+}
+
 int check_thread_count(int n, const std::string& flag) {
   const int hw = std::max(1u, std::thread::hardware_concurrency());
   if (n < 0) throw UsageError(flag + " must be >= 0 (0: all " + std::to_string(hw) + " hardware threads), not " + std::to_string(n));

@@ -14,6 +14,11 @@ std::vector<int> parse_id_list(const std::string& s, const std::string& flag);
 // a bad item is "not a count from 0 to 2147483647".
 std::vector<int> parse_int_list(const std::string& s, const std::string& flag);
 
+// A seed from flag `flag`: decimal digits, 0 to 2^64-1. Anything else
+// throws coli::UsageError naming the flag ("-1" above all: read as an
+// unsigned number it silently became 2^64-1).
+uint64_t parse_seed(const std::string& s, const std::string& flag);
+
 // A worker-thread count from flag `flag`: 0 means all cores; negative counts
 // and counts over 4x the hardware threads (far past any speed-up, and enough
 // to exhaust the process table) throw coli::UsageError. Returns n.

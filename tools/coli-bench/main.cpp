@@ -85,7 +85,7 @@ po::options_description options() {
   cli::add_flags(opts, cli::Tool::kBench, cli::kTierFlags);
   opts.add_options()
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
-      ("seed", po::value<uint64_t>()->default_value(0), "seed of the random token ids")
+      ("seed", po::value<std::string>()->default_value("0"), "seed of the random token ids")
       ("prompt-file", po::value<std::string>(), "take token ids from this text (model's tokenizer) instead")
       ("no-warmup", po::bool_switch(), "skip the untimed warm-up run");
   cli::add_flags(opts, cli::Tool::kBench, {cli::Flag::kDevice, cli::Flag::kReference, cli::Flag::kHeat});
@@ -133,7 +133,7 @@ void read_tests(const po::variables_map& vm, coli::BenchOptions& o) {
   if (!any_pp && !any_tg && o.prompt_gen.empty()) throw coli::UsageError("nothing to run: every -p and -n is 0 and there is no -pg");
   o.repetitions = vm["repetitions"].as<int>();
   if (o.repetitions < 1) throw coli::UsageError("-r must be >= 1");
-  o.seed = vm["seed"].as<uint64_t>();
+  o.seed = coli::parse_seed(vm["seed"].as<std::string>(), "--seed");
   o.warmup = !vm["no-warmup"].as<bool>();
   if (vm.count("prompt-file")) o.prompt_file = vm["prompt-file"].as<std::string>();
 }

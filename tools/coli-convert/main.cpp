@@ -107,7 +107,7 @@ int cmd_synth(int argc, char** argv) {
   opts.add_options()("help,h", "show this help")("output,o", po::value<std::string>(), "output checkpoint directory, or container (a name ending in .coli, or --container)")
       ("container", po::bool_switch(), "write a coli container (as synth then convert would), not a checkpoint")
       ("layers", po::value<int>()->default_value(8), "number of layers (every 4th is full attention)")
-      ("seed", po::value<uint64_t>()->default_value(0), "random seed")
+      ("seed", po::value<std::string>()->default_value("0"), "random seed")
       ("routing-skew", po::value<double>()->default_value(0.0), "Zipf exponent of expert popularity per layer (0: unbiased)")
       ("tokenizer", po::value<std::string>(), "copy tokenizer.json and tokenizer_config.json from this directory")
       ("threads,t", po::value<int>()->default_value(0), "worker threads (0: all cores)")
@@ -134,7 +134,7 @@ int cmd_synth(int argc, char** argv) {
   coli::SynthOptions o;
   o.layers = vm["layers"].as<int>();
   if (o.layers < 1) throw coli::UsageError("--layers must be at least 1");
-  o.seed = vm["seed"].as<uint64_t>();
+  o.seed = coli::parse_seed(vm["seed"].as<std::string>(), "--seed");
   o.routing_skew = vm["routing-skew"].as<double>();
   if (o.routing_skew < 0) throw coli::UsageError("--routing-skew must be >= 0");
   if (vm.count("tokenizer")) o.tokenizer_dir = vm["tokenizer"].as<std::string>();
@@ -206,7 +206,7 @@ int cmd_compare(int argc, char** argv) {
       ("model", po::value<std::string>(), "model to measure")
       ("sequences", po::value<int>()->default_value(8), "random token sequences")
       ("length", po::value<int>()->default_value(64), "tokens per sequence")
-      ("seed", po::value<uint64_t>()->default_value(0), "seed of the sequences");
+      ("seed", po::value<std::string>()->default_value("0"), "seed of the sequences");
   po::positional_options_description pos;
   pos.add("reference", 1).add("model", 1);
   auto vm = coli::parse_options(argc, argv, opts, pos);
@@ -220,7 +220,7 @@ int cmd_compare(int argc, char** argv) {
   auto model = coli::Model::load(vm["model"].as<std::string>());
   coli::cpu::CpuBackend ba(*ref), bb(*model);
   coli::Engine ea(ref->spec(), ba), eb(model->spec(), bb);
-  auto seqs = coli::random_sequences(vm["sequences"].as<int>(), vm["length"].as<int>(), ref->spec().vocab_size, vm["seed"].as<uint64_t>());
+  auto seqs = coli::random_sequences(vm["sequences"].as<int>(), vm["length"].as<int>(), ref->spec().vocab_size, coli::parse_seed(vm["seed"].as<std::string>(), "--seed"));
   auto r = coli::compare_outputs(ea, eb, seqs);
   r.weights_rel_rmse = coli::weights_rel_rmse(*ref, *model);
   std::printf("positions\tmean_kl\tmax_kl\ttop1_agree\tmax_abs_logit\tweights_rel_rmse\n%d\t%.3g\t%.3g\t%.4f\t%.3g\t%.4f\n", r.positions, r.mean_kl, r.max_kl,

@@ -25,6 +25,7 @@
 
 #include "common/heat_flag.h"
 #include "common/run_flags.h"
+#include "cuda_device.h"
 #include "device_twin.h"
 #include "formats/container.h"
 #include "mirror/mirror.h"
@@ -311,6 +312,9 @@ int cmd_start(int argc, char** argv) {
   const std::string path = container_path(vm["model"].as<std::string>());
   const coli::Container c(path);
   if (vm.count("plan") && vm.count("heat")) throw coli::UsageError("--plan and --heat both order the experts: give one");  // before any note
+  // --gpu without a GPU: said by the flag, before the keeper loads (CUDA's
+  // own error would come later and name neither).
+  if (std::string why; gpu && coli::cuda::device_count(&why) == 0) throw coli::Error("--gpu: no usable CUDA device (" + why + ")");
   o.heat = heat_counts(vm, heat, c, path);
   if (vm.count("plan")) {
     // The plan's VRAM and RAM experts first (VRAM's hottest of all), and
@@ -416,6 +420,9 @@ int cmd_stop(int argc, char** argv) {
   const std::string name = is_name ? arg : coli::mirror_name(coli::Container(container_path(arg)).fingerprint());
   const coli::MirrorStatus s = coli::mirror_status(name);
   if (s.state.empty()) throw coli::Error("no mirror " + name + (is_name ? "" : " of " + arg));
+  // A FIFO or directory named like a segment is someone's file, not a
+  // mirror: stop neither signals anyone nor removes it.
+  if (!s.segment) throw coli::Error(name + ": " + s.error + "; not removed");
   if (s.state != "invalid" && s.owner_alive && maps_segment(s.owner_pid, name)) {
     if (::kill(s.owner_pid, SIGTERM) != 0)
       throw coli::Error(name + ": cannot signal its owner, pid " + std::to_string(s.owner_pid) + ": " + std::strerror(errno));
@@ -429,7 +436,8 @@ int cmd_stop(int argc, char** argv) {
     std::fprintf(stderr, "coli-pin: stopped %s (pid %d)\n", name.c_str(), s.owner_pid);
     return 0;
   }
-  coli::remove_mirror(name);
+  // "removed" only when it was: the entry may have changed since the status.
+  if (!coli::remove_mirror(name)) throw coli::Error(name + ": cannot remove it: " + std::strerror(errno));
   std::fprintf(stderr, "coli-pin: removed %s (%s)\n", name.c_str(), s.state == "invalid" ? s.error.c_str() : "stale: its owner is gone");
   return 0;
 }

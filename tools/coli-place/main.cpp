@@ -135,9 +135,17 @@ void common_options(po::options_description& o) {
   cli::add_flags(o, cli::Tool::kPlace, {cli::Flag::kPrefillUpload, cli::Flag::kPcieRead, cli::Flag::kPcieReadOffset});
 }
 
+// -o writes into an existing directory (plan and probe alike), checked
+// before any work or note: a missing one is an error naming it, not made.
+void check_output_dir(const std::string& out) {
+  const fs::path dir = fs::path(out).parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !fs::is_directory(dir, ec)) throw coli::Error(out + ": " + dir.string() + " is not a directory (-o writes into an existing one)");
+}
+
 // --chunks: the prefill chunk sizes the plan picks from.
 std::vector<int> chunk_sizes(const po::variables_map& vm) {
-  std::vector<int> v = coli::parse_id_list(vm["chunks"].as<std::string>(), "--chunks");
+  std::vector<int> v = coli::parse_int_list(vm["chunks"].as<std::string>(), "--chunks");
   for (int c : v)
     if (c < 1 || c > (1 << 20)) throw coli::UsageError("--chunks: " + std::to_string(c) + " is not a chunk size (1 .. 1048576 tokens)");
   return v;
@@ -180,6 +188,7 @@ int cmd_plan(int argc, char** argv) {
   const uint64_t vram = coli::parse_size(vm["vram"].as<std::string>(), "--vram");
   const uint64_t avail = available_ram(), margin = uint64_t(4) << 30;
   const uint64_t ram = vm.count("ram") ? coli::parse_size(vm["ram"].as<std::string>(), "--ram") : avail > margin ? avail - margin : 0;
+  if (vm.count("output")) check_output_dir(vm["output"].as<std::string>());
   const Loaded l = load(vm["model"].as<std::string>());
   const coli::PlannerInputs in = inputs(vm, l, vram, ram);
   coli::Prediction r;
@@ -358,13 +367,8 @@ int cmd_probe(int argc, char** argv) {
     format = coli::expert_format_name(coli::Container(model_file));
   }
   const std::string out = vm.count("output") ? vm["output"].as<std::string>() : default_rates_path(format);
-  // -o writes into an existing directory, as plan -o does (checked before
-  // the measurement); only the default cache directory is made.
-  if (vm.count("output")) {
-    const fs::path dir = fs::path(out).parent_path();
-    std::error_code dec;
-    if (!dir.empty() && !fs::is_directory(dir, dec)) throw coli::Error(out + ": " + dir.string() + " is not a directory (-o writes into an existing one)");
-  }
+  // Checked before the measurement; only the default cache directory is made.
+  if (vm.count("output")) check_output_dir(out);
   coli::MachineRates r = coli::cached_rates(out);
   std::string note = "measured:";
   const double read = coli::cpu::measure_read_gbs(std::size_t(1) << 30, threads, secs);

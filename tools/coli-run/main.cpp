@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -72,7 +74,7 @@ coli::GenerateOptions generate_options(const Flags& f) {
   s.repeat_penalty = f.get<float>("repeat-penalty");
   s.penalty_last_n = f.get<int>("repeat-last-n");
   s.presence_penalty = f.get<float>("presence-penalty");
-  s.seed = f.has("seed") ? f.get<uint64_t>("seed") : std::random_device{}();
+  s.seed = f.has("seed") ? coli::parse_seed(f.get<std::string>("seed"), "--seed") : std::random_device{}();
   coli::check_sampling_params(s);
   g.top_logprobs = f.get<int>("top-logprobs");
   g.logprobs = f.get<bool>("json");  // only --json prints them: a log-softmax per token otherwise costs decode speed
@@ -211,7 +213,7 @@ po::options_description options() {
       ("repeat-penalty", po::value<float>()->default_value(1.0f, "1"), "repetition penalty (1 = off)")
       ("repeat-last-n", po::value<int>()->default_value(64), "ids the penalties look back over (-1 = all)")
       ("presence-penalty", po::value<float>()->default_value(0.0f, "0"), "presence penalty (0 = off)")
-      ("seed", po::value<uint64_t>(), "sampler seed (default: random, printed in the stats line)")
+      ("seed", po::value<std::string>(), "sampler seed (default: random, printed in the stats line)")
       ("json", po::bool_switch(), "one JSON object per generated token")
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
@@ -360,9 +362,12 @@ void print_start(Clock::time_point t_start, double load_ms, Clock::time_point t_
   std::fprintf(stderr, "%s%s\n", line.c_str(), phases.empty() ? "" : ")");
 }
 
+// A failed write (a full disk, >/dev/full) ends the run at once, naming
+// standard output (tool_main would catch it too, but only after the whole
+// generation and its stats line).
 void emit(const std::string& s) {
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fflush(stdout);
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
+    throw coli::Error(std::string("standard output: write error (") + std::strerror(errno) + ")");
 }
 
 // What generating needs once the backend is up.
