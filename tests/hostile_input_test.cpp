@@ -16,6 +16,9 @@
 #include "cuda_device.h"
 #include "engine_util.h"
 #include "mirror/mirror.h"
+#include "placement/heat.h"
+#include "placement/machine_rates.h"
+#include "placement/plan.h"
 #include "test_util.h"
 #include "util/error.h"
 #include "util/io.h"
@@ -98,6 +101,58 @@ TEST(HostileInput, TextFilesAreRegularAndBounded) {
   EXPECT_EQ(coli::read_text_file(small).size(), 3000u);
   EXPECT_NE(error_of(small, 2048).find("3000 bytes, more than"), std::string::npos) << error_of(small, 2048);
   EXPECT_NE(error_of(f.dir / "missing.txt").find("cannot open"), std::string::npos);
+}
+
+// The line-based files (heat, plan, rates) are parsed as they are read:
+// a line longer than kTextLineMax fails at that line, and a bad line early
+// in a large file fails before the rest is read (the process's read bytes,
+// /proc/self/io rchar, grow by far less than the file).
+TEST(HostileInput, LineFilesFailAtTheFirstBadLine) {
+  Files f;
+  const std::string longline = f.dir / "long.txt";
+  coli::test::write_file(longline, "coli-heat 1\n" + std::string(coli::kTextLineMax + 10, '7') + "\nmore\n");
+  auto err = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const coli::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string want = longline + ":2: a line longer than 1 MiB, which no file of this kind has";
+  EXPECT_EQ(err([&] { coli::read_heat_file(longline); }), want);
+  EXPECT_EQ(err([&] { coli::read_plan_file(longline); }), longline + ":1: not a coli plan file (expected 'coli-plan 1')");
+  EXPECT_EQ(err([&] { coli::parse_heat(coli::read_text_file(longline), longline); }), want) << "in memory: the same rule";
+  const std::string rates = f.dir / "rates.txt";
+  coli::test::write_file(rates, "coli-rates 1\n" + std::string(coli::kTextLineMax + 1, 'k'));
+  EXPECT_EQ(err([&] { coli::load_rates(rates); }), rates + ":2: a line longer than 1 MiB, which no file of this kind has");
+
+  // 64 MiB after a bad second line.
+  const std::string big = f.dir / "big.txt";
+  {
+    std::string junk = "coli-heat 1\nbogus line\n";
+    const std::string row(1023, 'x');
+    junk.reserve(std::size_t(64) << 20);
+    while (junk.size() < (std::size_t(64) << 20)) junk += row + "\n";
+    coli::test::write_file(big, junk);
+  }
+  auto rchar = [] {
+    std::FILE* io = std::fopen("/proc/self/io", "r");
+    if (!io) return -1.0;
+    char key[64];
+    unsigned long long v = 0;
+    double got = -1;
+    while (std::fscanf(io, "%63s %llu", key, &v) == 2)
+      if (std::string(key) == "rchar:") got = double(v);
+    std::fclose(io);
+    return got;
+  };
+  const double r0 = rchar();
+  EXPECT_EQ(err([&] { coli::read_heat_file(big); }), big + ":2: expected 'model FINGERPRINT'");
+  const double r1 = rchar();
+  if (r0 >= 0 && r1 >= 0) {
+    EXPECT_LT(r1 - r0, double(1 << 20)) << "read " << (r1 - r0) << " bytes of a 64 MiB file to fail at its line 2";
+  }
 }
 
 // mkfifo f.coli; coli-pin start -m f.coli and coli-place plan -m f.coli:

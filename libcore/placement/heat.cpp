@@ -105,12 +105,14 @@ std::string format_heat(const Heat& h, uint64_t fingerprint) {
   return s;
 }
 
-HeatFile parse_heat(std::string_view text, const std::string& name) {
-  TextLines in(text, name);
+namespace {
+
+HeatFile parse_heat_lines(TextLines& in, const std::string& name) {
   std::vector<std::string_view> w;
   // The magic must be the very first line: anything else is not a heat file.
-  if (!text.starts_with("coli-heat") || !in.next(w) || in.line_no() != 1 || w[0] != "coli-heat" || w.size() != 2) {
-    if (text.empty()) throw Error(name + ": empty file, not a coli heat file");
+  const bool got = in.next(w);
+  if (!got || in.line_no() != 1 || !in.raw_line().starts_with("coli-heat") || w[0] != "coli-heat" || w.size() != 2) {
+    if (in.empty()) throw Error(name + ": empty file, not a coli heat file");
     throw Error(name + ":1: not a coli heat file (expected 'coli-heat " + std::to_string(kHeatVersion) + "')");
   }
   const uint64_t version = in.number(w[1], "version");
@@ -145,8 +147,20 @@ HeatFile parse_heat(std::string_view text, const std::string& name) {
   return f;
 }
 
+}  // namespace
+
+HeatFile parse_heat(std::string_view text, const std::string& name) {
+  TextLines in(text, name);
+  return parse_heat_lines(in, name);
+}
+
+HeatFile read_heat_file(const std::string& path) {
+  TextLines in(TextLines::FromFile{}, path);
+  return parse_heat_lines(in, path);
+}
+
 Heat load_heat(const std::string& path, uint64_t fingerprint, int layers, int experts) {
-  HeatFile f = parse_heat(read_text_file(path), path);
+  HeatFile f = read_heat_file(path);
   if (f.fingerprint != fingerprint)
     throw Error(path + ": heat of model " + hex64(f.fingerprint) + ", not of this model " + hex64(fingerprint) + " (give another --heat file)");
   if (f.heat.layers() != layers || f.heat.experts() != experts)

@@ -93,6 +93,8 @@ struct HeatFile {
 std::string format_heat(const Heat& heat, uint64_t fingerprint);
 // Parses a heat file's text; errors are "NAME:LINE: what" (coli::Error).
 HeatFile parse_heat(std::string_view text, const std::string& name);
+// The same of the file at path, parsed as it is read (util/text_lines.h).
+HeatFile read_heat_file(const std::string& path);
 // Reads path and checks it is the heat of this model: fingerprint, layers
 // and experts as given, else coli::Error naming the file.
 Heat load_heat(const std::string& path, uint64_t fingerprint, int layers, int experts);

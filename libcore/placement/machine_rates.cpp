@@ -42,17 +42,16 @@ std::string format_rates(const MachineRates& r, const std::string& comment) {
   return out;
 }
 
-MachineRates parse_rates(std::string_view text, const std::string& name, const MachineRates& base) {
+namespace {
+
+MachineRates parse_rates_lines(TextLines& in, const std::string& name, const MachineRates& base) {
   MachineRates r = base;
   std::set<std::string> seen;
   bool header = false;
-  int line_no = 0;
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t nl = text.find('\n', at);
-    std::string line(text.substr(at, nl == std::string_view::npos ? std::string_view::npos : nl - at));
-    at = nl == std::string_view::npos ? text.size() : nl + 1;
-    ++line_no;
-    auto bad = [&](const std::string& why) { return Error(name + ":" + std::to_string(line_no) + ": " + why); };
+  std::string_view raw;
+  while (in.next_raw(&raw)) {
+    std::string line(raw);
+    auto bad = [&](const std::string& why) { return Error(name + ":" + std::to_string(in.line_no()) + ": " + why); };
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line[0] == '#') continue;
     if (!header) {
@@ -78,7 +77,17 @@ MachineRates parse_rates(std::string_view text, const std::string& name, const M
   return r;
 }
 
-MachineRates load_rates(const std::string& path, const MachineRates& base) { return parse_rates(read_text_file(path), path, base); }
+}  // namespace
+
+MachineRates parse_rates(std::string_view text, const std::string& name, const MachineRates& base) {
+  TextLines in(text, name);
+  return parse_rates_lines(in, name, base);
+}
+
+MachineRates load_rates(const std::string& path, const MachineRates& base) {
+  TextLines in(TextLines::FromFile{}, path);
+  return parse_rates_lines(in, path, base);
+}
 
 }  // namespace coli
 

@@ -127,13 +127,14 @@ std::string format_plan(const Plan& p) {
   return s;
 }
 
-Plan parse_plan(std::string_view text, const std::string& name) {
-  TextLines in(text, name);
+namespace {
+
+Plan parse_plan_lines(TextLines& in, const std::string& name) {
   std::vector<std::string_view> w;
   // The magic is the first line that is neither blank nor a comment
   // (format_plan writes the predictions above it).
   if (!in.next(w))
-    throw Error(name + (text.empty() ? ":1: empty file, not a coli plan file" : ":1: only blank lines or comments, not a coli plan file (expected 'coli-plan " +
+    throw Error(name + (in.empty() ? ":1: empty file, not a coli plan file" : ":1: only blank lines or comments, not a coli plan file (expected 'coli-plan " +
                                                                                   std::to_string(kPlanVersion) + "')"));
   if (w[0] != "coli-plan" || w.size() != 2) in.fail("not a coli plan file (expected 'coli-plan " + std::to_string(kPlanVersion) + "')");
   const uint64_t version = in.number(w[1], "version");
@@ -177,8 +178,20 @@ Plan parse_plan(std::string_view text, const std::string& name) {
   return p;
 }
 
+}  // namespace
+
+Plan parse_plan(std::string_view text, const std::string& name) {
+  TextLines in(text, name);
+  return parse_plan_lines(in, name);
+}
+
+Plan read_plan_file(const std::string& path) {
+  TextLines in(TextLines::FromFile{}, path);
+  return parse_plan_lines(in, path);
+}
+
 Plan load_plan(const std::string& path, uint64_t fingerprint, int layers, int experts) {
-  Plan p = parse_plan(read_text_file(path), path);
+  Plan p = read_plan_file(path);
   if (p.fingerprint != fingerprint)
     throw Error(path + ": plan of model " + hex64(p.fingerprint) + ", not of this model " + hex64(fingerprint) + " (run coli-place again)");
   if (p.layers != layers || p.experts != experts)

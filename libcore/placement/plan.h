@@ -56,6 +56,8 @@ struct Plan {
 std::string format_plan(const Plan& p);
 // Parses a plan's text; errors are "NAME:LINE: what" (coli::Error).
 Plan parse_plan(std::string_view text, const std::string& name);
+// The same of the file at path, parsed as it is read (util/text_lines.h).
+Plan read_plan_file(const std::string& path);
 // Reads path and checks it is a plan of this model: fingerprint, layers and
 // experts as given, else coli::Error naming the file.
 Plan load_plan(const std::string& path, uint64_t fingerprint, int layers, int experts);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "util/error.h"
+#include "util/io.h"
 #include "util/publish.h"
 
 namespace coli {
@@ -15,12 +16,32 @@ namespace {
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 }  // namespace
 
-bool TextLines::next(std::vector<std::string_view>& words) {
-  while (pos_ < text_.size()) {
+TextLines::TextLines(std::string_view text, const std::string& name) : text_(text), name_(name), empty_(text.empty()) {}
+
+TextLines::TextLines(FromFile, const std::string& path) : name_(path), file_(std::make_unique<TextFileReader>(path)) { empty_ = file_->size() == 0; }
+
+TextLines::~TextLines() = default;
+
+bool TextLines::next_raw(std::string_view* line) {
+  bool too_long = false;
+  if (file_) {
+    if (!file_->next(line, kTextLineMax, &too_long)) return false;
+  } else {
+    if (pos_ >= text_.size()) return false;
     const std::size_t end = std::min(text_.find('\n', pos_), text_.size());
-    const std::string_view line = text_.substr(pos_, end - pos_);
+    *line = text_.substr(pos_, end - pos_);
     pos_ = end + 1;
-    ++line_no_;
+    too_long = line->size() > kTextLineMax;
+  }
+  ++line_no_;
+  line_ = *line;
+  if (too_long) fail("a line longer than " + std::to_string(kTextLineMax >> 20) + " MiB, which no file of this kind has");
+  return true;
+}
+
+bool TextLines::next(std::vector<std::string_view>& words) {
+  std::string_view line;
+  while (next_raw(&line)) {
     words.clear();
     std::size_t i = 0;
     while (i < line.size()) {

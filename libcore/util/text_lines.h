@@ -2,22 +2,40 @@
 // write. One place for the rules they share: '#' comments and blank lines
 // skipped, words split on spaces and tabs (CR ignored), decimal numbers
 // below 2^64, 16-hex-digit fingerprints (written by formats/container.h
-// hex64), and errors as "NAME:LINE: what".
+// hex64), and errors as "NAME:LINE: what". A text in memory, or a file
+// read as it is parsed (util/io.h TextFileReader: regular files only, at
+// most kTextFileMax), so that a parser stops at the first bad line; lines
+// are at most kTextLineMax bytes either way.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace coli {
 
+class TextFileReader;
+
 class TextLines {
  public:
   // name: what errors call the text (a file's path). Both must outlive this.
-  TextLines(std::string_view text, const std::string& name) : text_(text), name_(name) {}
+  TextLines(std::string_view text, const std::string& name);
+  // The file at path (also the errors' name, which must outlive this),
+  // read as lines are asked for. Throws coli::Error as read_text_file.
+  struct FromFile {};
+  TextLines(FromFile, const std::string& path);
+  ~TextLines();
+  // The next line as it is, without its '\n' (valid until the next call);
+  // false at the end. A line longer than kTextLineMax: fail().
+  bool next_raw(std::string_view* line);
   // The words of the next line that is neither blank nor a comment; false
   // at the end of the text.
   bool next(std::vector<std::string_view>& words);
+  // The line next() or next_raw() read last, as it is.
+  std::string_view raw_line() const { return line_; }
+  // The text has no byte at all.
+  bool empty() const { return empty_; }
   int line_no() const { return line_no_; }
   // coli::Error "NAME:LINE: what" for the line last read.
   [[noreturn]] void fail(const std::string& what) const;
@@ -36,8 +54,11 @@ class TextLines {
  private:
   std::string_view text_;
   const std::string& name_;
+  std::unique_ptr<TextFileReader> file_;  // FromFile: the text is read from it
   std::size_t pos_ = 0;
   int line_no_ = 0;
+  std::string_view line_;
+  bool empty_ = false;
 };
 
 // Writes text to path atomically (util/publish.h OutputFile: readers see

@@ -10,16 +10,34 @@
 #include <cstring>
 #include <string>
 
+#include "util/error.h"
 #include "util/io.h"
 
 namespace coli::fuzz {
 
-inline std::string through_file(const uint8_t* data, std::size_t size, const char* tag) {
-  static const std::string path = "/tmp/coli-fuzz-" + std::string(tag) + "-" + std::to_string(::getpid());
+// The input written to a file of this process (one per tag); its path.
+inline std::string input_file(const uint8_t* data, std::size_t size, const char* tag) {
+  const std::string path = "/tmp/coli-fuzz-" + std::string(tag) + "-" + std::to_string(::getpid());
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) std::abort();
   if (size && std::fwrite(data, 1, size, f) != size) std::abort();
   std::fclose(f);
+  return path;
+}
+
+// The outcome of a parse: its error's text, or "" when it parsed.
+template <typename F>
+std::string error_of(F&& parse) {
+  try {
+    parse();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline std::string through_file(const uint8_t* data, std::size_t size, const char* tag) {
+  const std::string path = input_file(data, size, tag);
   std::string text = read_text_file(path);
   if (text.size() != size || (size && std::memcmp(text.data(), data, size) != 0)) std::abort();
   return text;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "placement/heat.h"
@@ -12,6 +13,11 @@
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  {  // parsed as the file is read (the tools' way) or in memory: the same outcome
+    const std::string path = coli::fuzz::input_file(data, size, "heat-lines");
+    const std::string text(reinterpret_cast<const char*>(data), size);
+    if (coli::fuzz::error_of([&] { coli::read_heat_file(path); }) != coli::fuzz::error_of([&] { coli::parse_heat(text, path); })) std::abort();
+  }
   try {
     const coli::HeatFile f = coli::parse_heat(coli::fuzz::through_file(data, size, "heat"), "fuzz");
     const coli::Heat& h = f.heat;

@@ -13,6 +13,11 @@
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  {  // parsed as the file is read (the tools' way) or in memory: the same outcome
+    const std::string path = coli::fuzz::input_file(data, size, "plan-lines");
+    const std::string text(reinterpret_cast<const char*>(data), size);
+    if (coli::fuzz::error_of([&] { coli::read_plan_file(path); }) != coli::fuzz::error_of([&] { coli::parse_plan(text, path); })) std::abort();
+  }
   try {
     const coli::Plan p = coli::parse_plan(coli::fuzz::through_file(data, size, "plan"), "fuzz");
     if (p.layers < 1 || p.layers > 4096 || p.experts < 1 || p.experts > 65536) std::abort();

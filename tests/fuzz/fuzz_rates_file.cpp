@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "placement/machine_rates.h"
@@ -13,6 +14,11 @@
 #include "util/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  {  // parsed as the file is read (the tools' way) or in memory: the same outcome
+    const std::string path = coli::fuzz::input_file(data, size, "rates-lines");
+    const std::string text(reinterpret_cast<const char*>(data), size);
+    if (coli::fuzz::error_of([&] { coli::load_rates(path); }) != coli::fuzz::error_of([&] { coli::parse_rates(text, path); })) std::abort();
+  }
   try {
     const coli::MachineRates r = coli::parse_rates(coli::fuzz::through_file(data, size, "rates"), "fuzz");
     for (double v : {r.host_expert_gbs, r.disk_gbs, r.pcie_gbs})

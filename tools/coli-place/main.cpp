@@ -246,7 +246,7 @@ int cmd_heat(int argc, char** argv) {
     add(coli::cli::planning_heat(coli::cli::HeatFlag{}, *l.c, l.spec), l.c->fingerprint(), vm["model"].as<std::string>());
   }
   for (const std::string& f : files) {
-    const coli::HeatFile hf = coli::parse_heat(coli::read_text_file(f), f);
+    const coli::HeatFile hf = coli::read_heat_file(f);
     add(hf.heat, hf.fingerprint, f);
   }
   if (!any) throw coli::UsageError("nothing to read: give heat FILEs or -m MODEL");
