@@ -144,6 +144,27 @@ TEST(RunSetup, TheCpuWithoutALine) {
   EXPECT_EQ(cli::notice(s).find("--vram-budget 16384.00 GiB ignored: no usable GPU"), 0u) << cli::notice(s);
 }
 
+namespace {
+
+// The VRAM ledger's need of the tiny model at 512 tokens of context and
+// chunk: with every expert, and without its routed experts (the floor).
+std::pair<uint64_t, uint64_t> need_and_floor(Tiny& t) {
+  coli::VramSettings whole, tier;
+  whole.n_ctx = tier.n_ctx = 512, whole.max_chunk = tier.max_chunk = 512, tier.budget = 1;
+  return {coli::VramLedger(t.model(), whole).device_floor(), coli::VramLedger(t.model(), tier).device_floor()};
+}
+
+// The whole model's greedy tokens on the GPU, per golden prompt.
+std::vector<std::vector<int>> whole_model_tokens(Tiny& t) {
+  std::vector<std::vector<int>> want;
+  auto w = coli::cuda::make_cuda_backend(t.model());
+  coli::Engine ew(t.model().spec(), *w, 512);
+  for (const auto& p : coli::test::tiny_goldens()["prompts"]) want.push_back(coli::test::greedy_tokens(ew, p["ids"]));
+  return want;
+}
+
+}  // namespace
+
 // On the GPU: this process holds all but a little more than the model
 // without its routed experts; no budget given, the run gets a tier inside
 // what is free, the whole model's greedy tokens, and never more memory
@@ -153,20 +174,12 @@ TEST(RunSetupCuda, TakesTheFreeMemoryItFinds) {
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   Tiny t;
   const coli::ModelSpec& spec = t.model().spec();
-  coli::VramSettings whole, tier;
-  whole.n_ctx = tier.n_ctx = 512, whole.max_chunk = tier.max_chunk = 512, tier.budget = 1;
-  const uint64_t need = coli::VramLedger(t.model(), whole).device_floor(), floor = coli::VramLedger(t.model(), tier).device_floor();
+  const auto [need, floor] = need_and_floor(t);
   ASSERT_LT(floor, need);
   // Leave the floor, half the experts' room and a 4 MiB margin free (the
   // tier's later allocations and the driver's granularity within it).
   const uint64_t margin = 4 * MiB, leave = floor + (need - floor) / 2 + margin;
-  // The whole model's tokens first (the reference placement).
-  std::vector<std::vector<int>> want;
-  {
-    auto w = coli::cuda::make_cuda_backend(t.model());
-    coli::Engine ew(spec, *w, 512);
-    for (const auto& p : coli::test::tiny_goldens()["prompts"]) want.push_back(coli::test::greedy_tokens(ew, p["ids"]));
-  }
+  const std::vector<std::vector<int>> want = whole_model_tokens(t);  // the reference placement
   const std::size_t free0 = coli::cuda::device_free_bytes();
   ASSERT_GT(free0, leave + 64 * MiB);
   coli::cuda::DeviceMemoryHold hold(free0 - leave);
@@ -220,15 +233,8 @@ TEST(RunSetupCuda, RefusedPinningRunsPageableAndSaysSo) {
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   Tiny t;
   const coli::ModelSpec& spec = t.model().spec();
-  coli::VramSettings whole, tier;
-  whole.n_ctx = tier.n_ctx = 512, whole.max_chunk = tier.max_chunk = 512, tier.budget = 1;
-  const uint64_t need = coli::VramLedger(t.model(), whole).device_floor(), floor = coli::VramLedger(t.model(), tier).device_floor();
-  std::vector<std::vector<int>> want;
-  {
-    auto w = coli::cuda::make_cuda_backend(t.model());
-    coli::Engine ew(spec, *w, 512);
-    for (const auto& p : coli::test::tiny_goldens()["prompts"]) want.push_back(coli::test::greedy_tokens(ew, p["ids"]));
-  }
+  const auto [need, floor] = need_and_floor(t);
+  const std::vector<std::vector<int>> want = whole_model_tokens(t);
   const cli::RunFlags f = flags_of({"--vram-budget", std::to_string(floor + (need - floor) / 2), "--heat", "none", "--no-swap"});
   cli::RunRequest r;
   r.flags = &f, r.model_path = t.path, r.model = &t.model(), r.vram_budget = f.vram_budgets[0], r.n_ctx = 512;

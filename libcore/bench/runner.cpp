@@ -99,6 +99,7 @@ struct Loaded {
   std::string fingerprint, type;
   std::vector<int> text_ids;
   std::unique_ptr<HeatRecorder> heat;  // the model's routing heat (BenchOptions::heat_path)
+  std::string warning;                 // LoadedModel::warning
 };
 
 // The tests of every configuration, in the order the records come: per
@@ -119,7 +120,7 @@ std::vector<Test> tests_of(const BenchOptions& opt) {
 // is one), the bytes a pass reads, the heat file, the prompt file's ids.
 void load(Loaded& cur, const std::string& model_path, const BenchOptions& opt, std::FILE* log) {
   LoadedModel lm = load_model(model_path, opt.mirror);
-  cur.mirror = lm.mirror, cur.model = std::move(lm.model);
+  cur.mirror = lm.mirror, cur.model = std::move(lm.model), cur.warning = lm.warning;
   if (log && cur.mirror) std::fprintf(log, "coli-bench: %s: weights from mirror %s\n", model_path.c_str(), cur.mirror->name().c_str());
   cur.path = model_path;
   cur.bytes = std::make_unique<WeightBytes>(*cur.model);
@@ -392,6 +393,7 @@ void BenchRun::start(const Config& c, json& base, std::unique_ptr<Backend>& back
     save_heat();
     cur_ = Loaded{};
     load(cur_, c.model_path, opt_, log_);
+    if (!cur_.warning.empty()) say(c.model_path, cur_.warning);
   }
   if (c.n_ubatch < 0) throw Error("n_ubatch must be >= 1 (0: chosen)");
   BenchBackend made = make_backend_({cur_.model.get(), cur_.mirror.get(), c.model_path, c.threads_req, c.vram_budget, c.n_ubatch, cur_.heat.get()});

@@ -1,9 +1,5 @@
 #include "mirror/mirror_load.h"
 
-#include <cerrno>  // program_invocation_short_name: the tool, in its messages
-#include <cstdio>
-#include <set>
-
 #include "util/error.h"
 
 namespace coli {
@@ -29,13 +25,7 @@ LoadedModel load_model(const std::string& path, const std::string& mirror) {
     const MirrorStatus st = mirror_status(name);
     if (st.state.empty()) out.note = "no mirror " + name;
     else if (st.state != "ready") out.note = "mirror " + name + " is " + st.state + (st.error.empty() ? "" : ": " + st.error);
-    // Something that is no segment where this model's mirror would be
-    // (anyone can make /dev/shm/coli-FINGERPRINT a FIFO): said even without
-    // -v, once per name, since no coli-pin start can pin the model until
-    // it is gone.
-    static std::set<std::string> said;
-    if (!st.segment && said.insert(name).second)
-      std::fprintf(stderr, "%s: ignoring %s: not a coli mirror (%s); reading the container\n", program_invocation_short_name, name.c_str(), st.error.c_str());
+    if (!st.segment) out.warning = "ignoring " + name + ": not a coli mirror (" + st.error + "); reading the container";
   }
   if (out.note.empty()) {
     try {

@@ -18,6 +18,11 @@ struct LoadedModel {
   std::shared_ptr<MirrorAttachment> mirror;  // null: no mirror used
   std::unique_ptr<Model> model;              // keeps the mirror mapped while it lives
   std::string note;                          // auto without a mirror: why (for -v)
+  // Something that is no segment where this model's mirror would be
+  // (anyone can make /dev/shm/coli-FINGERPRINT a FIFO): the line a tool
+  // says even without -v, since no coli-pin start can pin the model until
+  // it is gone. Empty otherwise.
+  std::string warning;
 };
 
 LoadedModel load_model(const std::string& path, const std::string& mirror);

@@ -288,6 +288,7 @@ Loaded load(Job& j) {
   const auto t_load = Clock::now();
   l.lm = coli::load_model(j.model, j.run.mirror);
   l.load_ms = ms_since(t_load);
+  if (!l.lm.warning.empty()) std::fprintf(stderr, "coli-run: %s\n", l.lm.warning.c_str());
   const coli::ModelSpec& spec = l.model().spec();
   if (l.tok) coli::check_tokenizer_matches(*l.tok, j.f.has("tokenizer") ? j.f.get<std::string>("tokenizer") : j.model, spec.vocab_size, j.model);
   const int max_pos = spec.max_position_embeddings;
