@@ -4,10 +4,15 @@
 // budget is never exceeded. Skipped, with the reason, without a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <future>
+#include <thread>
 
 #include "cpu_backend.h"
+#include "common/run_options.h"
 #include "cpu_expert_host.h"
 #include "cuda_backend.h"
 #include "cuda_device.h"
@@ -21,6 +26,7 @@
 namespace {
 
 using namespace coli;
+namespace cli = coli::cli;
 
 bool have_device(std::string* why) { return cuda::device_count(why) > 0; }
 
@@ -493,6 +499,111 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     if (uploading > 0 && i >= fine_end) break;
   }
   EXPECT_GT(uploading, 0) << "some budget held part of the tier and uploaded the rest";
+}
+
+// A background pin (CudaOptions::pending_pin): the run starts pageable
+// (no PCIe reads, prompts' misses on the host), switches between two
+// chunks once the pin is there (PCIe reads in decode, prompt uploads
+// straight from the pinned container), waits for it before a long prompt
+// chunk that would upload, and stays pageable, uploads off, when it was
+// refused. Logits within the host kernels' error of the whole model's
+// throughout and the same greedy tokens; nothing stays registered.
+TEST(CudaTier, ABackgroundPinSwitchesOverBetweenChunks) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir dir;
+  const std::string path = dir / "m.coli";
+  test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", path, QuantFormat::I4_G32);
+  auto m = Model::load(path);  // the container's read-only mapping
+  const ModelSpec& s = m->spec();
+  const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+  const auto span = cli::host_span(*m);
+  ASSERT_NE(span.first, nullptr);
+  const std::size_t ranges = cuda::registered_host_ranges();
+  auto whole = cuda::make_cuda_backend(*m);
+  Engine ew(s, *whole, 256);
+  const float tol = 2 * cpu_quantization_error(*m);
+  const ExpertWeights& x = m->layer(0).moe.experts[0];
+  const uint64_t expert = x.gate.bytes() + x.up.bytes() + x.down.bytes();
+  auto options = [&](std::shared_future<cuda::HostPin> pin) {
+    cuda::CudaOptions o = tier_options(*m, all / 4);
+    o.max_chunk = 256;
+    o.pcie_read_share = 0.5, o.prefill_upload = true;
+    o.read_only_host_regions.push_back(span);
+    o.pending_pin = std::move(pin);
+    return o;
+  };
+  const std::vector<int> ids = test::tiny_goldens()["prompts"][1]["ids"];
+  ASSERT_GE(ids.size(), 4u);
+  ASSERT_LT(ids.size(), static_cast<std::size_t>(cuda::CudaOptions::kPinWaitTokens));
+  const std::vector<int> cont = test::greedy_tokens(ew, ids, 12);
+  {
+    std::promise<cuda::HostPin> promise;
+    auto tier = cuda::make_cuda_backend(*m, options(promise.get_future().share()));
+    Engine et(s, *tier, 256);
+    Session sw = ew.new_session(), st = et.new_session();
+    EXPECT_LT(max_abs_diff(ew.forward(sw, ids), et.forward(st, ids)), tol) << "the prompt on the pageable path";
+    TierStats t0 = tier->tier_stats();
+    EXPECT_TRUE(t0.pin_pending);
+    EXPECT_EQ(t0.pinned_host_bytes, 0u);
+    EXPECT_EQ(t0.pcie_read, 0) << "nothing readable over PCIe before the pin";
+    EXPECT_EQ(t0.prefill_upload_bytes, 0u) << "a short prompt does not wait: its misses on the host";
+    EXPECT_GT(t0.misses, 0);
+    float e = 0;
+    for (std::size_t i = 0; i < cont.size(); ++i) {
+      if (i == 4) promise.set_value(cuda::HostPin(span.first, span.second, true));
+      const std::vector<float> a = ew.forward(sw, std::vector<int>{cont[i]}), b = et.forward(st, std::vector<int>{cont[i]});
+      e = std::max(e, max_abs_diff(a, b));
+      EXPECT_EQ(std::max_element(b.begin(), b.end()) - b.begin(), std::max_element(a.begin(), a.end()) - a.begin()) << "step " << i;
+    }
+    EXPECT_LT(e, tol);
+    const TierStats t1 = tier->tier_stats();
+    EXPECT_FALSE(t1.pin_pending);
+    EXPECT_EQ(t1.pin_switch_tokens, static_cast<long long>(ids.size() + 4)) << "taken over before the fifth decode step";
+    EXPECT_GE(t1.pinned_host_bytes, span.second);
+    EXPECT_EQ(t1.pcie_read, all - t1.resident) << "every expert outside the tier lies in the pinned container";
+    EXPECT_GT(t1.pcie_misses, 0) << "decode steps read over PCIe after the switch";
+    EXPECT_DOUBLE_EQ(t1.pin_wait_ms, 0.0);
+    Session sw2 = ew.new_session(), st2 = et.new_session();
+    EXPECT_EQ(max_abs_diff(ew.forward(sw2, ids), et.forward(st2, ids)), 0.0f) << "a prompt chunk now uploads: the whole model's kernels";
+    EXPECT_EQ(tier->tier_stats().prefill_upload_bytes, static_cast<uint64_t>(all - t1.resident) * expert);
+    EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids));
+  }
+  {  // refused: pageable to the end, uploads off
+    std::promise<cuda::HostPin> promise;
+    promise.set_value(cuda::HostPin());
+    auto tier = cuda::make_cuda_backend(*m, options(promise.get_future().share()));
+    Engine et(s, *tier, 256);
+    EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids));
+    const TierStats t = tier->tier_stats();
+    EXPECT_FALSE(t.pin_pending);
+    EXPECT_EQ(t.pin_switch_tokens, 0);
+    EXPECT_FALSE(t.prefill_upload);
+    EXPECT_EQ(t.pinned_host_bytes, 0u);
+    EXPECT_EQ(t.pcie_read, 0);
+    EXPECT_EQ(t.prefill_upload_bytes, 0u);
+  }
+  {  // a long prompt chunk waits for the pin, then uploads
+    std::promise<void> go;  // the pin starts once the backend is made, and lasts at least 200 ms
+    auto pin = std::async(std::launch::async, [&, started = go.get_future()] {
+                 started.wait();
+                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                 return cuda::HostPin(span.first, span.second, true);
+               }).share();
+    auto tier = cuda::make_cuda_backend(*m, options(pin));
+    go.set_value();
+    Engine et(s, *tier, 256);
+    std::vector<int> longer;
+    for (int i = 0; i < cuda::CudaOptions::kPinWaitTokens; ++i) longer.push_back(ids[i % ids.size()]);
+    Session sw = ew.new_session(), st = et.new_session();
+    EXPECT_EQ(max_abs_diff(ew.forward(sw, longer), et.forward(st, longer)), 0.0f);
+    const TierStats t = tier->tier_stats();
+    EXPECT_FALSE(t.pin_pending);
+    EXPECT_EQ(t.pin_switch_tokens, 0);
+    EXPECT_GT(t.pin_wait_ms, 0.0);
+    EXPECT_EQ(t.prefill_upload_bytes, static_cast<uint64_t>(all - t.resident) * expert);
+  }
+  EXPECT_EQ(cuda::registered_host_ranges(), ranges) << "every registration released";
 }
 
 // The handoff served inline (CudaOptions::serve_handoff_inline, for

@@ -274,6 +274,71 @@ TEST(RunSetupCuda, RefusedPinningRunsPageableAndSaysSo) {
   EXPECT_EQ(coli::cuda::registered_host_ranges(), ranges + 1) << "the backend shares the tool's registration";
 }
 
+// coli-run's background pin (RunRequest::pin_in_background): the line
+// says the weights are being pinned, the run switches over at its first
+// chunk once the pin is there (PCIe reads, prompt uploads) with the whole
+// model's tokens, and pin_outcome() says what it pinned; refused, the run
+// stays pageable (uploads off) and the outcome is the line a tool prints
+// always. Nothing stays registered.
+TEST(RunSetupCuda, ABackgroundPinIsTakenOrRefusedWithALine) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  Tiny t;
+  const coli::ModelSpec& spec = t.model().spec();
+  const auto [need, floor] = need_and_floor(t);
+  const std::vector<std::vector<int>> want = whole_model_tokens(t);
+  const cli::RunFlags f = flags_of({"--vram-budget", std::to_string(floor + (need - floor) / 2), "--heat", "none", "--no-swap"});
+  cli::RunRequest r;
+  r.flags = &f, r.model_path = t.path, r.model = &t.model(), r.vram_budget = f.vram_budgets[0], r.n_ctx = 512;
+  r.pin_in_background = true;
+  const std::size_t ranges = coli::cuda::registered_host_ranges();
+  for (const bool refuse : {false, true}) {
+    struct Refusal {
+      bool on;
+      explicit Refusal(bool o) : on(o) { coli::cuda::refuse_host_registrations(on); }
+      ~Refusal() { coli::cuda::refuse_host_registrations(false); }
+    } refusal(refuse);
+    cli::RunSetup s = cli::setup_run(r);
+    ASSERT_EQ(s.fit.kind, cli::DeviceFit::Kind::kTier);
+    EXPECT_EQ(s.host_memory, "container");
+    ASSERT_TRUE(s.pin_future.valid());
+    const std::string line = cli::notice(s);
+    EXPECT_NE(line.find("weights being pinned in the background"), std::string::npos) << line;
+    std::printf("[ info     ] %s\n", line.c_str());
+    s.pin_future.wait();  // taken over at the first chunk
+    coli::Engine e(spec, *s.backend, s.chunk);
+    std::size_t i = 0;
+    for (const auto& p : coli::test::tiny_goldens()["prompts"]) {
+      const std::vector<int> ids = p["ids"];
+      EXPECT_EQ(coli::test::greedy_tokens(e, ids), want[i++]) << (refuse ? "refused, " : "") << "prompt of " << ids.size();
+    }
+    const coli::TierStats ts = s.backend->tier_stats();
+    EXPECT_FALSE(ts.pin_pending);
+    EXPECT_EQ(ts.pin_switch_tokens, 0) << "switched before the first chunk";
+    bool refused = false;
+    const std::string outcome = cli::pin_outcome(s, &refused);
+    std::printf("[ info     ] %s\n", outcome.c_str());
+    EXPECT_EQ(refused, refuse);
+    if (refuse) {
+      EXPECT_EQ(ts.pinned_host_bytes, 0u);
+      EXPECT_FALSE(ts.prefill_upload);
+      EXPECT_EQ(ts.pcie_read, 0);
+      EXPECT_EQ(ts.prefill_upload_bytes, 0u);
+      EXPECT_EQ(s.host_memory, "pageable");
+      EXPECT_NE(outcome.find("refused to pin"), std::string::npos) << outcome;
+      EXPECT_EQ(coli::cuda::registered_host_ranges(), ranges);
+    } else {
+      EXPECT_GT(ts.pinned_host_bytes, 0u);
+      EXPECT_EQ(ts.pcie_read, ts.experts - ts.resident) << "the tool's auto PCIe-read share on the pinned container";
+      EXPECT_EQ(ts.prefill_upload_bytes > 0, ts.prefill_upload) << "prompts upload when the staging fit";
+      EXPECT_NE(outcome.find("pinned the container"), std::string::npos) << outcome;
+      EXPECT_EQ(coli::cuda::registered_host_ranges(), ranges + 1) << "one registration, the tool's and the backend's";
+      EXPECT_NE(cli::notice(s).find("weights pinned (the container registered"), std::string::npos) << cli::notice(s);
+    }
+  }
+  EXPECT_EQ(coli::cuda::registered_host_ranges(), ranges);
+}
+
 // Too little left for the model without its experts: the CPU, and the
 // line says why; coli-run prints it without -v. A margin or budget larger
 // than the card is a usage error.

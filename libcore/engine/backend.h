@@ -73,6 +73,9 @@ struct TierStats {
   uint64_t prefill_upload_bytes = 0;    // expert bytes prompt chunks uploaded (CudaOptions::prefill_upload)
   bool prefill_upload = false;          // prompt chunks upload the experts the tier lacks (their staging fit the budget)
   uint64_t pinned_host_bytes = 0;       // host memory registered with the device for this backend (a mirror, a container's mapping)
+  bool pin_pending = false;             // a background pin of the weights not yet taken over (CudaOptions::pending_pin)
+  double pin_wait_ms = 0;               // prompt chunks' wait for that pin
+  long long pin_switch_tokens = -1;     // tokens run on the pageable path before the switch to the pin (-1: none taken)
   uint64_t vram_budget = 0, vram_peak = 0;  // bytes: the limit (0: none) and the most charged at once
   double hit_rate() const { return pairs ? 1.0 - double(misses) / double(pairs) : 1.0; }
 };

@@ -182,6 +182,10 @@ class CudaBackend : public Backend {
   int context_tokens() const;  // CudaOptions::n_ctx, or 4096
   HostRegistry::Lease registration_;  // CudaOptions::host_regions' pieces pinned for this backend
   HostRanges pinned_;                 // those pieces: copies from them run at the pinned rate
+  bool pin_pending_ = false;          // CudaOptions::pending_pin not yet taken over
+  double pin_wait_ms_ = 0;            // prompt chunks waited for it
+  long long pin_switch_tokens_ = -1;  // tokens launched before it was taken over
+  void adopt_pending_pin(int T);      // between chunks (start_chunk)
   std::vector<std::pair<std::string, double>> start_phases_;  // the constructor's timed phases
 
   const ModelSpec& s_;

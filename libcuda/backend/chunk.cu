@@ -43,6 +43,7 @@ void CudaBackend::prepare(CudaState& st, int T, int pos0) {
 void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
   auto& st = static_cast<CudaState&>(state);
   if (pending_.active) finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
+  adopt_pending_pin(T);  // a background pin that is ready switches the run over here
   const auto t_start = std::chrono::steady_clock::now();
   prepare(st, T, pos0);
   const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;

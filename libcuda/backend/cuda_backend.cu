@@ -151,8 +151,11 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     };
     for (auto [p, n] : opt_.host_regions)
       if (reg) take(p, n, false);
+    // A pin in progress elsewhere (CudaOptions::pending_pin) covers the
+    // read-only regions: taken over between chunks (adopt_pending_pin).
+    pin_pending_ = reg && opt_.pending_pin.valid() && !opt_.read_only_host_regions.empty();
     for (auto [p, n] : opt_.read_only_host_regions)
-      if (reg) take(p, n, true);
+      if (reg && !pin_pending_) take(p, n, true);
   }
   phase("register");
   // A device twin (coli-pin start --gpu) on this device: mapped once.
@@ -247,6 +250,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   if (tiered_) ensure_buffers(std::max(1, opt_.max_chunk));  // charged before the slots take the rest
   ExpertTier::Setup ts;
   ts.model = &model, ts.opt = &opt_, ts.budget = budget_.get(), ts.stream = stream_, ts.pinned = &pinned_, ts.uploader = &uploader;
+  ts.pins_pending = pin_pending_;
   tier_ = std::make_unique<ExpertTier>(ts, std::move(experts));
   phase("describe");
   const std::size_t staged = uploader.pending_bytes();
@@ -277,7 +281,41 @@ TierStats CudaBackend::tier_stats() const {
   t.vram_budget = opt_.vram_budget;
   t.vram_peak = budget_->peak();
   for (auto [p, n] : pinned_) t.pinned_host_bytes += n;
+  t.pin_pending = pin_pending_, t.pin_wait_ms = pin_wait_ms_, t.pin_switch_tokens = pin_switch_tokens_;
   return t;
+}
+
+// The background pin of CudaOptions::pending_pin, taken over between two
+// chunks: when it is ready, or before a prompt chunk that would upload
+// (it waits). The registry holds the ranges already: the leases here are
+// references. Then the tier turns on what pinned memory allows (or, when
+// the driver refused, turns the prompt uploads off) and the decode graph
+// is captured again (its one-token tables change).
+void CudaBackend::adopt_pending_pin(int T) {
+  if (!pin_pending_) return;
+  using namespace std::chrono;
+  if (opt_.pending_pin.wait_for(seconds(0)) != std::future_status::ready) {
+    if (T < CudaOptions::kPinWaitTokens || !tier_->wants_pins(T)) return;
+    const auto t0 = steady_clock::now();
+    opt_.pending_pin.wait();
+    pin_wait_ms_ += duration<double, std::milli>(steady_clock::now() - t0).count();
+  }
+  bool pinned = false;
+  try {
+    pinned = opt_.pending_pin.get().bytes() > 0;
+  } catch (...) {  // the pinning thread failed: as refused
+  }
+  if (pinned)
+    for (auto [p, n] : opt_.read_only_host_regions) {
+      HostRegistry::Lease lease = HostRegistry::instance().lease(p, n, true);
+      for (auto piece : lease.pieces()) pinned_.push_back(piece);
+      registration_.adopt(std::move(lease));
+    }
+  opt_.pending_pin = {};  // the backend's leases hold the registration from now on
+  pin_pending_ = false;
+  pin_switch_tokens_ = prof_tokens_;
+  tier_->adopt_pins();
+  ++buffer_gen_;
 }
 
 void CudaBackend::collect_profile() {

@@ -11,11 +11,13 @@
 // routing. Plain C++ header: callers need no CUDA headers.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuda_device.h"
 #include "cuda_tuning.h"
 #include "engine/backend.h"
 #include "engine/expert_host.h"
@@ -101,6 +103,19 @@ struct CudaOptions {
   // says what was pinned.
   std::vector<std::pair<const void*, std::size_t>> read_only_host_regions;
   enum class Register { kNever, kWhenNeeded, kAlways } register_hosts = Register::kWhenNeeded;
+  // read_only_host_regions being pinned on another thread (the tools pin a
+  // container's mapping in the background so that the first token does not
+  // wait for it): when valid, the backend registers none of those regions
+  // itself and starts on the pageable path (no PCIe reads; prompt chunks'
+  // missing experts on the host). At each chunk's start it looks: once
+  // the pin is ready it takes a reference on it and switches over between
+  // two chunks (PCIe reads, prompt uploads, the decode graph captured
+  // again); a prompt chunk of at least kPinWaitTokens tokens that would
+  // upload waits for it (its uploads gain more than the wait). A refused
+  // pin (bytes() 0) leaves the run pageable with prompt uploads off, as if
+  // never asked. TierStats::pin_pending / pin_wait_ms say where it stands.
+  std::shared_future<HostPin> pending_pin;
+  static constexpr int kPinWaitTokens = 256;
   // A device twin made by another process (coli-pin start --gpu,
   // device_twin.h): the host bytes [host, host + bytes) have a copy on
   // `device` that this backend maps through CUDA IPC. Weights whose bytes

@@ -13,7 +13,7 @@
 namespace coli::cuda::detail {
 
 ExpertTier::ExpertTier(const Setup& su, std::vector<LayerInput> layers)
-    : model_(*su.model), s_(su.model->spec()), opt_(*su.opt), budget_(su.budget), stream_(su.stream), pinned_(*su.pinned) {
+    : model_(*su.model), s_(su.model->spec()), opt_(*su.opt), budget_(su.budget), stream_(su.stream), pinned_(*su.pinned), pins_pending_(su.pins_pending) {
   const int L = s_.num_layers;
   tiered_ = vram_settings(opt_).tiered();
   experts_.resize(L);
@@ -90,6 +90,52 @@ std::vector<uint8_t> ExpertTier::pcie_read_set() {
   return set;
 }
 
+void ExpertTier::write_one_table(int l, const std::vector<uint8_t>& pcie) {
+  const int E = s_.num_experts;
+  const MoeWeights& moe = model_.layer(l).moe;
+  const uint8_t* zero = slot_address(0);  // a tier that misses experts has the zero expert in slot 0
+  std::vector<const uint8_t*> og(E), ou(E), od(E);
+  std::vector<uint8_t> of(E);
+  for (int e = 0; e < E; ++e) {
+    const std::size_t i = static_cast<std::size_t>(l) * E + e;
+    if (slot_of_[i] >= 0) {
+      const uint8_t* at = slot_address(slot_of_[i]);
+      og[e] = at, ou[e] = at + slot_up_, od[e] = at + slot_down_, of[e] = 1;
+    } else if (pcie[i]) {  // read over PCIe at its host bytes
+      const ExpertWeights& x = moe.experts[e];
+      og[e] = mapped(x.gate.data), ou[e] = mapped(x.up.data), od[e] = mapped(x.down.data), of[e] = 2;
+    } else {
+      og[e] = zero, ou[e] = zero + slot_up_, od[e] = zero + slot_down_;
+    }
+  }
+  BudgetScope scope(budget_, "the expert tables");
+  one_resident_[l].resize(E);
+  check(cudaMemcpy(one_resident_[l].get(), of.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
+  set_tables(l, std::move(og), std::move(ou), std::move(od), true, {zero, zero + slot_up_, zero + slot_down_});
+}
+
+void ExpertTier::adopt_pins() {
+  if (!pins_pending_) return;
+  pins_pending_ = false;
+  if (!tiered_ || plan_.all()) return;
+  if (pinned_.empty()) {  // refused
+    pu_.on = false;
+    return;
+  }
+  if (pu_.stager)
+    for (auto [p, n] : pinned_) pu_.stager->add_pinned(p, n);
+  const std::vector<uint8_t> pcie = pcie_read_set();
+  if (!pcie.empty()) {
+    one_resident_.resize(s_.num_layers);
+    for (int l = 0; l < s_.num_layers; ++l) write_one_table(l, pcie);
+  }
+  if (handoff_ && opt_.decode_upload_max > 0 && !decode_upload_) {
+    decode_upload_ = std::make_unique<DecodeUpload>(*this);
+    if (decode_upload_->any_pinned()) handoff_->set_device_part(decode_upload_.get(), decode_upload_->out());
+    else decode_upload_.reset();
+  }
+}
+
 bool ExpertTier::in_pinned_memory(const ExpertWeights& x) const {
   auto pinned = [&](const Matrix& m) { return within_any(pinned_, m.data, m.bytes()); };
   return pinned(x.gate) && pinned(x.up) && pinned(x.down);
@@ -163,20 +209,9 @@ void ExpertTier::build(StagedUploader& uploader) {
     BudgetScope scope(budget_, "the expert tables");
     resident_[l].resize(E);
     check(cudaMemcpy(resident_[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
-    if (!pcie.empty()) {  // the one-token table: the tier's, the PCIe experts' entries pointing at their host bytes (flag 2)
-      std::vector<const uint8_t*> og = gp, ou = upp, od = dp;
-      std::vector<uint8_t> of = flags;
-      for (int e = 0; e < E; ++e) {
-        if (!pcie[static_cast<std::size_t>(l) * E + e]) continue;
-        const ExpertWeights& x = moe.experts[e];
-        og[e] = mapped(x.gate.data), ou[e] = mapped(x.up.data), od[e] = mapped(x.down.data), of[e] = 2;
-      }
-      one_resident_[l].resize(E);
-      check(cudaMemcpy(one_resident_[l].get(), of.data(), E, cudaMemcpyHostToDevice), "expert tier flags");
-      set_tables(l, std::move(og), std::move(ou), std::move(od), true, {zero, zero + pg, zero + pg + pu});
-    }
     set_tables(l, std::move(gp), std::move(upp), std::move(dp));
   }
+  for (int l = 0; l < L && !pcie.empty(); ++l) write_one_table(l, pcie);
   if (!plan_.all()) {
     handoff_ = std::make_unique<ExpertHandoff>(*opt_.expert_host, std::max(1, opt_.max_chunk), s_.num_experts_per_tok, s_.hidden_size, E,
                                                opt_.serve_handoff_inline);

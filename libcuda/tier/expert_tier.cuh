@@ -88,6 +88,9 @@ class ExpertTier {
     cudaStream_t stream = nullptr;     // the compute stream
     const HostRanges* pinned = nullptr;  // host ranges registered with the device (HostRegistry)
     StagedUploader* uploader = nullptr;  // the start's upload pipeline: fills the slots
+    // The weights' pin is still being made (CudaOptions::pending_pin):
+    // prompt chunks' uploads wait for adopt_pins().
+    bool pins_pending = false;
   };
   // Builds the tables, and under a budget the slots, the handoff and the
   // options' levers: what the budget has left after the backend's charges
@@ -131,6 +134,16 @@ class ExpertTier {
   void join(float* routed, int T);
   void layer_done(const Step& st, int layer);
 
+  // A background pin: whether a chunk of T tokens would upload experts
+  // once pinned (so it is worth waiting for), and, between two chunks,
+  // taking over what the pin added to the host ranges (the backend's
+  // pinned list, which the tier reads): the PCIe-read set and one-token
+  // tables, the stager's direct copies, the decode uploads. Nothing added
+  // (the driver refused): the prompt uploads go off, as if never asked
+  // (from pageable memory they run no faster than the host's experts).
+  bool wants_pins(int T) const { return tiered_ && pu_.on && T >= kGroupedMinTokens; }
+  void adopt_pins();
+
   // Routing heat the swaps' windows took off the device since the last
   // call: added to counts [layers * experts].
   void take_heat(std::vector<uint64_t>& counts);
@@ -169,6 +182,9 @@ class ExpertTier {
                   const std::array<const uint8_t*, 3>& zero = {});
   void build(StagedUploader& uploader);
   std::vector<uint8_t> pcie_read_set();
+  // Layer l's one-token table and flags from the residency (slot_of_) and
+  // the PCIe-read set: resident 1, read over PCIe 2, the host's 0.
+  void write_one_table(int l, const std::vector<uint8_t>& pcie);
   // Its gate, up and down each inside one registered host range: the
   // device may read it in place or copy it at the pinned rate.
   bool in_pinned_memory(const ExpertWeights& x) const;
@@ -186,7 +202,7 @@ class ExpertTier {
   void refresh_prefill_tables();
   void upload_layer_experts(int l);
   int next_upload_layer(int after) const;
-  bool prefill_uploads(int T) const { return pu_.on && T >= kGroupedMinTokens; }
+  bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && T >= kGroupedMinTokens; }
   bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
 
   const Model& model_;
@@ -197,6 +213,7 @@ class ExpertTier {
   const HostRanges& pinned_;
   unsigned long long* heat_ = nullptr;
   bool tiered_ = false;
+  bool pins_pending_ = false;                       // Setup::pins_pending until adopt_pins()
   std::vector<DevExperts> experts_;
   std::vector<std::array<const uint8_t*, 3>> shared_;  // per layer: the shared expert's gate, up, down (entry E)
   TierPlan plan_;

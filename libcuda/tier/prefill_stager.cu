@@ -113,9 +113,15 @@ void PrefillStager::fill_loop() {
   }
 }
 
+void PrefillStager::add_pinned(const void* p, std::size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pinned_.push_back({p, n});
+}
+
 void PrefillStager::coordinate() {
   try {
     check(cudaSetDevice(device_), "cudaSetDevice in the prefill stager");
+    std::vector<std::pair<const void*, std::size_t>> pinned;
     for (;;) {
       Job job;
       {
@@ -124,11 +130,12 @@ void PrefillStager::coordinate() {
         if (stop_) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
+        pinned = pinned_;  // add_pinned may grow it between jobs
       }
       if (!ring_) check(cudaMallocHost(&ring_, kRing * piece_), "cudaMallocHost (prefill staging ring)");
       std::vector<Piece> pieces;
       for (const Copy& c : job.copies) {
-        if (within_any(pinned_, c.src, c.n)) {
+        if (within_any(pinned, c.src, c.n)) {
           pieces.push_back({c.dst, c.src, c.n, 0, true});
           continue;
         }

@@ -52,6 +52,8 @@ class PrefillStager {
   PrefillStager& operator=(const PrefillStager&) = delete;
 
   uint64_t post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done);
+  // A host range registered since: copies from it go straight from now on.
+  void add_pinned(const void* p, std::size_t n);
   void wait_issued(uint64_t ticket);
   uint64_t staged_bytes() const { return staged_bytes_; }  // bytes that went through the ring so far
   uint64_t direct_bytes() const { return direct_bytes_; }  // bytes copied straight from registered memory

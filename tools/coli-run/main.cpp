@@ -338,6 +338,7 @@ coli::cli::RunSetup start_run(const Job& j, const Loaded& l, const coli::HeatRec
   r.start_heat = coli::cli::tier_start_heat(heat, r.mirror);  // the experts earlier runs routed to most
   r.plan_file = file_plan ? &*file_plan : nullptr;
   r.env = coli::apply_environment();  // COLI_* variables (env_options.h); the flags win
+  r.pin_in_background = true;         // the first token does not wait for the container's pin
   coli::cli::RunSetup s = coli::cli::setup_run(r);
   if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-run: %s\n", line.c_str());
   else if (!s.fallback.empty() && j.verbose && coli::cuda::compiled_with_cuda())
@@ -468,7 +469,7 @@ int run(int argc, char** argv) {
   const std::optional<coli::Plan> file_plan = read_plan_file(j, l.model());
   if (context_maker.joinable()) context_maker.join();
   const auto t_backend = Clock::now();
-  const coli::cli::RunSetup run = start_run(j, l, heat, file_plan);
+  coli::cli::RunSetup run = start_run(j, l, heat, file_plan);
   const std::unique_ptr<coli::Backend>& backend = run.backend;
   if (j.verbose) print_start(t_start, l.load_ms, t_backend, run);
   coli::Engine engine(l.model().spec(), *backend, run.chunk);
@@ -478,7 +479,12 @@ int run(int argc, char** argv) {
                 if (l.lm.mirror && heat.run()) l.lm.mirror->add_heat(std::vector<uint64_t>(heat.run()->counts().begin(), heat.run()->counts().end()));
                 heat.save();
               }};
-  return j.chat ? chat(g) : generate_text(g);
+  const int rc = j.chat ? chat(g) : generate_text(g);
+  // The background pin's outcome: a refusal always (the run stayed pageable), else with -v.
+  bool refused = false;
+  if (const std::string line = coli::cli::pin_outcome(run, &refused); !line.empty() && (refused || j.verbose))
+    std::fprintf(stderr, "coli-run: %s\n", line.c_str());
+  return rc;
 }
 
 }  // namespace

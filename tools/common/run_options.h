@@ -23,6 +23,7 @@
 // them, as they must for the backend itself.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,9 @@ struct BackendTarget {
   // weights (host_span), registered read-only so that copies from it and
   // the PCIe reads run at the pinned rate; {nullptr, 0}: none.
   std::pair<const void*, std::size_t> container_span{nullptr, 0};
+  // That span's pin being made on another thread (run_setup.h): the
+  // backend starts pageable and switches over (CudaOptions::pending_pin).
+  std::shared_future<cuda::HostPin> container_pin;
   bool prefill_upload = false;               // prompts upload the tier's misses (--prefill-upload, or run_setup's choice)
 };
 

@@ -110,6 +110,22 @@ bool choose_host_memory(RunSetup& s, const RunRequest& r, const std::string& con
   // limit) turns the paths that need pinned memory off rather than
   // sending prompts through the slow pageable uploads. The backend takes
   // a reference on this registration.
+  s.container_bytes = sp.second;
+  if (r.pin_in_background) {
+    // The backend starts pageable and switches over when this is done
+    // (CudaOptions::pending_pin); a refusal turns the pinned paths off then.
+    auto ms = std::make_shared<std::atomic<double>>(0.0);
+    s.pin_future_ms = ms;
+    s.pin_future = std::async(std::launch::async, [sp, ms] {
+                     const auto t0 = std::chrono::steady_clock::now();
+                     cuda::HostPin pin(sp.first, sp.second, true);
+                     ms->store(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                     return pin;
+                   }).share();
+    *span = sp;
+    s.host_memory = "container";
+    return true;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   s.container_pin = cuda::HostPin(sp.first, sp.second, true);
   s.pin_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -185,6 +201,7 @@ RunSetup setup_run(const RunRequest& r) {
     t.vram_budget = s.fit.budget;
     t.n_ctx = r.n_ctx;
     const bool pinned = choose_host_memory(s, r, container, &t.container_span);
+    t.container_pin = s.pin_future;
     // Prompts upload the experts the tier lacks when the weights are
     // pinned (55 GB/s: 3x the CPU's prompt path at every budget measured,
     // docs/perf/zero-config.md); from pageable memory the copies run at
@@ -213,7 +230,7 @@ RunSetup setup_run(const RunRequest& r) {
   }
   s.backend = make_backend(device, m, co, cpu::CpuOptions{r.threads, r.fast_cpu}, &s.fallback);
   const TierStats ts = s.backend->tier_stats();
-  if (s.host_memory == "container" && ts.tiered && ts.pinned_host_bytes == 0) {
+  if (s.host_memory == "container" && ts.tiered && ts.pinned_host_bytes == 0 && !ts.pin_pending) {
     s.host_memory = "pageable";
     s.pageable_why = "the driver did not register the container's mapping (too little lockable memory?)";
   }
@@ -238,7 +255,8 @@ std::string notice(const RunSetup& s) {
       l += share;
     }
   }
-  if (s.host_memory == "container") l += "; weights pinned (the container registered, " + format_bytes(t.pinned_host_bytes) + ")";
+  if (s.host_memory == "container" && t.pin_pending) l += "; weights being pinned in the background (the container, " + format_bytes(s.container_bytes) + "; until then pageable)";
+  else if (s.host_memory == "container") l += "; weights pinned (the container registered, " + format_bytes(t.pinned_host_bytes) + ")";
   else if (s.host_memory.rfind("mirror ", 0) == 0) l += "; weights pinned (coli-pin " + s.host_memory + ")";
   else l += "; weights pageable (" + s.pageable_why + ")";
   l += t.prefill_upload || t.resident == t.experts ? "; prompts on the GPU" : "; prompts' missing experts on the CPU";
@@ -247,6 +265,31 @@ std::string notice(const RunSetup& s) {
   else if (s.plan_source == "heat") l += "; tier planned from routing heat of " + std::to_string(s.heat_tokens) + " tokens";
   else if (s.plan_source == "even") l += "; tier planned evenly (no routing heat yet)";
   else l += "; tier in the heat's order";
+  return l;
+}
+
+std::string pin_outcome(RunSetup& s, bool* refused) {
+  *refused = false;
+  if (!s.pin_future.valid()) return "";
+  const cuda::HostPin& pin = s.pin_future.get();
+  s.pin_ms = s.pin_future_ms ? s.pin_future_ms->load() : 0;
+  const TierStats t = s.backend ? s.backend->tier_stats() : TierStats{};
+  char ms[32];
+  std::snprintf(ms, sizeof ms, "%.0f ms", s.pin_ms);
+  if (pin.bytes() == 0) {
+    *refused = true;
+    s.host_memory = "pageable";
+    s.pageable_why = "the driver refused to pin the container's mapping (" + gib(s.container_bytes) +
+                     "; too little lockable memory? see ulimit -l and the cgroup's memory limit)";
+    return "weights pageable: " + s.pageable_why + "; the run stayed on the pageable path (no PCIe reads, prompts' missing experts on the CPU)";
+  }
+  std::string l = "pinned the container (" + format_bytes(pin.bytes()) + ") in the background in " + std::string(ms);
+  if (t.pin_switch_tokens >= 0) l += "; the run switched to it after " + std::to_string(t.pin_switch_tokens) + " tokens";
+  else l += "; the run ended before it switched";
+  if (t.pin_wait_ms > 0) {
+    std::snprintf(ms, sizeof ms, "%.0f ms", t.pin_wait_ms);
+    l += " (a prompt chunk waited " + std::string(ms) + " for it)";
+  }
   return l;
 }
 

@@ -27,7 +27,9 @@
 // The backend keeps pointers into the model and the mirror: both outlive
 // the RunSetup.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -87,6 +89,11 @@ struct RunRequest {
   std::vector<uint64_t> start_heat;          // the tier's order when there is no plan (heat_flag.h tier_start_heat)
   const Plan* plan_file = nullptr;           // --plan FILE, read by the tool
   cuda::CudaOptions env;                     // the COLI_* variables (env_options.h)
+  // Pin the container's mapping on a thread of its own while the backend
+  // is made and the first tokens run (coli-run: the first token does not
+  // wait for it); false: pinned before the backend is made (coli-bench:
+  // a record measures the steady state).
+  bool pin_in_background = false;
 };
 
 struct RunSetup {
@@ -99,7 +106,12 @@ struct RunSetup {
   std::string host_memory;     // under a budget: "mirror NAME", "container" (its mapping registered) or "pageable"
   std::string pageable_why;    // "pageable": why
   cuda::HostPin container_pin; // "container": its mapping, pinned before the backend is made (which shares the registration)
-  double pin_ms = 0;           // what pinning it took
+  double pin_ms = 0;           // what pinning it took (in the background: once pin_outcome() has it)
+  // "container" pinned in the background (RunRequest::pin_in_background):
+  // the pin's outcome, which the backend takes over between two chunks.
+  std::shared_future<cuda::HostPin> pin_future;
+  std::shared_ptr<std::atomic<double>> pin_future_ms;  // what it took, set by its thread
+  uint64_t container_bytes = 0;  // "container": the span of its mapping that holds the weights
   std::string plan_source;     // under a budget: "file", "heat" (the planner over routing heat), "even" (no heat), "order" (no container)
   uint64_t heat_tokens = 0;    // the heat the plan was made from
   std::optional<Plan> plan;    // the tier's plan (a file's or the planner's)
@@ -111,6 +123,12 @@ RunSetup setup_run(const RunRequest& r);
 
 // The line for stderr (without the tool's name), or "".
 std::string notice(const RunSetup& s);
+// A background pin's outcome, once the run is over (it waits for the pin):
+// "" when there was none; a refusal: the line a tool prints always ("the
+// driver refused to pin ...; the run stayed pageable"); else, for -v, what
+// it pinned, in how long, and after how many tokens the run switched.
+// *refused: whether it was refused.
+std::string pin_outcome(RunSetup& s, bool* refused);
 // The choice as coli-bench record fields: vram_free_mb, vram_margin_mb,
 // vram_budget_auto, tier_experts, host_memory, prefill_path, plan_source.
 nlohmann::json record_fields(const RunSetup& s);
