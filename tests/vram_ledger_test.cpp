@@ -112,10 +112,14 @@ TEST(VramLedger, ChunkBuffersByHand) {
   EXPECT_EQ(c.qx_codes, 64u * 5 * 32 + 32);       // act's 10240 beat 64 x widest (128)
   EXPECT_EQ(c.qx_scale, 10272u / 32 + 1);
   EXPECT_EQ(c.qx_sum, 10272u / 32 + 1);
-  const uint64_t floats = 5 * 4096 + 16384 + 4096 + 256 + 256 + 8192 + 8192 + 4096 + 4096 + 1024 + 320 + 3072 + 3072 + 64 + 10240 + 16384 + 1024 +
-                          25088 + 322;
-  const uint64_t ints = 320 + 256 + 17 + 322;
-  EXPECT_EQ(c.bytes(), 4 * floats + 4 * ints + 10272);
+  // The mixer's buffers and the MoE block's share one allocation, each
+  // buffer 256-byte aligned: proj z b a conv_out heads_out k v gdn_work,
+  // and rlogits router_work ridx rw sg su act order offsets (68 -> 256) ey.
+  EXPECT_EQ(c.mixer_bytes(), 4u * (16384 + 4096 + 256 + 256 + 8192 + 8192 + 4096 + 4096 + 25088));
+  EXPECT_EQ(c.moe_bytes(), 4u * (1024 + 1024 + 320 + 320 + 3072 + 3072 + 10240 + 256 + 16384) + 256);
+  EXPECT_EQ(c.shared_bytes(), c.mixer_bytes());
+  const uint64_t floats = 5 * 4096 + 64 + 322;  // x hn mix sh routed, sgate, qx_scale
+  EXPECT_EQ(c.bytes(), 282624 + 4 * floats + 4 * 322 + 10272);
 
   // A decode step: no grouped outputs (1 float), no tiled router work; the
   // DeltaNet workspace all the same (the backend sizes it for any T).

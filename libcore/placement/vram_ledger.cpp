@@ -1,6 +1,7 @@
 #include "placement/vram_ledger.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -80,11 +81,20 @@ uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered) 
 
 uint64_t inv_freq_bytes(const ModelSpec& s) { return uint64_t(std::max(1, s.rotary_dim / 2)) * 4; }
 
+namespace {
+uint64_t aligned_sum(std::initializer_list<std::size_t> four_byte_counts) {
+  uint64_t n = 0;
+  for (std::size_t c : four_byte_counts) n += (uint64_t(c) * 4 + 255) / 256 * 256;
+  return n;
+}
+}  // namespace
+
+uint64_t ChunkBuffers::mixer_bytes() const { return aligned_sum({proj, z, b, a, conv_out, heads_out, k, v, gdn_work}); }
+uint64_t ChunkBuffers::moe_bytes() const { return aligned_sum({rlogits, router_work, ridx, rw, sg, su, act, order, offsets, ey}); }
+
 uint64_t ChunkBuffers::bytes() const {
-  const uint64_t floats = x + hn + mix + sh + routed + proj + z + b + a + conv_out + heads_out + k + v + rlogits + rw + sg + su + sgate + act + ey +
-                          router_work + gdn_work + qx_scale;
-  const uint64_t ints = ridx + order + offsets + qx_sum;
-  return 4 * floats + 4 * ints + qx_codes;
+  const uint64_t floats = x + hn + mix + sh + routed + sgate + qx_scale;
+  return shared_bytes() + 4 * floats + 4 * qx_sum + qx_codes;
 }
 
 ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn) {

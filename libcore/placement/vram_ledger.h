@@ -116,7 +116,15 @@ struct ChunkBuffers {
   std::size_t qx_codes = 0;                                // int8
   std::size_t qx_scale = 0;                                // float
   std::size_t qx_sum = 0;                                  // int
-  uint64_t bytes() const;
+  // The buffers used only inside a layer's mixer (proj, z, b, a, conv_out,
+  // heads_out, k, v, gdn_work) and those used only inside its MoE block
+  // (rlogits, router_work, ridx, rw, sg, su, act, order, offsets, ey) share
+  // one allocation: the forward pass runs the two in turn on one stream.
+  // Each set's bytes with every buffer 256-byte aligned, in that order.
+  uint64_t mixer_bytes() const;
+  uint64_t moe_bytes() const;
+  uint64_t shared_bytes() const { return mixer_bytes() > moe_bytes() ? mixer_bytes() : moe_bytes(); }
+  uint64_t bytes() const;  // the shared allocation and the other buffers
 };
 ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn);
 

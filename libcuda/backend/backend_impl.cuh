@@ -204,13 +204,19 @@ class CudaBackend : public Backend {
   std::unique_ptr<ExpertTier> tier_;
   // Activations, sized for buf_T_ tokens.
   int buf_T_ = 0;
-  DeviceArray<float> gdn_work_;     // chunked DeltaNet prefill's workspace (chunked_gdn_)
-  DeviceArray<float> router_work_;  // matmul_float_tiled's partial sums (prompt chunks)
-  DeviceArray<float> x_, hn_, mix_, proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_, rlogits_, rw_, sg_, su_, sh_, sgate_, act_, routed_,
-      logits_, scores_, part_;
-  DeviceArray<int> ridx_, order_, offsets_;
+  // The buffers only a layer's mixer uses and those only its MoE block
+  // uses lie in one allocation (ChunkBuffers::shared_bytes): the forward
+  // pass runs the two in turn on stream_, so neither set outlives its half
+  // of the layer. Views into it; null where the ledger sizes one at 0.
+  DeviceArray<uint8_t> scratch_;
+  DeviceView<float> proj_, z_, b_, a_, conv_out_, heads_out_, k_, v_;
+  DeviceView<float> gdn_work_;     // chunked DeltaNet prefill's workspace (chunked_gdn_)
+  DeviceView<float> rlogits_, rw_, sg_, su_, act_;
+  DeviceView<float> router_work_;  // matmul_float_tiled's partial sums (prompt chunks)
+  DeviceView<int> ridx_, order_, offsets_;
+  DeviceView<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
+  DeviceArray<float> x_, hn_, mix_, sh_, sgate_, routed_, logits_, scores_, part_;
   DeviceArray<unsigned long long> heat_;  // [layers, experts] routing counts since read_heat
-  DeviceArray<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
   // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
   // the T * K experts' activations).
   DeviceArray<int8_t> qx_codes_;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 
 #include "cuda_device.h"
 #include "model/layer_tensors.h"
@@ -383,16 +384,22 @@ void CudaBackend::ensure_buffers(int T) {
   // Every buffer's size from the VRAM ledger, which the planner reads too.
   const ChunkBuffers n = chunk_buffers(s_, T, chunked_gdn_);
   x_.resize(n.x), hn_.resize(n.hn), mix_.resize(n.mix), sh_.resize(n.sh), routed_.resize(n.routed);
-  proj_.resize(n.proj);
-  z_.resize(n.z), b_.resize(n.b), a_.resize(n.a);
-  conv_out_.resize(n.conv_out), heads_out_.resize(n.heads_out), k_.resize(n.k), v_.resize(n.v);
-  rlogits_.resize(n.rlogits), ridx_.resize(n.ridx), rw_.resize(n.rw);
-  sg_.resize(n.sg), su_.resize(n.su), sgate_.resize(n.sgate);
-  act_.resize(n.act);
-  order_.resize(n.order), offsets_.resize(n.offsets);
-  ey_.resize(n.ey);
-  if (n.router_work) router_work_.resize(n.router_work);
-  if (n.gdn_work) gdn_work_.resize(n.gdn_work);
+  sgate_.resize(n.sgate);
+  // The mixer's and the MoE block's buffers, carved in the ledger's order.
+  scratch_.resize(0);  // the old one goes before the new one is charged
+  scratch_.resize(n.shared_bytes());
+  std::size_t at = 0;
+  auto carve = [&](auto& view, std::size_t count) {
+    using T = std::remove_pointer_t<decltype(view.get())>;
+    static_assert(sizeof(T) == 4, "the ledger counts 4-byte elements");
+    view.set(count ? reinterpret_cast<T*>(scratch_.get() + at) : nullptr, count);
+    at += (count * 4 + 255) / 256 * 256;
+  };
+  carve(proj_, n.proj), carve(z_, n.z), carve(b_, n.b), carve(a_, n.a), carve(conv_out_, n.conv_out), carve(heads_out_, n.heads_out);
+  carve(k_, n.k), carve(v_, n.v), carve(gdn_work_, n.gdn_work);
+  at = 0;
+  carve(rlogits_, n.rlogits), carve(router_work_, n.router_work), carve(ridx_, n.ridx), carve(rw_, n.rw), carve(sg_, n.sg), carve(su_, n.su);
+  carve(act_, n.act), carve(order_, n.order), carve(offsets_, n.offsets), carve(ey_, n.ey);
   qx_codes_.resize(n.qx_codes), qx_scale_.resize(n.qx_scale), qx_sum_.resize(n.qx_sum);
   qx_ = QuantX{qx_codes_.get(), qx_scale_.get(), qx_sum_.get()};
 

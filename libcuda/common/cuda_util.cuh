@@ -132,6 +132,20 @@ inline void* budgeted_malloc(std::size_t bytes, DeviceBudget** charged_to) {
   return p;
 }
 
+// A typed window into memory another object owns (a DeviceArray carved
+// into buffers): no allocation, no charge; valid while the owner keeps it.
+template <class T>
+class DeviceView {
+ public:
+  void set(T* p, std::size_t n) { p_ = p, n_ = n; }
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
 // A device array of n T; moves, frees on destruction. Its bytes are charged
 // to the BudgetTarget current when it was sized.
 template <typename T>
