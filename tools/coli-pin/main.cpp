@@ -149,6 +149,11 @@ int keep(const coli::Container& c, const std::string& path, coli::MirrorBuildOpt
   o.progress = [progress](uint64_t done, uint64_t total) { (*progress)(done, total); };
   // Two starts at once: the one that publishes second waits for the
   // other's mirror and leaves it be, as a start that finds it loading does.
+  // --gpu without a GPU: said by the flag, before the keeper loads (CUDA's
+  // own error would come later and name neither). Asked here, in the
+  // keeper, not before the fork: a CUDA runtime initialised in the parent
+  // cannot be used in a forked child ("initialization error").
+  if (std::string why; gpu && coli::cuda::device_count(&why) == 0) throw coli::Error("--gpu: no usable CUDA device (" + why + ")");
   std::unique_ptr<coli::MirrorBuilder> made;
   while (!made) {
     try {
@@ -312,9 +317,6 @@ int cmd_start(int argc, char** argv) {
   const std::string path = container_path(vm["model"].as<std::string>());
   const coli::Container c(path);
   if (vm.count("plan") && vm.count("heat")) throw coli::UsageError("--plan and --heat both order the experts: give one");  // before any note
-  // --gpu without a GPU: said by the flag, before the keeper loads (CUDA's
-  // own error would come later and name neither).
-  if (std::string why; gpu && coli::cuda::device_count(&why) == 0) throw coli::Error("--gpu: no usable CUDA device (" + why + ")");
   o.heat = heat_counts(vm, heat, c, path);
   if (vm.count("plan")) {
     // The plan's VRAM and RAM experts first (VRAM's hottest of all), and
