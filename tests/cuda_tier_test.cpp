@@ -411,9 +411,12 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
     auto whole = cuda::make_cuda_backend(m);
     Engine ew(s, *whole, 64);
-    for (long long slots : {0LL, all / 4, all / 2}) {
+    // ring 0: the default ring (16 slots, more than the tiny model's 16
+    // experts leave out: one group per layer); 3: a layer's misses stream
+    // through in groups of 3 (up to 6 groups a layer).
+    for (const auto& [slots, ring] : std::vector<std::pair<long long, int>>{{0, 0}, {all / 4, 0}, {all / 2, 0}, {0, 3}, {all / 4, 3}}) {
       cuda::CudaOptions o = tier_options(m, slots);
-      o.prefill_upload = true;
+      o.prefill_upload = true, o.prefill_ring_slots = ring;
       o.host_regions.push_back(mm.region());
       auto tier = cuda::make_cuda_backend(m, o);
       Engine et(s, *tier, 64);
@@ -423,24 +426,26 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
         if (ids.size() < 4) continue;  // shorter prompts run as decode steps do
         ++chunks;
         Session sw = ew.new_session(), st = et.new_session();
-        EXPECT_EQ(max_abs_diff(ew.forward(sw, ids), et.forward(st, ids)), 0.0f) << format_name(f) << " slots " << slots << " prompt " << ids.size();
+        EXPECT_EQ(max_abs_diff(ew.forward(sw, ids), et.forward(st, ids)), 0.0f)
+            << format_name(f) << " slots " << slots << " ring " << ring << " prompt " << ids.size();
       }
       ASSERT_GT(chunks, 0);
       const ExpertWeights& x = m.layer(0).moe.experts[0];
       const uint64_t expert = x.gate.bytes() + x.up.bytes() + x.down.bytes();
       const TierStats ts = tier->tier_stats();
-      EXPECT_EQ(ts.prefill_upload_bytes, static_cast<uint64_t>(chunks) * static_cast<uint64_t>(all - slots) * expert) << "each chunk: every non-resident once";
+      EXPECT_EQ(ts.prefill_upload_bytes, static_cast<uint64_t>(chunks) * static_cast<uint64_t>(all - slots) * expert)
+          << "each chunk: every non-resident once (ring " << ring << ")";
       EXPECT_EQ(ts.misses, 0) << "no miss went to the host";
       EXPECT_EQ(ts.pairs, ts.tokens * s.num_layers * s.num_experts_per_tok);
       for (const auto& p : test::tiny_goldens()["prompts"])
-        EXPECT_EQ(test::greedy_tokens(et, p["ids"]), test::greedy_tokens(ew, p["ids"])) << format_name(f) << " slots " << slots;
+        EXPECT_EQ(test::greedy_tokens(et, p["ids"]), test::greedy_tokens(ew, p["ids"])) << format_name(f) << " slots " << slots << " ring " << ring;
     }
     // The container's pageable mapping: the copies are staged through
     // pinned memory on host threads, with the same results.
     auto plain = Model::load(mm.path());
     for (long long slots : {0LL, all / 4}) {
       cuda::CudaOptions o = tier_options(*plain, slots);
-      o.prefill_upload = true;
+      o.prefill_upload = true, o.prefill_ring_slots = 5;  // groups of 5 from pageable memory
       auto tier = cuda::make_cuda_backend(*plain, o);
       Engine et(s, *tier, 64);
       long long chunks = 0;

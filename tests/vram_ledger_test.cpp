@@ -278,6 +278,39 @@ TEST(VramLedger, PrefillShrinkLoop) {
   EXPECT_FALSE(f.prefill) << "every expert resident: nothing to upload";
 }
 
+// A ring of 1 slot per area (grouped expert kernels: a layer's misses come
+// one at a time): 13000 bytes, 12 slots; down one slot at a time until
+// slot 0, the residents, 2 x 1 staging slots and the tables fit: 9
+// residents (10000 + 2000 + 480), the swaps in flight keeping no room. At
+// 4000 bytes the uploads still fit with no resident (1000 + 2000 + 480),
+// where the areas sized for a whole layer's misses (8000) could not.
+TEST(VramLedger, PrefillRingTakesFewSlots) {
+  TierFillInputs in;
+  in.layers = 4, in.experts = 4, in.slot = 1000, in.reserve = 0, in.avail = 13000, in.prefill_upload = true, in.swap = true, in.prefill_ring = 1;
+  TierFill f = coli::fill_tier(in);
+  ASSERT_TRUE(f.fits);
+  EXPECT_TRUE(f.prefill);
+  EXPECT_EQ(f.plan.count, 9);
+  EXPECT_EQ(f.stage_slots, 1);
+  EXPECT_EQ(f.stage_bytes, 2000u);
+  in.avail = 4000;
+  f = coli::fill_tier(in);
+  EXPECT_TRUE(f.prefill);
+  EXPECT_EQ(f.plan.count, 0);
+  EXPECT_EQ(f.stage_slots, 1);
+  in.prefill_ring = 0;
+  EXPECT_FALSE(coli::fill_tier(in).prefill) << "without a ring the areas hold a layer's 4 misses each";
+  // The ring's size is at most the most misses of a layer.
+  in.prefill_ring = 16, in.avail = 13000;
+  f = coli::fill_tier(in);
+  EXPECT_TRUE(f.prefill);
+  EXPECT_LE(f.stage_slots, 4);
+  coli::TierPlan tp = f.plan;
+  int most = 0;
+  for (int l = 0; l < 4; ++l) most = std::max(most, 4 - tp.resident_in_layer(l));
+  EXPECT_EQ(f.stage_slots, most);
+}
+
 // Steps of slots / 64: 8 layers x 64 experts with even spread, against a
 // reference loop whose layer with the fewest residents holds slots / 8
 // (rounded down) of them.
@@ -402,7 +435,7 @@ TEST(VramLedger, PlannerPrefillPlanFitsTheBackendsCheck) {
       tp.resident.resize(n);
       for (std::size_t i = 0; i < n; ++i) tp.resident[i] = p.tier[i] == coli::Tier::kVram;
       const uint64_t used = ledger.before_slots() + ledger.reserve().total() + slot * (tp.count + 1) +
-                            2 * uint64_t(coli::prefill_stage_slots(tp, true)) * slot + in.prefill_table_bytes;
+                            2 * uint64_t(coli::prefill_stage_slots(tp, true, ledger.prefill_ring())) * slot + in.prefill_table_bytes;
       // Fewer than every slot: the planner kept the uploads, whose staging then fits.
       const long long slots = ledger.expert_slots(budget);
       EXPECT_LE(tp.count, slots) << x.name << " k " << k;

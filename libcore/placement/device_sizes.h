@@ -23,6 +23,14 @@ constexpr int kMoeGroupedMinTokens = 4;
 // Background swaps of the expert tier in flight at once: each keeps a
 // prefill staging slot per area (a swap evicts before its copy lands).
 constexpr int kTierSwapsInFlight = 8;
+// Hybrid prefill's staging ring (expert_tier.cuh): when the experts run as
+// grouped GEMMs over expert ranges (int8 / int4 formats), a prompt chunk's
+// missing experts stream through two areas of at most this many slots, a
+// group of a layer's experts at a time, each group's copies overlapping
+// the previous group's kernels. 16 experts' copies (28 MB at the real
+// shapes, 0.5 ms at 55 GB/s) outlast their group's kernels and the per
+// group costs (a few launches and events) at every chunk size measured.
+constexpr int kPrefillRingSlots = 16;
 
 // Split-KV attention (online softmax over splits of the cache) exists for
 // head sizes of 32, 64, 128 and 256; others take the score-buffer kernel.

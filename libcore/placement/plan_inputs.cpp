@@ -60,6 +60,7 @@ PlannerInputs planner_inputs(const Container& c, const ModelSpec& s, const VramS
   if (run.prefill_upload) {
     in.prefill_staging_extra = run.swap ? kTierSwapsInFlight : 0;
     in.prefill_table_bytes = prefill_table_bytes(s.num_layers, s.num_experts);
+    in.prefill_ring = ledger.prefill_ring();
   }
   return in;
 }

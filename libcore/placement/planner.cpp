@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "placement/device_sizes.h"
 #include "placement/heat.h"
 #include "util/error.h"
 
@@ -253,7 +254,8 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
     for (int l = 0; l < L; ++l) most_out = std::max<int64_t>(most_out, E - plan.count(Tier::kVram, l));
     if (most_out == 0) break;  // every expert resident: no uploads, no staging
     const int64_t vram = plan.count(Tier::kVram);
-    const uint64_t staging = 2 * uint64_t(std::min<int64_t>(E, most_out + (vram > 0 ? in.prefill_staging_extra : 0)));
+    const uint64_t staging = in.prefill_ring > 0 ? 2 * uint64_t(std::min<int64_t>(most_out, in.prefill_ring))
+                                             : 2 * uint64_t(std::min<int64_t>(E, most_out + (vram > 0 ? in.prefill_staging_extra : 0)));
     const uint64_t used = uint64_t(vram) + staging;
     if (used <= staged_total) break;
     plan.tier = start_tier, cpu = start_cpu;

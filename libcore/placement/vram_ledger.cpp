@@ -55,16 +55,32 @@ TensorBytes tensor_bytes_of(const Container& c) {
   };
 }
 
+bool grouped_expert_formats(QuantFormat gate, QuantFormat up, QuantFormat down, int64_t gate_cols, int64_t down_cols) {
+  auto int8 = [](QuantFormat f) { return f == QuantFormat::I8; };
+  auto int4 = [](QuantFormat f) {
+    return f == QuantFormat::I4 || f == QuantFormat::I4_G32 || f == QuantFormat::I4_G64 || f == QuantFormat::I4_G128 || f == QuantFormat::I4_G32_ASYM ||
+           f == QuantFormat::I4_G64_ASYM || f == QuantFormat::I4_G128_ASYM;
+  };
+  auto takes = [&](QuantFormat f) { return int8(f) || int4(f); };
+  return takes(gate) && takes(up) && takes(down) && int8(gate) == int8(up) && gate_cols % 32 == 0 && down_cols % 32 == 0;
+}
+
 ExpertParts expert_parts_of(const Model& m) {
   const ExpertWeights& x = m.layer(0).moe.experts.at(0);
-  return {x.gate.bytes(), x.up.bytes(), x.down.bytes()};
+  ExpertParts p{x.gate.bytes(), x.up.bytes(), x.down.bytes()};
+  p.grouped = grouped_expert_formats(x.gate.format, x.up.format, x.down.format, x.gate.cols, x.down.cols);
+  return p;
 }
 
 ExpertParts expert_parts_of(const Container& c) {
   for (const Blob& b : c.manifest().blobs)
-    if (b.kind == "expert" && b.layer == 0 && b.expert == 0 && b.parts.size() == 3)
-      return {matrix_bytes(b.parts[0].format, b.parts[0].shape, b.parts[0].name), matrix_bytes(b.parts[1].format, b.parts[1].shape, b.parts[1].name),
-              matrix_bytes(b.parts[2].format, b.parts[2].shape, b.parts[2].name)};
+    if (b.kind == "expert" && b.layer == 0 && b.expert == 0 && b.parts.size() == 3) {
+      ExpertParts p{matrix_bytes(b.parts[0].format, b.parts[0].shape, b.parts[0].name), matrix_bytes(b.parts[1].format, b.parts[1].shape, b.parts[1].name),
+                    matrix_bytes(b.parts[2].format, b.parts[2].shape, b.parts[2].name)};
+      auto cols = [](const std::vector<int64_t>& shape) { return shape.size() == 2 ? shape[1] : int64_t(0); };
+      p.grouped = grouped_expert_formats(b.parts[0].format, b.parts[1].format, b.parts[2].format, cols(b.parts[0].shape), cols(b.parts[2].shape));
+      return p;
+    }
   throw Error(c.where() + ": no routed expert 0 of layer 0 (the VRAM ledger sizes the expert slots from it)");
 }
 
@@ -151,9 +167,12 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
   return r;
 }
 
-int prefill_stage_slots(const TierPlan& plan, bool swap) {
+int prefill_stage_slots(const TierPlan& plan, bool swap, int ring) {
   int most = 0;
   for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
+  // A ring's groups are made from the residency at each chunk's start (a
+  // swap in flight included): no room kept for swaps.
+  if (ring > 0) return std::min(most, ring);
   return std::min(plan.experts, most + (swap && plan.count > 0 ? kTierSwapsInFlight : 0));
 }
 
@@ -177,7 +196,8 @@ TierFill fill_tier(const TierFillInputs& in) {
     const long long full_slots = slots;
     f.prefill_tables = prefill_table_bytes(L, E);
     auto fits = [&] {
-      return in.reserve + slot * (f.plan.count + 1) + 2 * uint64_t(prefill_stage_slots(f.plan, in.swap)) * slot + f.prefill_tables <= in.avail;
+      return in.reserve + slot * (f.plan.count + 1) + 2 * uint64_t(prefill_stage_slots(f.plan, in.swap, in.prefill_ring)) * slot + f.prefill_tables <=
+             in.avail;
     };
     while (!fits() && in.expert_slots < 0 && f.plan.count > 0) {
       slots = std::max(0LL, slots - std::max(1LL, slots / 64));
@@ -189,7 +209,7 @@ TierFill fill_tier(const TierFillInputs& in) {
   f.slots = slots;
   f.prefill = prefill;
   if (prefill) {
-    f.stage_slots = prefill_stage_slots(f.plan, in.swap);
+    f.stage_slots = prefill_stage_slots(f.plan, in.swap, in.prefill_ring);
     f.stage_bytes = 2 * uint64_t(f.stage_slots) * slot;
     f.prefill_tables = prefill_table_bytes(L, E);
   }
@@ -202,6 +222,7 @@ VramLedger::VramLedger(const ModelSpec& s, const TensorBytes& bytes, const Exper
   inv_freq_ = inv_freq_bytes(s_);
   buffers_ = chunk_buffers(s_, run_.chunk_tokens(), run_.chunked_gdn);
   slot_ = expert_slot(expert);
+  grouped_ = expert.grouped;
   reserve_ = runtime_reserve(s_, run_, slot_.bytes());
 }
 
@@ -216,7 +237,7 @@ TierFill VramLedger::fill(uint64_t budget, const std::vector<uint64_t>* heat) co
   in.avail = budget == 0 ? kNoLimit : budget > before_slots() ? budget - before_slots() : 0;
   in.reserve = reserve_.total(), in.slot = slot_.bytes();
   in.expert_slots = run_.expert_slots;
-  in.prefill_upload = run_.prefill_upload, in.swap = run_.swap;
+  in.prefill_upload = run_.prefill_upload, in.swap = run_.swap, in.prefill_ring = prefill_ring();
   in.heat = heat;
   return fill_tier(in);
 }

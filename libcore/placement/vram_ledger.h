@@ -39,6 +39,7 @@
 #include "model/model_spec.h"
 #include "placement/device_sizes.h"
 #include "placement/tier_plan.h"
+#include "quant/format.h"
 
 namespace coli {
 
@@ -57,6 +58,7 @@ struct VramSettings {
   int decode_upload_max = 0;     // > 0: that many decode-upload slots and their buffers
   bool prefill_upload = false;   // the two staging areas and their tables
   bool swap = false;             // swaps in flight keep staging slots (kTierSwapsInFlight per area)
+  int prefill_ring_slots = 0;    // a ring's slots per area (ExpertParts::grouped); 0: kPrefillRingSlots (tests set fewer)
 
   bool tiered() const { return budget > 0 || expert_slots >= 0; }
   int context_tokens() const { return n_ctx > 0 ? n_ctx : 4096; }
@@ -77,7 +79,13 @@ TensorBytes tensor_bytes_of(const Container& c);
 // expert has that format and shape).
 struct ExpertParts {
   uint64_t gate = 0, up = 0, down = 0;
+  // Prompt chunks run the experts as grouped GEMMs, which take expert
+  // ranges (so the prefill staging can be a ring, kPrefillRingSlots): the
+  // three matrices int8 or int4, gate and up of one of the two, every
+  // input width a multiple of 32 (the int8 activations' blocks).
+  bool grouped = false;
 };
+bool grouped_expert_formats(QuantFormat gate, QuantFormat up, QuantFormat down, int64_t gate_cols, int64_t down_cols);
 ExpertParts expert_parts_of(const Model& m);
 ExpertParts expert_parts_of(const Container& c);  // throws when it has no expert blob
 
@@ -146,7 +154,9 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
 // Hybrid prefill's staging slots per area for a plan: the most experts a
 // layer leaves out, plus the swaps in flight when swaps run and anything is
 // resident; at most the experts of a layer.
-int prefill_stage_slots(const TierPlan& plan, bool swap);
+// ring > 0 (ExpertParts::grouped: a ring of that many slots at most): at
+// most ring, a layer's non-residents then come in groups of that many.
+int prefill_stage_slots(const TierPlan& plan, bool swap, int ring = 0);
 uint64_t prefill_table_bytes(int layers, int experts);  // three pointer arrays of experts + 1 per layer
 
 struct TierFillInputs {
@@ -156,6 +166,7 @@ struct TierFillInputs {
   uint64_t slot = 0;                // ExpertSlot::bytes()
   long long expert_slots = -1;      // VramSettings::expert_slots
   bool prefill_upload = false, swap = false;
+  int prefill_ring = 0;             // > 0: the staging is a ring of at most this many slots per area (VramLedger::prefill_ring)
   const std::vector<uint64_t>* heat = nullptr;  // plan_tier's ranking (layers * experts counts) or null
 };
 struct TierFill {
@@ -186,6 +197,9 @@ class VramLedger {
   uint64_t inv_freq() const { return inv_freq_; }
   const ChunkBuffers& buffers() const { return buffers_; }  // for max_chunk tokens
   const ExpertSlot& slot() const { return slot_; }
+  // The staging ring's slots per area: VramSettings::prefill_ring_slots
+  // (or kPrefillRingSlots) when ExpertParts::grouped, else 0 (no ring).
+  int prefill_ring() const { return grouped_ ? (run_.prefill_ring_slots > 0 ? run_.prefill_ring_slots : kPrefillRingSlots) : 0; }
   const RuntimeReserve& reserve() const { return reserve_; }
   // In use when the tier is built: arena + inv_freq + buffers.
   uint64_t before_slots() const { return arena_ + inv_freq_ + buffers_.bytes(); }
@@ -207,6 +221,7 @@ class VramLedger {
   uint64_t arena_ = 0, inv_freq_ = 0;
   ChunkBuffers buffers_;
   ExpertSlot slot_;
+  bool grouped_ = false;
   RuntimeReserve reserve_;
 };
 

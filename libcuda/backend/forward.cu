@@ -96,8 +96,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
       moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_);
     });
     if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });
-    tier_->layer_done(x, l);
-    return;
+    return;  // a decode step: no uploads
   }
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn));
   // the sigmoid gate is applied where the output joins the residual.
@@ -110,18 +109,35 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   const bool hn_in_q = hn_q || (takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols);
   // A prompt chunk groups the pairs by expert (each expert's rows read once
   // per tile of its tokens); a decode step's pairs go straight.
-  bool grouped = false;
+  // An uploading layer's experts come in groups (the tier's staging units:
+  // the whole layer, or expert ranges streaming through a ring), each
+  // waited for just before its kernels; the shared expert above and the
+  // earlier groups ran meanwhile.
+  const bool grouped = T >= kGroupedMinTokens && moe_grouped_supported(table);
+  if (x.upload && x.groups > 1 && !grouped) throw Error("CUDA backend: a staged layer in groups needs the grouped expert kernels (internal)");
   step("experts", [&] {
-    tier_->wait_uploads(x, l);  // an uploading layer's experts (the shared expert above ran meanwhile)
-    if (T >= kGroupedMinTokens)
-      grouped = moe_grouped(table, hn_.get(), ridx_.get(), rw_.get(), T, K, E, MoeScratch{order_.get(), offsets_.get(), act_.get(), ey_.get()},
-                            routed_.get(), stream_, qx_, hn_in_q);
-    if (!grouped) moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
+    if (grouped) {
+      const MoeScratch sc{order_.get(), offsets_.get(), act_.get(), ey_.get()};
+      moe_grouped_begin(table, hn_.get(), ridx_.get(), T, K, E, sc, stream_, qx_, hn_in_q);
+      if (!x.upload) moe_grouped_experts(table, hn_.get(), 0, E, E, T, K, sc, stream_, qx_, true);
+      for (int g = 0; g < (x.upload ? x.groups : 0); ++g) {
+        tier_->wait_group(x, g);
+        const auto [e0, e1] = tier_->group_range(x, g);
+        moe_grouped_experts(table, hn_.get(), e0, e1, E, T, K, sc, stream_, qx_, g == 0);  // later groups quantize hn again: qx_ holds the last group's activations
+        tier_->group_done(x, g);
+      }
+      moe_grouped_end(table, rw_.get(), T, K, sc, routed_.get(), stream_);
+    } else {
+      tier_->wait_group(x, 0);  // one unit: the whole layer
+      moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
+    }
   });
   step("shared expert", [&] { shared_down(L, T); });
-  if (!grouped) step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
+  if (!grouped) {
+    step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
+    tier_->group_done(x, 0);
+  }
   if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });
-  tier_->layer_done(x, l);
 }
 
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {

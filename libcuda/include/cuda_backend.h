@@ -167,6 +167,10 @@ struct CudaOptions {
   // (the container, an unregistered mirror) through a pinned ring filled by
   // host threads (prefill_stager.cuh). Decode steps are unchanged.
   bool prefill_upload = false;
+  // The staging ring's slots per area when the experts run as grouped GEMMs
+  // over expert ranges (int8 / int4): 0, kPrefillRingSlots; fewer make a
+  // layer come in more groups (tests).
+  int prefill_ring_slots = 0;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,
   // copied from pinned staging on a stream of its own, never blocking a
@@ -193,7 +197,7 @@ inline VramSettings vram_settings(const CudaOptions& o) {
   VramSettings v;
   v.budget = o.vram_budget, v.expert_slots = o.expert_slots, v.n_ctx = o.n_ctx, v.max_chunk = o.max_chunk;
   v.split_kv = o.split_kv, v.chunked_gdn = o.chunked_gdn, v.pcie_read_share = o.pcie_read_share;
-  v.decode_upload_max = o.decode_upload_max, v.prefill_upload = o.prefill_upload, v.swap = o.swap;
+  v.decode_upload_max = o.decode_upload_max, v.prefill_upload = o.prefill_upload, v.swap = o.swap, v.prefill_ring_slots = o.prefill_ring_slots;
   return v;
 }
 

@@ -24,6 +24,11 @@ namespace coli::cuda {
 // codes [T][cols], per block the scale absmax / 127 and the sum of codes).
 // With up: the values quantized are silu(x) * up (SwiGLU fused in).
 void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX& q, cudaStream_t s, const float* up = nullptr);
+// The rows order[*first .. *last) of x (device pointers to the bounds; at
+// most max_rows of them), each as quantize_x quantizes it, into q at the
+// same row: a grouped GEMM's range of pairs.
+void quantize_x_rows(const float* x, const int* order, const int* first, const int* last, int max_rows, int cols, bool nibble_order, const QuantX& q,
+                     cudaStream_t s);
 // y[t, r] = W[r, :] . x[t, :], x [T, W.cols], y [T, ldy] (ldy >= W.rows).
 // With q (scratch for T x W.cols codes), int4 / int8 matrices with a
 // multiple of 32 columns take int8 activations and dp4a.
@@ -165,5 +170,18 @@ struct MoeScratch {
 };
 bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, int E, const MoeScratch& sc, float* out,
                  cudaStream_t s, const QuantX& q, bool hn_in_q);
+// The same in three phases, for experts that arrive in groups of expert
+// ids (hybrid prefill's staging ring): begin groups the pairs (and
+// quantizes hn into q unless hn_in_q); experts computes the pairs of
+// experts [e0, e1) into y (quantizing hn first unless hn_in_q: a range
+// after the first finds the activations in q); end combines y into out.
+// begin + experts(0, E) + end is moe_grouped, launch for launch; any
+// partition of [0, E) into ranges gives the same values.
+bool moe_grouped_supported(const ExpertTable& tab);
+void moe_grouped_begin(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, int E, const MoeScratch& sc, cudaStream_t s,
+                       const QuantX& q, bool hn_in_q);
+void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1, int E, int T, int K, const MoeScratch& sc, cudaStream_t s,
+                         const QuantX& q, bool hn_in_q);
+void moe_grouped_end(const ExpertTable& tab, const float* w, int T, int K, const MoeScratch& sc, float* out, cudaStream_t s);
 
 }  // namespace coli::cuda

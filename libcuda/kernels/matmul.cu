@@ -170,6 +170,15 @@ __global__ void quantize_x_kernel(const float* x, const float* up, int T, int co
   warp_quantize_block(v, nibble_order, q, static_cast<long long>(t) * nb + b);
 }
 
+__global__ void quantize_x_rows_kernel(const float* x, const int* order, const int* first, const int* last, int cols, bool nibble_order, QuantX q) {
+  griddep_wait();
+  const int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int nb = cols / 32, i = *first + w / nb;
+  if (i >= *last) return;
+  const int t = order[i], b = w % nb;
+  warp_quantize_block(x[static_cast<long long>(t) * cols + b * 32 + lane], nibble_order, q, static_cast<long long>(t) * nb + b);
+}
+
 template <Kind K, int NT>
 __device__ void matmul_q_row(const DevMatrix& W, int r, const QuantX& q, int T, float* __restrict__ y, int ldy) {
   for (int t0 = 0; t0 < T; t0 += NT) {
@@ -360,6 +369,13 @@ void quantize_x(const float* x, int T, int cols, bool nibble_order, const QuantX
   const int warps = T * (cols / 32);
   launch(quantize_x_kernel, (warps + 7) / 8, 256, 0, s, x, up, T, cols, nibble_order, q);
   check(cudaGetLastError(), "quantize_x launch");
+}
+
+void quantize_x_rows(const float* x, const int* order, const int* first, const int* last, int max_rows, int cols, bool nibble_order, const QuantX& q,
+                     cudaStream_t s) {
+  const long long warps = static_cast<long long>(max_rows) * (cols / 32);
+  launch(quantize_x_rows_kernel, static_cast<int>((warps + 7) / 8), 256, 0, s, x, order, first, last, cols, nibble_order, q);
+  check(cudaGetLastError(), "quantize_x_rows launch");
 }
 
 void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream_t s, const QuantX* q, bool x_in_q) {

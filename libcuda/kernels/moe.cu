@@ -324,12 +324,12 @@ __device__ __forceinline__ void expert_passes(const DevMatrix (&W)[NM], int r0, 
 
 // act[p, r] = silu(gate_e[r] . hn[t]) * (up_e[r] . hn[t]) for expert e's pairs p (token t = p / K).
 template <Kind K, bool kAsym>
-__global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int Kk, QuantX qx,
-                                                                      float* act) {
+__global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, int Kk,
+                                                                      QuantX qx, float* act) {
   griddep_wait();
   using Tile = MmaTile<K, kAsym, 2, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
-  const int e = blockIdx.y, I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
+  const int e = e0 + blockIdx.y, I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (p0 == p1) return;
   DevMatrix W[2] = {tab.gate, tab.up};
@@ -344,11 +344,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
 
 // y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
 template <Kind K, bool kAsym>
-__global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, QuantX qa, float* y) {
+__global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, QuantX qa,
+                                                                   float* y) {
   griddep_wait();
   using Tile = MmaTile<K, kAsym, 1, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
-  const int e = blockIdx.y, H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
+  const int e = e0 + blockIdx.y, H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (p0 == p1) return;
   DevMatrix W[1] = {tab.down};
@@ -360,9 +361,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable ta
 
 // Warp per (expert, row): gate and up of every pair of the expert, 8 at a time.
 template <Kind KG>
-__global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, int K, QuantX qx, float* act) {
+__global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, int K, QuantX qx, float* act) {
   griddep_wait();
-  const int e = blockIdx.y, I = tab.gate.rows;
+  const int e = e0 + blockIdx.y, I = tab.gate.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (r >= I || p0 == p1) return;
@@ -383,9 +384,9 @@ __global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const 
 
 // Warp per (expert, output row): y[p, r] = down_e[r] . act[p] for the expert's pairs.
 template <Kind KD>
-__global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, QuantX qa, float* y) {
+__global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, QuantX qa, float* y) {
   griddep_wait();
-  const int e = blockIdx.y, H = tab.down.rows;
+  const int e = e0 + blockIdx.y, H = tab.down.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (r >= H || p0 == p1) return;
@@ -415,35 +416,59 @@ __global__ void combine_kernel(const float* y, const float* w, int K, int H, flo
 
 }  // namespace
 
-bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, int E, const MoeScratch& sc, float* out,
-                 cudaStream_t s, const QuantX& q, bool hn_in_q) {
-  if (!takes_int8_x(tab.gate) || !takes_int8_x(tab.down) || tab.gate.kind != tab.up.kind) return false;
-  const int n = T * K, I = tab.gate.rows, H = tab.down.rows;
-  launch(group_pairs_kernel, 1, 1024, (2 * E + 1) * sizeof(int), s, idx, n, E, sc.order, sc.offsets);
+bool moe_grouped_supported(const ExpertTable& tab) { return takes_int8_x(tab.gate) && takes_int8_x(tab.down) && tab.gate.kind == tab.up.kind; }
+
+void moe_grouped_begin(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, int E, const MoeScratch& sc, cudaStream_t s,
+                       const QuantX& q, bool hn_in_q) {
+  launch(group_pairs_kernel, 1, 1024, (2 * E + 1) * sizeof(int), s, idx, T * K, E, sc.order, sc.offsets);
+  if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
+  check(cudaGetLastError(), "moe grouped launch");
+}
+
+void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1, int E, int T, int K, const MoeScratch& sc, cudaStream_t s,
+                         const QuantX& q, bool hn_in_q) {
+  const int n = T * K, I = tab.gate.rows, H = tab.down.rows, ne = e1 - e0;
+  if (ne <= 0) return;
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
   const bool mma = mma_supported() && tab.gate.asym == tab.up.asym;
   const dim3 block(kWarps * 32);
   if (mma) {
     dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
-      launch(gate_up_mma_kernel<KK, kAsym>, dim3((I + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, K, q, sc.act);
+      launch(gate_up_mma_kernel<KK, kAsym>, dim3((I + kMmaRows - 1) / kMmaRows, ne), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, e0, K, q,
+             sc.act);
     });
   } else {
-    const dim3 g1((I + kWarps - 1) / kWarps, E);
-    if (tab.gate.kind == Kind::kI4) launch(gate_up_grouped_kernel<Kind::kI4>, g1, block, 0, s, tab, sc.order, sc.offsets, K, q, sc.act);
-    else launch(gate_up_grouped_kernel<Kind::kI8>, g1, block, 0, s, tab, sc.order, sc.offsets, K, q, sc.act);
+    const dim3 g1((I + kWarps - 1) / kWarps, ne);
+    if (tab.gate.kind == Kind::kI4) launch(gate_up_grouped_kernel<Kind::kI4>, g1, block, 0, s, tab, sc.order, sc.offsets, e0, K, q, sc.act);
+    else launch(gate_up_grouped_kernel<Kind::kI8>, g1, block, 0, s, tab, sc.order, sc.offsets, e0, K, q, sc.act);
   }
-  quantize_x(sc.act, n, I, tab.down.kind == Kind::kI4, q, s);
+  // Every pair's activations, or (a range) only the range's pairs: rows are
+  // quantized each on its own, so the values are the same either way.
+  if (e0 == 0 && e1 == E) quantize_x(sc.act, n, I, tab.down.kind == Kind::kI4, q, s);
+  else quantize_x_rows(sc.act, sc.order, sc.offsets + e0, sc.offsets + e1, n, I, tab.down.kind == Kind::kI4, q, s);
   if (mma) {
     dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
-      launch(down_mma_kernel<KK, kAsym>, dim3((H + kMmaRows - 1) / kMmaRows, E), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, q, sc.y);
+      launch(down_mma_kernel<KK, kAsym>, dim3((H + kMmaRows - 1) / kMmaRows, ne), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, e0, q, sc.y);
     });
   } else {
-    const dim3 g2((H + kWarps - 1) / kWarps, E);
-    if (tab.down.kind == Kind::kI4) launch(down_grouped_kernel<Kind::kI4>, g2, block, 0, s, tab, sc.order, sc.offsets, q, sc.y);
-    else launch(down_grouped_kernel<Kind::kI8>, g2, block, 0, s, tab, sc.order, sc.offsets, q, sc.y);
+    const dim3 g2((H + kWarps - 1) / kWarps, ne);
+    if (tab.down.kind == Kind::kI4) launch(down_grouped_kernel<Kind::kI4>, g2, block, 0, s, tab, sc.order, sc.offsets, e0, q, sc.y);
+    else launch(down_grouped_kernel<Kind::kI8>, g2, block, 0, s, tab, sc.order, sc.offsets, e0, q, sc.y);
   }
-  launch(combine_kernel, T, 256, 0, s, sc.y, w, K, H, out);
   check(cudaGetLastError(), "moe grouped launch");
+}
+
+void moe_grouped_end(const ExpertTable& tab, const float* w, int T, int K, const MoeScratch& sc, float* out, cudaStream_t s) {
+  launch(combine_kernel, T, 256, 0, s, sc.y, w, K, tab.down.rows, out);
+  check(cudaGetLastError(), "moe grouped launch");
+}
+
+bool moe_grouped(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, int E, const MoeScratch& sc, float* out,
+                 cudaStream_t s, const QuantX& q, bool hn_in_q) {
+  if (!moe_grouped_supported(tab)) return false;
+  moe_grouped_begin(tab, hn, idx, T, K, E, sc, s, q, hn_in_q);
+  moe_grouped_experts(tab, hn, 0, E, E, T, K, sc, s, q, true);
+  moe_grouped_end(tab, w, T, K, sc, out, s);
   return true;
 }
 

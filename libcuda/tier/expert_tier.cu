@@ -157,7 +157,11 @@ void ExpertTier::build(StagedUploader& uploader) {
   const VramSettings run = vram_settings(opt_);
   TierFillInputs in;
   in.layers = L, in.experts = E, in.avail = budget_->available(), in.reserve = coli::runtime_reserve(s_, run, slot).total(), in.slot = slot;
-  in.expert_slots = opt_.expert_slots, in.prefill_upload = opt_.prefill_upload, in.swap = opt_.swap;
+  in.expert_slots = opt_.expert_slots, in.prefill_upload = opt_.prefill_upload, in.swap = opt_.swap, in.prefill_ring = parts.grouped ? (run.prefill_ring_slots > 0 ? run.prefill_ring_slots : kPrefillRingSlots) : 0;
+  // The ledger's formats test and the kernels' must agree: a ring's layers
+  // run as grouped GEMMs over expert ranges.
+  if (parts.grouped != moe_grouped_supported(experts_[0].table))
+    throw Error("CUDA backend: the VRAM ledger and the grouped kernels disagree about the experts' formats (internal)");
   in.heat = opt_.heat.empty() ? nullptr : &opt_.heat;
   const TierFill fill = fill_tier(in);
   if (!fill.fits)
@@ -221,7 +225,7 @@ void ExpertTier::build(StagedUploader& uploader) {
       else decode_upload_.reset();  // no expert in pinned memory (no registered mirror): nothing to upload from
     }
   }
-  if (prefill) init_prefill_upload(fill.stage_slots);
+  if (prefill) init_prefill_upload(fill.stage_slots, parts.grouped);
   if (!plan_.all() && opt_.swap && plan_.count > 0) init_swaps();  // after: its policy depends on the prefill uploads
 }
 
@@ -255,9 +259,10 @@ void ExpertTier::end_chunk() {
 
 void ExpertTier::start_pass(int T) {
   if (!prefill_uploads(T)) return;
-  // The first uploaded layer's experts, while the trunk starts.
+  // The first two units' experts (one per area), while the trunk starts;
+  // each unit's group_done posts the unit two ahead.
   refresh_prefill_tables();
-  if (const int first = next_upload_layer(-1); first >= 0) upload_layer_experts(first);
+  for (int u = 0; u < 2 && u < static_cast<int>(pu_.units.size()); ++u) upload_unit(u);
 }
 
 ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
@@ -276,10 +281,7 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
   st.share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
   if (st.upload) {
     st.table.gate_ptrs = pu_.gate[l].get(), st.table.up_ptrs = pu_.up[l].get(), st.table.down_ptrs = pu_.down[l].get();
-    // The next uploaded layer's copies start now when they go to the other
-    // area, else once this layer's kernels are enqueued (layer_done).
-    const int next = next_upload_layer(l);
-    if (next >= 0 && next % 2 != l % 2) upload_layer_experts(next);
+    st.unit0 = pu_.first_unit[l], st.groups = pu_.unit_count[l];
   }
   return st;
 }
@@ -289,22 +291,29 @@ void ExpertTier::post(const Step& st, int l, int* idx, const float* w, int ks, i
   handoff_->post(l, idx, w, ks, T, st.resident, hn, stream_, st.share, static_cast<float>(opt_.pcie_read_offset), s_.num_experts + 1);
 }
 
-void ExpertTier::wait_uploads(const Step& st, int l) {
+std::pair<int, int> ExpertTier::group_range(const Step& st, int g) const {
+  const PrefillUpload::Unit& u = pu_.units.at(static_cast<std::size_t>(st.unit0 + g));
+  return {u.e0, u.e1};
+}
+
+void ExpertTier::wait_group(const Step& st, int g) {
   if (!st.upload) return;
-  // This layer's uploads: only the routed experts need them (the shared
-  // expert ran meanwhile).
-  pu_.stager->wait_issued(pu_.ticket[l % 2]);  // this layer's copies issued (not the next layer's, posted meanwhile)
-  check(cudaStreamWaitEvent(stream_, pu_.uploaded[l % 2]), "wait event");
+  // The unit's uploads: only its routed experts need them (the shared
+  // expert and the earlier groups ran meanwhile). Its area's last job is
+  // this unit's: the one two ahead is posted by this unit's group_done.
+  const int b = (st.unit0 + g) % 2;
+  pu_.stager->wait_issued(pu_.ticket[b]);
+  check(cudaStreamWaitEvent(stream_, pu_.uploaded[b]), "wait event");
+}
+
+void ExpertTier::group_done(const Step& st, int g) {
+  if (!st.upload) return;
+  const int u = st.unit0 + g;
+  check(cudaEventRecord(pu_.used[u % 2], stream_), "event");  // the area is free once these kernels ran
+  if (u + 2 < static_cast<int>(pu_.units.size())) upload_unit(u + 2);
 }
 
 void ExpertTier::join(float* routed, int T) { handoff_->join(routed, T, stream_); }
-
-void ExpertTier::layer_done(const Step& st, int l) {
-  if (!st.upload) return;
-  check(cudaEventRecord(pu_.used[l % 2], stream_), "event");
-  const int next = next_upload_layer(l);
-  if (next >= 0 && next % 2 == l % 2) upload_layer_experts(next);
-}
 
 void ExpertTier::fill_stats(TierStats& t) const {
   t.tiered = tiered_;

@@ -17,7 +17,10 @@
 //     layer and step by the post kernel) and the decode uploads
 //     (decode_upload.cu);
 //   - hybrid prefill's staging (prefill_upload.cu): a chunk's non-residents
-//     uploaded a layer ahead into two alternating areas;
+//     uploaded ahead into two alternating areas, a unit at a time: a whole
+//     layer's, or (a ring, when the experts run as grouped GEMMs over
+//     expert ranges) a range of its experts whose non-residents fill one
+//     area, so that a small area streams a layer through in groups;
 //   - the background swaps (tier_swaps.cu): a hot non-resident replaces a
 //     cold resident, slot for slot, never blocking a step.
 // Without a budget every expert lives in the backend's weight arena and the
@@ -119,20 +122,25 @@ class ExpertTier {
   void abandon_chunk();     // a launch failed: serve what was launched, then stop (the backend drained the stream)
 
   // Inside the forward pass of T tokens, in order: start_pass once, then
-  // per MoE layer plan_layer, post (when step.handoff), wait_uploads
-  // before the expert kernels, join (when step.handoff), layer_done.
+  // per MoE layer plan_layer, post (when step.handoff), for an uploading
+  // layer's groups g = 0 .. step.groups - 1 in order: wait_group before
+  // the group's expert kernels, group_done after them; join (when
+  // step.handoff). An uploading layer of more than one group runs its
+  // experts as grouped GEMMs over group_range(g) (moe_grouped_experts).
   void start_pass(int T);
   struct Step {
     ExpertTable table;                 // what the layer's expert kernels read
     const uint8_t* resident = nullptr;  // the post's flags
     bool handoff = false, upload = false;
     float share = 0;                   // a one-token step's PCIe split
+    int unit0 = -1, groups = 0;        // upload: the layer's first staging unit and its count
   };
   Step plan_layer(int layer, int T);
   void post(const Step& st, int layer, int* idx, const float* w, int ks, int T, const float* hn);
-  void wait_uploads(const Step& st, int layer);
+  std::pair<int, int> group_range(const Step& st, int g) const;  // experts [first, second) of group g
+  void wait_group(const Step& st, int g);
+  void group_done(const Step& st, int g);
   void join(float* routed, int T);
-  void layer_done(const Step& st, int layer);
 
   // A background pin: whether a chunk of T tokens would upload experts
   // once pinned (so it is worth waiting for), and, between two chunks,
@@ -161,6 +169,7 @@ class ExpertTier {
   };
   struct PrefillUpload {
     bool on = false;
+    bool ring = false;                // a layer may come in several groups (ExpertParts::grouped)
     int stage_slots = 0;              // per staging area
     DeviceArray<uint8_t> stage;       // two areas of stage_slots
     // Per layer, pointer tables for a chunk: residents -> their tier slot,
@@ -172,7 +181,15 @@ class ExpertTier {
     uint64_t bytes = 0;               // uploaded since the tier was made
     long long experts = 0;
     long long copies = 0;             // cudaMemcpyAsync calls those took (contiguous parts merged)
-    std::vector<char> layer_ok;       // the layer's non-residents fit one area (swaps may move more out)
+    // The pass's units (from the residency, refresh_prefill_tables): a
+    // layer's experts [e0, e1) whose non-residents fit one area; unit u
+    // fills area u % 2. first_unit[l] -1: layer l does not upload (every
+    // expert resident, or without a ring more non-residents than an area).
+    struct Unit {
+      int layer, e0, e1;
+    };
+    std::vector<Unit> units;
+    std::vector<int> first_unit, unit_count;
     std::unique_ptr<PrefillStager> stager;  // issues the copies (staged from pageable memory, direct from registered)
     uint64_t ticket[2] = {};                // the stager's job that fills each area last
   };
@@ -197,13 +214,12 @@ class ExpertTier {
   void free_swaps();
   void set_entry(int pair, const uint8_t* slot, bool resident);
   // Prefill staging (prefill_upload.cu).
-  void init_prefill_upload(int stage_slots);
+  void init_prefill_upload(int stage_slots, bool ring);
   void free_prefill_upload();
   void refresh_prefill_tables();
-  void upload_layer_experts(int l);
-  int next_upload_layer(int after) const;
+  void upload_unit(int u);
   bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && T >= kGroupedMinTokens; }
-  bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && pu_.layer_ok[l]; }
+  bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && static_cast<std::size_t>(l) < pu_.first_unit.size() && pu_.first_unit[l] >= 0; }
 
   const Model& model_;
   const ModelSpec& s_;

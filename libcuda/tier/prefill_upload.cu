@@ -12,14 +12,15 @@
 
 namespace coli::cuda::detail {
 
-// Staging slots per area (the VRAM ledger's prefill_stage_slots): the
-// most experts a layer leaves out, plus one per swap in flight (a swap
-// evicts its victim before the candidate's copy lands, and swaps stay
-// within a layer: SwapPolicyOptions::within_layer).
-void ExpertTier::init_prefill_upload(int stage_slots) {
+// Staging slots per area (the VRAM ledger's prefill_stage_slots): without
+// a ring the most experts a layer leaves out, plus one per swap in flight
+// (a swap evicts its victim before the candidate's copy lands, and swaps
+// stay within a layer: SwapPolicyOptions::within_layer); with one at most
+// kPrefillRingSlots, a layer then coming in groups.
+void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
   const int L = s_.num_layers, E = s_.num_experts;
   const int most = stage_slots;
-  pu_.stage_slots = most;
+  pu_.stage_slots = most, pu_.ring = ring;
   {
     BudgetScope scope(budget_, "the prefill staging areas");
     pu_.stage.resize(2 * static_cast<std::size_t>(most) * slot_bytes_);
@@ -59,20 +60,29 @@ void ExpertTier::refresh_prefill_tables() {
   if (pu_.residency_gen == residency_gen_) return;
   // Kernels of an earlier chunk may still read the tables.
   check(cudaStreamSynchronize(stream_), "prefill expert tables");
-  const int L = s_.num_layers, E = s_.num_experts;
+  const int L = s_.num_layers, E = s_.num_experts, A = pu_.stage_slots;
   std::vector<const uint8_t*> g(E + 1), u(E + 1), d(E + 1);
-  pu_.layer_ok.assign(L, 0);
+  pu_.units.clear();
+  pu_.first_unit.assign(L, -1), pu_.unit_count.assign(L, 0);
   for (int l = 0; l < L; ++l) {
-    pu_.layer_ok[l] = E - plan_.resident_in_layer(l) <= pu_.stage_slots;
-    uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(l % 2) * pu_.stage_slots * slot_bytes_;
-    int rank = 0;
+    if (layer_full_[l]) continue;
+    const int missing = E - plan_.resident_in_layer(l);
+    if (!pu_.ring && missing > A) continue;  // its misses go to the host, as in a decode step
+    // Units: ranges of expert ids, each holding at most A non-residents
+    // (without a ring one unit, the whole layer).
+    pu_.first_unit[l] = static_cast<int>(pu_.units.size());
+    int e0 = 0, rank = 0;
     for (int e = 0; e < E; ++e) {
       const long long slot = slot_of_[static_cast<std::size_t>(l) * E + e];
       const bool res = plan_.is_resident(l, e) && slot >= 0;
-      const uint8_t* base = res ? slot_address(slot) : rank < pu_.stage_slots ? area + static_cast<std::size_t>(rank) * slot_bytes_ : slot_address(0);
+      if (!res && rank == A) pu_.units.push_back({l, e0, e}), e0 = e, rank = 0;
+      const int area = static_cast<int>(pu_.units.size()) % 2;
+      const uint8_t* base = res ? slot_address(slot) : pu_.stage.get() + (static_cast<std::size_t>(area) * A + rank) * slot_bytes_;
       rank += !res;
       g[e] = base, u[e] = base + slot_up_, d[e] = base + slot_down_;
     }
+    pu_.units.push_back({l, e0, E});
+    pu_.unit_count[l] = static_cast<int>(pu_.units.size()) - pu_.first_unit[l];
     g[E] = shared_[l][0], u[E] = shared_[l][1], d[E] = shared_[l][2];
     check(cudaMemcpy(pu_.gate[l].get(), g.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.up[l].get(), u.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
@@ -81,14 +91,9 @@ void ExpertTier::refresh_prefill_tables() {
   pu_.residency_gen = residency_gen_;
 }
 
-int ExpertTier::next_upload_layer(int after) const {
-  for (int l = after + 1; l < s_.num_layers; ++l)
-    if (!layer_full_[l] && pu_.layer_ok[l]) return l;
-  return -1;
-}
-
-void ExpertTier::upload_layer_experts(int l) {
-  const int E = s_.num_experts, b = l % 2;
+void ExpertTier::upload_unit(int u) {
+  const PrefillUpload::Unit& unit = pu_.units[static_cast<std::size_t>(u)];
+  const int l = unit.layer, b = u % 2;
   uint8_t* area = pu_.stage.get() + static_cast<std::size_t>(b) * pu_.stage_slots * slot_bytes_;
   // One copy per contiguous run: an expert's gate, up and down are one
   // blob in the container and the mirror, and a slot keeps their layout
@@ -100,7 +105,7 @@ void ExpertTier::upload_layer_experts(int l) {
     else pieces.push_back({dst, src, n});
   };
   int rank = 0;
-  for (int e = 0; e < E; ++e) {
+  for (int e = unit.e0; e < unit.e1; ++e) {
     if (plan_.is_resident(l, e)) continue;
     const ExpertWeights& x = model_.layer(l).moe.experts[e];
     uint8_t* dst = area + static_cast<std::size_t>(rank++) * slot_bytes_;
@@ -110,8 +115,8 @@ void ExpertTier::upload_layer_experts(int l) {
     pu_.bytes += expert_bytes_, ++pu_.experts;
   }
   pu_.copies += static_cast<long long>(pieces.size());
-  // After every kernel that read this area for an earlier layer; then the
-  // area's event, which the layer's experts wait for.
+  // After every kernel that read this area for the unit two before; then
+  // the area's event, which the unit's experts wait for.
   pu_.ticket[b] = pu_.stager->post(std::move(pieces), pu_.used[b], pu_.uploaded[b]);
 }
 
