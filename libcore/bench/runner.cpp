@@ -161,7 +161,7 @@ struct Samples {
   StageTimes stages{};
   // The expert tier's counters over the timed parts only (not depth, not warm-up).
   long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0;
-  double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0;
+  double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0, tier_upload_wait_ms = 0;
 
   void add_stages(const StageTimes& st) {
     stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
@@ -174,6 +174,7 @@ struct Samples {
     tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
     tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes) + double(tier1.prefill_upload_bytes - tier0.prefill_upload_bytes);
     tier_gpu_ms += tier1.device_experts_ms - tier0.device_experts_ms;
+    tier_upload_wait_ms += tier1.prefill_wait_ms - tier0.prefill_wait_ms;
   }
 };
 
@@ -302,6 +303,7 @@ void write_tier(json& rec, const Samples& sm, const TierStats& ts, double reps) 
   rec["t_cpu_experts_ms"] = sm.tier_host_ms / reps;
   rec["t_wait_ms"] = sm.tier_wait_ms / reps;
   rec["t_gpu_experts_ms"] = sm.tier_gpu_ms / reps;  // the layers with a handoff
+  rec["t_upload_ms"] = sm.tier_upload_wait_ms / reps;  // prompt chunks' expert kernels waiting for staged copies
 }
 
 // Test t measured into rec: the warm-up, then the timed repetitions.

@@ -72,6 +72,7 @@ struct TierStats {
   uint64_t swap_bytes = 0;              // expert bytes those swaps copied to the device
   uint64_t prefill_upload_bytes = 0;    // expert bytes prompt chunks uploaded (CudaOptions::prefill_upload)
   bool prefill_upload = false;          // prompt chunks upload the experts the tier lacks (their staging fit the budget)
+  double prefill_wait_ms = 0;           // prompt chunks: the GPU's expert kernels waiting for staged copies (not overlapped)
   uint64_t pinned_host_bytes = 0;       // host memory registered with the device for this backend (a mirror, a container's mapping)
   bool pin_pending = false;             // a background pin of the weights not yet taken over (CudaOptions::pending_pin)
   double pin_wait_ms = 0;               // prompt chunks' wait for that pin

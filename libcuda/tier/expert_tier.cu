@@ -246,6 +246,7 @@ void ExpertTier::begin_chunk(int T) {
 }
 
 void ExpertTier::abandon_chunk() {
+  pu_.waits = 0;  // the failed chunk's waits are not counted
   if (!handoff_) return;
   try {
     handoff_->end();
@@ -254,6 +255,13 @@ void ExpertTier::abandon_chunk() {
 }
 
 void ExpertTier::end_chunk() {
+  // The stream has drained: the units' waits for their copies.
+  for (std::size_t i = 0; i < pu_.waits; ++i) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, pu_.wait_ev[i].first, pu_.wait_ev[i].second) == cudaSuccess) pu_.wait_ms += ms;
+    else cudaGetLastError();
+  }
+  pu_.waits = 0;
   if (handoff_) handoff_->end();
 }
 
@@ -303,7 +311,16 @@ void ExpertTier::wait_group(const Step& st, int g) {
   // this unit's: the one two ahead is posted by this unit's group_done.
   const int b = (st.unit0 + g) % 2;
   pu_.stager->wait_issued(pu_.ticket[b]);
+  if (pu_.waits == pu_.wait_ev.size()) {
+    cudaEvent_t a = nullptr, z = nullptr;
+    check(cudaEventCreate(&a), "cudaEventCreate");
+    if (cudaEventCreate(&z) != cudaSuccess) cudaEventDestroy(a), check(cudaErrorMemoryAllocation, "cudaEventCreate");
+    pu_.wait_ev.push_back({a, z});
+  }
+  const auto [before, after] = pu_.wait_ev[pu_.waits++];
+  check(cudaEventRecord(before, stream_), "event");
   check(cudaStreamWaitEvent(stream_, pu_.uploaded[b]), "wait event");
+  check(cudaEventRecord(after, stream_), "event");
 }
 
 void ExpertTier::group_done(const Step& st, int g) {
@@ -330,6 +347,7 @@ void ExpertTier::fill_stats(TierStats& t) const {
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
   t.prefill_upload_bytes = pu_.bytes;
   t.prefill_upload = pu_.on;
+  t.prefill_wait_ms = pu_.wait_ms;
   t.pcie_read = pcie_read_;
   t.pcie_read_share = pcie_read_ ? opt_.pcie_read_share : 0.0;
 }

@@ -192,6 +192,11 @@ class ExpertTier {
     std::vector<int> first_unit, unit_count;
     std::unique_ptr<PrefillStager> stager;  // issues the copies (staged from pageable memory, direct from registered)
     uint64_t ticket[2] = {};                // the stager's job that fills each area last
+    // Each unit's wait for its copies, timed on the compute stream (a pair
+    // of events around the wait; summed once the chunk has drained).
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> wait_ev;
+    std::size_t waits = 0;                  // pairs recorded in this chunk
+    double wait_ms = 0;
   };
 
   // Construction (expert_tier.cu).

@@ -49,6 +49,8 @@ void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
 
 void ExpertTier::free_prefill_upload() {
   pu_.stager.reset();
+  for (auto [a, z] : pu_.wait_ev) cudaEventDestroy(a), cudaEventDestroy(z);
+  pu_.wait_ev.clear();
   if (pu_.stream) cudaStreamSynchronize(pu_.stream), cudaStreamDestroy(pu_.stream), pu_.stream = nullptr;
   for (int b = 0; b < 2; ++b) {
     if (pu_.uploaded[b]) cudaEventDestroy(pu_.uploaded[b]), pu_.uploaded[b] = nullptr;
