@@ -309,6 +309,18 @@ TEST(VramLedger, PrefillRingTakesFewSlots) {
   int most = 0;
   for (int l = 0; l < 4; ++l) most = std::max(most, 4 - tp.resident_in_layer(l));
   EXPECT_EQ(f.stage_slots, most);
+  // A large room takes larger groups: a sixteenth of it per area.
+  EXPECT_EQ(coli::prefill_ring_size(16, 100), 16);
+  EXPECT_EQ(coli::prefill_ring_size(16, 1000), 62);
+  EXPECT_EQ(coli::prefill_ring_size(0, 1000), 0) << "no ring";
+  // 4 x 128 experts, 299 slots before the staging: areas of 299 / 16 = 18;
+  // the tier shrinks in steps of a sixty-fourth until 18 x 2 + the tables (12384) fit.
+  in.layers = 4, in.experts = 128, in.slot = 1000, in.avail = 300000, in.prefill_ring = 4, in.swap = false;
+  f = coli::fill_tier(in);
+  EXPECT_TRUE(f.prefill);
+  EXPECT_EQ(f.stage_slots, 18);
+  EXPECT_LE((f.plan.count + 1) * 1000 + 2 * 18 * 1000 + 12384, 300000);
+  EXPECT_GT((f.plan.count + 5) * 1000 + 2 * 18 * 1000 + 12384, 300000) << "one step of 4 slots more would not fit";
 }
 
 // Steps of slots / 64: 8 layers x 64 experts with even spread, against a

@@ -6,6 +6,7 @@
 
 #include "placement/device_sizes.h"
 #include "placement/heat.h"
+#include "placement/vram_ledger.h"
 #include "util/error.h"
 
 namespace coli {
@@ -247,6 +248,7 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
   const std::vector<double> start_cpu = cpu;
   const uint64_t full_room = std::min<uint64_t>(n, slots_total);
   uint64_t room = full_room;
+  const int ring = prefill_ring_size(in.prefill_ring, static_cast<long long>(full_room));
   for (;;) {
     fill(Tier::kVram, room);
     if (in.prefill_staging_extra < 0) break;
@@ -254,7 +256,7 @@ Plan plan_placement(const PlannerInputs& in, Prediction* predicted) {
     for (int l = 0; l < L; ++l) most_out = std::max<int64_t>(most_out, E - plan.count(Tier::kVram, l));
     if (most_out == 0) break;  // every expert resident: no uploads, no staging
     const int64_t vram = plan.count(Tier::kVram);
-    const uint64_t staging = in.prefill_ring > 0 ? 2 * uint64_t(std::min<int64_t>(most_out, in.prefill_ring))
+    const uint64_t staging = ring > 0 ? 2 * uint64_t(std::min<int64_t>(most_out, ring))
                                              : 2 * uint64_t(std::min<int64_t>(E, most_out + (vram > 0 ? in.prefill_staging_extra : 0)));
     const uint64_t used = uint64_t(vram) + staging;
     if (used <= staged_total) break;

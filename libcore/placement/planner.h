@@ -88,8 +88,8 @@ struct PlannerInputs {
   // two staging areas hold the most experts a layer leaves out plus this
   // many (the swaps in flight), out of vram_bytes.
   int prefill_staging_extra = -1;
-  // > 0: the staging is a ring of at most this many slots per area (the
-  // extra then counts for nothing): VramLedger::prefill_ring.
+  // > 0: the staging is a ring of at least this many slots per area
+  // (prefill_ring_size; the extra then counts for nothing): VramLedger::prefill_ring.
   int prefill_ring = 0;
   // Bytes the uploads' pointer tables take out of vram_bytes with them.
   uint64_t prefill_table_bytes = 0;

@@ -176,6 +176,11 @@ int prefill_stage_slots(const TierPlan& plan, bool swap, int ring) {
   return std::min(plan.experts, most + (swap && plan.count > 0 ? kTierSwapsInFlight : 0));
 }
 
+int prefill_ring_size(int ring_min, long long room) {
+  if (ring_min <= 0) return 0;
+  return static_cast<int>(std::max<long long>(ring_min, std::min<long long>(room / 16, 1 << 20)));
+}
+
 uint64_t prefill_table_bytes(int layers, int experts) { return uint64_t(layers) * (uint64_t(experts) + 1) * 8 * 3; }
 
 TierFill fill_tier(const TierFillInputs& in) {
@@ -191,12 +196,13 @@ TierFill fill_tier(const TierFillInputs& in) {
   f.plan = plan_tier(L, E, slots, in.heat);
   // Hybrid prefill's staging areas and tables come out of the slots.
   bool prefill = in.prefill_upload && !f.plan.all();
+  const int ring = prefill_ring_size(in.prefill_ring, std::min<long long>(slots, static_cast<long long>(L) * E));
   if (prefill && in.avail != kNoLimit) {
     const TierPlan full = f.plan;
     const long long full_slots = slots;
     f.prefill_tables = prefill_table_bytes(L, E);
     auto fits = [&] {
-      return in.reserve + slot * (f.plan.count + 1) + 2 * uint64_t(prefill_stage_slots(f.plan, in.swap, in.prefill_ring)) * slot + f.prefill_tables <=
+      return in.reserve + slot * (f.plan.count + 1) + 2 * uint64_t(prefill_stage_slots(f.plan, in.swap, ring)) * slot + f.prefill_tables <=
              in.avail;
     };
     while (!fits() && in.expert_slots < 0 && f.plan.count > 0) {
@@ -209,7 +215,7 @@ TierFill fill_tier(const TierFillInputs& in) {
   f.slots = slots;
   f.prefill = prefill;
   if (prefill) {
-    f.stage_slots = prefill_stage_slots(f.plan, in.swap, in.prefill_ring);
+    f.stage_slots = prefill_stage_slots(f.plan, in.swap, ring);
     f.stage_bytes = 2 * uint64_t(f.stage_slots) * slot;
     f.prefill_tables = prefill_table_bytes(L, E);
   }
