@@ -35,8 +35,6 @@ bool request_tile_permission() {
 // codes). K = 32 per product: one 32-column block, one scale.
 void configure_tiles() { amx::use_tiles(1, {{16, 64}, {16, 64}, {16, 64}, {16, 64}, {16, 32}, {16, 32}, {8, 64}, {8, 64}}); }
 
-bool is_int4(QuantFormat f) { return f >= QuantFormat::I4 && f <= QuantFormat::I4_G128_ASYM; }
-
 // The code offset the products must take off: weight = scale x (code -
 // offset) for symmetric int4 (8) and int8 with its sign bit flipped (128).
 float code_offset(const Matrix& W) {

@@ -163,6 +163,22 @@ std::vector<std::vector<int>> whole_model_tokens(Tiny& t) {
   return want;
 }
 
+// While it lives, new host registrations are refused as the driver
+// refuses them beyond the lockable memory (the registry's test seam).
+struct RefuseRegistrations {
+  explicit RefuseRegistrations(bool on = true) { coli::cuda::refuse_host_registrations(on); }
+  ~RefuseRegistrations() { coli::cuda::refuse_host_registrations(false); }
+};
+
+// Every golden prompt's greedy tokens on e are want's (whole_model_tokens).
+void expect_whole_model_tokens(coli::Engine& e, const std::vector<std::vector<int>>& want, const std::string& what = "") {
+  std::size_t i = 0;
+  for (const auto& p : coli::test::tiny_goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    EXPECT_EQ(coli::test::greedy_tokens(e, ids), want[i++]) << what << "prompt of " << ids.size();
+  }
+}
+
 }  // namespace
 
 // On the GPU: this process holds all but a little more than the model
@@ -244,10 +260,7 @@ TEST(RunSetupCuda, RefusedPinningRunsPageableAndSaysSo) {
   r.flags = &f, r.model_path = t.path, r.model = &t.model(), r.vram_budget = f.vram_budgets[0], r.n_ctx = 512;
   const std::size_t ranges = coli::cuda::registered_host_ranges();
   {
-    struct Refusal {
-      Refusal() { coli::cuda::refuse_host_registrations(true); }
-      ~Refusal() { coli::cuda::refuse_host_registrations(false); }
-    } refusal;
+    RefuseRegistrations refusal;
     cli::RunSetup s = cli::setup_run(r);
     ASSERT_EQ(s.fit.kind, cli::DeviceFit::Kind::kTier);
     EXPECT_EQ(s.host_memory, "pageable");
@@ -263,11 +276,7 @@ TEST(RunSetupCuda, RefusedPinningRunsPageableAndSaysSo) {
     EXPECT_NE(line.find("prompts' missing experts on the CPU in chunks"), std::string::npos) << line;
     std::printf("[ info     ] %s\n", line.c_str());
     coli::Engine e(spec, *s.backend, s.chunk);
-    std::size_t i = 0;
-    for (const auto& p : coli::test::tiny_goldens()["prompts"]) {
-      const std::vector<int> ids = p["ids"];
-      EXPECT_EQ(coli::test::greedy_tokens(e, ids), want[i++]) << "prompt of " << ids.size();
-    }
+    expect_whole_model_tokens(e, want);
     EXPECT_GT(s.backend->tier_stats().misses, 0);
   }
   // Allowed again: the same request pins the container.
@@ -297,11 +306,7 @@ TEST(RunSetupCuda, ABackgroundPinIsTakenOrRefusedWithALine) {
   r.pin_in_background = true;
   const std::size_t ranges = coli::cuda::registered_host_ranges();
   for (const bool refuse : {false, true}) {
-    struct Refusal {
-      bool on;
-      explicit Refusal(bool o) : on(o) { coli::cuda::refuse_host_registrations(on); }
-      ~Refusal() { coli::cuda::refuse_host_registrations(false); }
-    } refusal(refuse);
+    RefuseRegistrations refusal(refuse);
     cli::RunSetup s = cli::setup_run(r);
     ASSERT_EQ(s.fit.kind, cli::DeviceFit::Kind::kTier);
     EXPECT_EQ(s.host_memory, "container");
@@ -311,11 +316,7 @@ TEST(RunSetupCuda, ABackgroundPinIsTakenOrRefusedWithALine) {
     std::printf("[ info     ] %s\n", line.c_str());
     s.pin_future.wait();  // taken over at the first chunk
     coli::Engine e(spec, *s.backend, s.chunk);
-    std::size_t i = 0;
-    for (const auto& p : coli::test::tiny_goldens()["prompts"]) {
-      const std::vector<int> ids = p["ids"];
-      EXPECT_EQ(coli::test::greedy_tokens(e, ids), want[i++]) << (refuse ? "refused, " : "") << "prompt of " << ids.size();
-    }
+    expect_whole_model_tokens(e, want, refuse ? "refused, " : "");
     const coli::TierStats ts = s.backend->tier_stats();
     EXPECT_FALSE(ts.pin_pending);
     EXPECT_EQ(ts.pin_switch_tokens, 0) << "switched before the first chunk";

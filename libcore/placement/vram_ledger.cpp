@@ -57,11 +57,7 @@ TensorBytes tensor_bytes_of(const Container& c) {
 
 bool grouped_expert_formats(QuantFormat gate, QuantFormat up, QuantFormat down, int64_t gate_cols, int64_t down_cols) {
   auto int8 = [](QuantFormat f) { return f == QuantFormat::I8; };
-  auto int4 = [](QuantFormat f) {
-    return f == QuantFormat::I4 || f == QuantFormat::I4_G32 || f == QuantFormat::I4_G64 || f == QuantFormat::I4_G128 || f == QuantFormat::I4_G32_ASYM ||
-           f == QuantFormat::I4_G64_ASYM || f == QuantFormat::I4_G128_ASYM;
-  };
-  auto takes = [&](QuantFormat f) { return int8(f) || int4(f); };
+  auto takes = [&](QuantFormat f) { return int8(f) || is_int4(f); };
   return takes(gate) && takes(up) && takes(down) && int8(gate) == int8(up) && gate_cols % 32 == 0 && down_cols % 32 == 0;
 }
 
@@ -100,7 +96,7 @@ uint64_t inv_freq_bytes(const ModelSpec& s) { return uint64_t(std::max(1, s.rota
 namespace {
 uint64_t aligned_sum(std::initializer_list<std::size_t> four_byte_counts) {
   uint64_t n = 0;
-  for (std::size_t c : four_byte_counts) n += (uint64_t(c) * 4 + 255) / 256 * 256;
+  for (std::size_t c : four_byte_counts) n += device_padded(uint64_t(c) * 4);
   return n;
 }
 }  // namespace
@@ -174,6 +170,10 @@ int prefill_stage_slots(const TierPlan& plan, bool swap, int ring) {
   // swap in flight included): no room kept for swaps.
   if (ring > 0) return std::min(most, ring);
   return std::min(plan.experts, most + (swap && plan.count > 0 ? kTierSwapsInFlight : 0));
+}
+
+int prefill_ring_min(bool grouped, const VramSettings& run) {
+  return grouped ? (run.prefill_ring_slots > 0 ? run.prefill_ring_slots : kPrefillRingSlots) : 0;
 }
 
 int prefill_ring_size(int ring_min, long long room) {

@@ -166,6 +166,10 @@ int prefill_stage_slots(const TierPlan& plan, bool swap, int ring = 0);
 // tokens/s where the budget held whole-layer staging, and 2 % of a small
 // budget's experts kept for staging is what the ring is for.
 int prefill_ring_size(int ring_min, long long room);
+// The ring's least slots per area: run.prefill_ring_slots (or
+// kPrefillRingSlots) when the experts are grouped (ExpertParts::grouped),
+// else 0 (no ring: whole-layer areas).
+int prefill_ring_min(bool grouped, const VramSettings& run);
 uint64_t prefill_table_bytes(int layers, int experts);  // three pointer arrays of experts + 1 per layer
 
 struct TierFillInputs {
@@ -206,9 +210,7 @@ class VramLedger {
   uint64_t inv_freq() const { return inv_freq_; }
   const ChunkBuffers& buffers() const { return buffers_; }  // for max_chunk tokens
   const ExpertSlot& slot() const { return slot_; }
-  // The staging ring's slots per area: VramSettings::prefill_ring_slots
-  // (or kPrefillRingSlots) when ExpertParts::grouped, else 0 (no ring).
-  int prefill_ring() const { return grouped_ ? (run_.prefill_ring_slots > 0 ? run_.prefill_ring_slots : kPrefillRingSlots) : 0; }
+  int prefill_ring() const { return prefill_ring_min(grouped_, run_); }
   const RuntimeReserve& reserve() const { return reserve_; }
   // In use when the tier is built: arena + inv_freq + buffers.
   uint64_t before_slots() const { return arena_ + inv_freq_ + buffers_.bytes(); }

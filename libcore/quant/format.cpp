@@ -16,8 +16,9 @@ constexpr FormatInfo kInfo[] = {
     {"int4-g64-asym", 64, true, true}, {"int4-g128-asym", 128, true, true}, {"fp8-e4m3-b128", 128, false, false},
 };
 constexpr std::size_t align_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
-bool is_int4(QuantFormat f) { return f >= QuantFormat::I4 && f <= QuantFormat::I4_G128_ASYM; }
 }  // namespace
+
+bool is_int4(QuantFormat f) { return f >= QuantFormat::I4 && f <= QuantFormat::I4_G128_ASYM; }
 
 const FormatInfo& format_info(QuantFormat f) { return kInfo[static_cast<int>(f)]; }
 const char* format_name(QuantFormat f) { return format_info(f).name; }

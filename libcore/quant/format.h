@@ -45,6 +45,7 @@ struct FormatInfo {
   bool quantized;
 };
 const FormatInfo& format_info(QuantFormat f);
+bool is_int4(QuantFormat f);  // int4, int4-gN, int4-gN-asym
 const char* format_name(QuantFormat f);
 // Parses "f32", "bf16", "f16", "int8", "int4", "int4-g64", "int4-g64-asym", ...
 bool parse_format(const std::string& s, QuantFormat* out);

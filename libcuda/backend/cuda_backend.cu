@@ -393,7 +393,7 @@ void CudaBackend::ensure_buffers(int T) {
     using T = std::remove_pointer_t<decltype(view.get())>;
     static_assert(sizeof(T) == 4, "the ledger counts 4-byte elements");
     view.set(count ? reinterpret_cast<T*>(scratch_.get() + at) : nullptr, count);
-    at += (count * 4 + 255) / 256 * 256;
+    at += device_padded(count * 4);
   };
   carve(proj_, n.proj), carve(z_, n.z), carve(b_, n.b), carve(a_, n.a), carve(conv_out_, n.conv_out), carve(heads_out_, n.heads_out);
   carve(k_, n.k), carve(v_, n.v), carve(gdn_work_, n.gdn_work);

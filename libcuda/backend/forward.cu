@@ -119,8 +119,7 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
     if (grouped) {
       const MoeScratch sc{order_.get(), offsets_.get(), act_.get(), ey_.get()};
       moe_grouped_begin(table, hn_.get(), ridx_.get(), T, K, E, sc, stream_, qx_, hn_in_q);
-      if (!x.upload) moe_grouped_experts(table, hn_.get(), 0, E, E, T, K, sc, stream_, qx_, true);
-      for (int g = 0; g < (x.upload ? x.groups : 0); ++g) {
+      for (int g = 0; g < (x.upload ? x.groups : 1); ++g) {  // not uploading: one group, every expert
         tier_->wait_group(x, g);
         const auto [e0, e1] = tier_->group_range(x, g);
         moe_grouped_experts(table, hn_.get(), e0, e1, E, T, K, sc, stream_, qx_, g == 0);  // later groups quantize hn again: qx_ holds the last group's activations

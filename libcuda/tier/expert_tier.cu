@@ -157,7 +157,7 @@ void ExpertTier::build(StagedUploader& uploader) {
   const VramSettings run = vram_settings(opt_);
   TierFillInputs in;
   in.layers = L, in.experts = E, in.avail = budget_->available(), in.reserve = coli::runtime_reserve(s_, run, slot).total(), in.slot = slot;
-  in.expert_slots = opt_.expert_slots, in.prefill_upload = opt_.prefill_upload, in.swap = opt_.swap, in.prefill_ring = parts.grouped ? (run.prefill_ring_slots > 0 ? run.prefill_ring_slots : kPrefillRingSlots) : 0;
+  in.expert_slots = opt_.expert_slots, in.prefill_upload = opt_.prefill_upload, in.swap = opt_.swap, in.prefill_ring = prefill_ring_min(parts.grouped, run);
   // The ledger's formats test and the kernels' must agree: a ring's layers
   // run as grouped GEMMs over expert ranges.
   if (parts.grouped != moe_grouped_supported(experts_[0].table))
@@ -300,6 +300,7 @@ void ExpertTier::post(const Step& st, int l, int* idx, const float* w, int ks, i
 }
 
 std::pair<int, int> ExpertTier::group_range(const Step& st, int g) const {
+  if (!st.upload) return {0, s_.num_experts};
   const PrefillUpload::Unit& u = pu_.units.at(static_cast<std::size_t>(st.unit0 + g));
   return {u.e0, u.e1};
 }

@@ -137,7 +137,7 @@ class ExpertTier {
   };
   Step plan_layer(int layer, int T);
   void post(const Step& st, int layer, int* idx, const float* w, int ks, int T, const float* hn);
-  std::pair<int, int> group_range(const Step& st, int g) const;  // experts [first, second) of group g
+  std::pair<int, int> group_range(const Step& st, int g) const;  // experts [first, second) of group g ([0, E) when not uploading)
   void wait_group(const Step& st, int g);
   void group_done(const Step& st, int g);
   void join(float* routed, int T);
