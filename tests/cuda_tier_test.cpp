@@ -417,6 +417,7 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     for (const auto& [slots, ring] : std::vector<std::pair<long long, int>>{{0, 0}, {all / 4, 0}, {all / 2, 0}, {0, 3}, {all / 4, 3}}) {
       cuda::CudaOptions o = tier_options(m, slots);
       o.prefill_upload = true, o.prefill_ring_slots = ring;
+      o.prefill_cpu_experts = 0;  // every non-resident uploads: the whole model's kernels, bit for bit
       o.host_regions.push_back(mm.region());
       auto tier = cuda::make_cuda_backend(m, o);
       Engine et(s, *tier, 64);
@@ -446,6 +447,7 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     for (long long slots : {0LL, all / 4}) {
       cuda::CudaOptions o = tier_options(*plain, slots);
       o.prefill_upload = true, o.prefill_ring_slots = 5;  // groups of 5 from pageable memory
+      o.prefill_cpu_experts = 0;
       auto tier = cuda::make_cuda_backend(*plain, o);
       Engine et(s, *tier, 64);
       long long chunks = 0;
@@ -506,6 +508,58 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
   EXPECT_GT(uploading, 0) << "some budget held part of the tier and uploaded the rest";
 }
 
+// The CPU as third place (CudaOptions::prefill_cpu_experts): an uploading
+// layer's last n non-residents by id go to the host instead, in rings
+// whose groups then cover the null entries too; greedy tokens as the whole
+// model's and logits within the host kernels' error; every other
+// non-resident uploads once per chunk; the stats say where each ran. The
+// cost model's own count (-1) from a pinned mirror stays within the misses.
+TEST(CudaTier, TheCpuTakesPartOfAPromptsUploads) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  MirroredModel mm(QuantFormat::I4_G32, "third");
+  ASSERT_NE(mm.loaded.mirror, nullptr);
+  const Model& m = mm.model();
+  const ModelSpec& s = m.spec();
+  const int L = s.num_layers, E = s.num_experts;
+  const long long all = static_cast<long long>(L) * E;
+  auto whole = cuda::make_cuda_backend(m);
+  Engine ew(s, *whole, 64);
+  const float tol = std::max(1e-3f, 2 * cpu_quantization_error(m));
+  const ExpertWeights& x = m.layer(0).moe.experts[0];
+  const uint64_t expert = x.gate.bytes() + x.up.bytes() + x.down.bytes();
+  for (const auto& [host, ring] : std::vector<std::pair<int, int>>{{1, 0}, {3, 3}, {E, 4}, {-1, 3}}) {
+    cuda::CudaOptions o = tier_options(m, all / 4);
+    o.prefill_upload = true, o.prefill_ring_slots = ring, o.prefill_cpu_experts = host;
+    o.host_regions.push_back(mm.region());
+    auto tier = cuda::make_cuda_backend(m, o);
+    Engine et(s, *tier, 64);
+    long long chunks = 0;
+    for (const auto& p : test::tiny_goldens()["prompts"]) {
+      const std::vector<int> ids = p["ids"];
+      if (ids.size() < 4) continue;
+      ++chunks;
+      Session sw = ew.new_session(), st = et.new_session();
+      EXPECT_LT(max_abs_diff(ew.forward(sw, ids), et.forward(st, ids)), tol) << "host " << host << " ring " << ring << " prompt " << ids.size();
+    }
+    ASSERT_GT(chunks, 0);
+    const TierStats ts = tier->tier_stats();
+    const long long missing = all - ts.resident;
+    EXPECT_EQ(ts.prefill_placed_resident + ts.prefill_placed_uploaded + ts.prefill_placed_host, chunks * all) << "every layer uploads";
+    EXPECT_EQ(ts.prefill_placed_resident, chunks * ts.resident);
+    if (host >= 0) EXPECT_EQ(ts.prefill_placed_host, chunks * std::min<long long>(all, static_cast<long long>(host) * L) - (host >= E ? chunks * ts.resident : 0));
+    else EXPECT_LE(ts.prefill_placed_host, chunks * missing);
+    EXPECT_EQ(ts.prefill_upload_bytes, static_cast<uint64_t>(ts.prefill_placed_uploaded) * expert) << "the others upload, once per chunk";
+    if (ts.prefill_placed_host > 0) {
+      EXPECT_GT(ts.misses, 0) << "the host's experts' pairs";
+      EXPECT_GT(ts.prefill_host_ms, 0.0);
+    }
+    EXPECT_EQ(ts.pairs, ts.tokens * L * s.num_experts_per_tok) << "each pair counted once";
+    for (const auto& p : test::tiny_goldens()["prompts"])
+      EXPECT_EQ(test::greedy_tokens(et, p["ids"]), test::greedy_tokens(ew, p["ids"])) << "host " << host << " ring " << ring;
+  }
+}
+
 // A background pin (CudaOptions::pending_pin): the run starts pageable
 // (no PCIe reads, prompts' misses on the host), switches between two
 // chunks once the pin is there (PCIe reads in decode, prompt uploads
@@ -534,6 +588,7 @@ TEST(CudaTier, ABackgroundPinSwitchesOverBetweenChunks) {
     cuda::CudaOptions o = tier_options(*m, all / 4);
     o.max_chunk = 256;
     o.pcie_read_share = 0.5, o.prefill_upload = true;
+    o.prefill_cpu_experts = 0;  // a prompt chunk after the switch uploads every non-resident
     o.read_only_host_regions.push_back(span);
     o.pending_pin = std::move(pin);
     return o;

@@ -84,3 +84,26 @@ TEST(PrefillSplit, DeterministicTiesAndBadInput) {
   EXPECT_THROW(plan_prefill_layer({1}, {0}, PrefillCosts{-1, 0, 0, 0, 1}), coli::Error);
   EXPECT_THROW(plan_prefill_layer({-1}, {0}, PrefillCosts{}), coli::Error);
 }
+
+TEST(PrefillSplit, CpuCountBeforeTheRoutingBalancesUploadsAndTheHost) {
+  // The real shapes' orders: an upload 32 us, the CPU 30 us per read and
+  // 5.4 us per pair, 16 pairs per expert (512 tokens, top 8 of 256): 116.4
+  // us an expert. 160 misses: c on the CPU gives max(32 (160 - c), 116.4 c);
+  // c = 34: max(4.032, 3.958) ms; c = 35: max(4.0, 4.074): 34.
+  PrefillCosts c{32e-6, 0, 30e-6, 5.4e-6, 0};
+  EXPECT_EQ(coli::prefill_cpu_count(160, 16, c), 34);
+  // The handoff's fixed cost of 40 us moves one expert back to the GPU:
+  // c = 34 gives max(4.032, 3.998) ms, c = 35 max(4.0, 4.114): still 34.
+  c.cpu_fixed_s = 40e-6;
+  EXPECT_EQ(coli::prefill_cpu_count(160, 16, c), 34);
+  // 4096 tokens: 128 pairs each (721 us an expert): 6 of 160 on the CPU
+  // (max(4.928, 4.367) ms; 7 gives max(4.896, 5.088)).
+  EXPECT_EQ(coli::prefill_cpu_count(160, 128, c), 6);
+  // A host slower than anything: nothing; no miss: nothing.
+  EXPECT_EQ(coli::prefill_cpu_count(160, 16, PrefillCosts{32e-6, 0, 1.0, 0, 0}), 0);
+  EXPECT_EQ(coli::prefill_cpu_count(0, 16, c), 0);
+  // Uploads free: nothing on the CPU; the CPU free (and no fixed cost): every miss.
+  EXPECT_EQ(coli::prefill_cpu_count(10, 16, PrefillCosts{0, 0, 1e-6, 1e-6, 0}), 0);
+  EXPECT_EQ(coli::prefill_cpu_count(10, 16, PrefillCosts{1e-6, 0, 0, 0, 0}), 10);
+  EXPECT_THROW(coli::prefill_cpu_count(10, -1, c), coli::Error);
+}

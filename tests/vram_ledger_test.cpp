@@ -242,7 +242,7 @@ TEST(VramLedger, PrefillShrinkLoop) {
   EXPECT_EQ(f.plan.count, 5);
   EXPECT_EQ(f.stage_slots, 3);
   EXPECT_EQ(f.stage_bytes, 6000u);
-  EXPECT_EQ(f.prefill_tables, 480u);
+  EXPECT_EQ(f.prefill_tables, 496u);
   EXPECT_EQ(f.slot_array, 6000u);
   // The reserve comes first.
   in.reserve = 2000, in.avail = 15000;
@@ -250,7 +250,7 @@ TEST(VramLedger, PrefillShrinkLoop) {
   in.reserve = 0, in.avail = 13000;
   // Swaps: every area keeps all 4 experts of a layer (the most left out
   // + 8, at most 4) while anything is resident: 3 residents, 4000 + 8000 +
-  // 480 <= 13000.
+  // 496 <= 13000.
   in.swap = true;
   f = coli::fill_tier(in);
   EXPECT_TRUE(f.prefill);

@@ -162,6 +162,7 @@ struct Samples {
   // The expert tier's counters over the timed parts only (not depth, not warm-up).
   long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0;
   double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0, tier_upload_wait_ms = 0;
+  double placed[3] = {};  // prompt chunks' experts in uploading layers: resident, uploaded, host
 
   void add_stages(const StageTimes& st) {
     stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
@@ -175,6 +176,9 @@ struct Samples {
     tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes) + double(tier1.prefill_upload_bytes - tier0.prefill_upload_bytes);
     tier_gpu_ms += tier1.device_experts_ms - tier0.device_experts_ms;
     tier_upload_wait_ms += tier1.prefill_wait_ms - tier0.prefill_wait_ms;
+    placed[0] += double(tier1.prefill_placed_resident - tier0.prefill_placed_resident);
+    placed[1] += double(tier1.prefill_placed_uploaded - tier0.prefill_placed_uploaded);
+    placed[2] += double(tier1.prefill_placed_host - tier0.prefill_placed_host);
   }
 };
 
@@ -304,6 +308,9 @@ void write_tier(json& rec, const Samples& sm, const TierStats& ts, double reps) 
   rec["t_wait_ms"] = sm.tier_wait_ms / reps;
   rec["t_gpu_experts_ms"] = sm.tier_gpu_ms / reps;  // the layers with a handoff
   rec["t_upload_ms"] = sm.tier_upload_wait_ms / reps;  // prompt chunks' expert kernels waiting for staged copies
+  rec["prompt_experts_resident"] = sm.placed[0] / reps;
+  rec["prompt_experts_uploaded"] = sm.placed[1] / reps;
+  rec["prompt_experts_cpu"] = sm.placed[2] / reps;
 }
 
 // Test t measured into rec: the warm-up, then the timed repetitions.

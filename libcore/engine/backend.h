@@ -73,6 +73,11 @@ struct TierStats {
   uint64_t prefill_upload_bytes = 0;    // expert bytes prompt chunks uploaded (CudaOptions::prefill_upload)
   bool prefill_upload = false;          // prompt chunks upload the experts the tier lacks (their staging fit the budget)
   double prefill_wait_ms = 0;           // prompt chunks: the GPU's expert kernels waiting for staged copies (not overlapped)
+  // Where prompt chunks' experts ran in the layers that uploaded: per
+  // (layer, chunk) each expert once, resident in a slot, uploaded, or on
+  // the host (the third place); and the host's time on prompt experts.
+  long long prefill_placed_resident = 0, prefill_placed_uploaded = 0, prefill_placed_host = 0;
+  double prefill_host_ms = 0;
   uint64_t pinned_host_bytes = 0;       // host memory registered with the device for this backend (a mirror, a container's mapping)
   bool pin_pending = false;             // a background pin of the weights not yet taken over (CudaOptions::pending_pin)
   double pin_wait_ms = 0;               // prompt chunks' wait for that pin

@@ -36,13 +36,27 @@ PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::v
   for (int k = 0; k <= std::min(n, c.staging); ++k) {
     if (k > 0) pairs += tokens[misses[k - 1]];
     const double gpu = std::max(k * c.upload_s, pairs * c.gpu_token_s);
-    const double span = std::max(gpu, cpu_from[k]);
+    const double span = std::max(gpu, cpu_from[k] + (k < n ? c.cpu_fixed_s : 0.0));
     if (best_span < 0 || span < best_span) best = k, best_span = span, best_gpu = gpu;
   }
   for (int i = 0; i < n; ++i) p.place[misses[i]] = i < best ? ExpertPlace::kUpload : ExpertPlace::kCpu;
   p.uploads = best, p.cpu = n - best;
-  p.gpu_s = best_gpu, p.cpu_s = cpu_from[best];
+  p.gpu_s = best_gpu, p.cpu_s = cpu_from[best] + (best < n ? c.cpu_fixed_s : 0.0);
   return p;
+}
+
+int prefill_cpu_count(int missing, double pairs_per_expert, const PrefillCosts& c) {
+  if (missing <= 0) return 0;
+  if (!(pairs_per_expert >= 0 && c.upload_s >= 0 && c.cpu_read_s >= 0 && c.cpu_token_s >= 0 && c.cpu_fixed_s >= 0))
+    throw Error("prefill split: costs must be non-negative");
+  const double cpu_one = c.cpu_read_s + pairs_per_expert * c.cpu_token_s;
+  int best = 0;
+  double best_span = -1;
+  for (int cpu = 0; cpu <= missing; ++cpu) {  // ascending: ties keep the fewer
+    const double span = std::max((missing - cpu) * c.upload_s, cpu > 0 ? c.cpu_fixed_s + cpu * cpu_one : 0.0);
+    if (best_span < 0 || span < best_span) best = cpu, best_span = span;
+  }
+  return best;
 }
 
 }  // namespace coli

@@ -29,6 +29,7 @@ struct PrefillCosts {
   double cpu_read_s = 0;    // the CPU reading one expert's weights once
   double cpu_token_s = 0;   // the CPU's time per (token, expert) pair beyond the read
   int staging = 0;          // staging slots: at most this many uploads per layer
+  double cpu_fixed_s = 0;   // the CPU side's fixed cost of a layer it takes any expert of (the handoff's round trip)
 };
 
 enum class ExpertPlace : uint8_t { kNone, kResident, kUpload, kCpu };
@@ -42,5 +43,15 @@ struct PrefillLayerPlan {
 
 // tokens[e]: the chunk's tokens routed to expert e; resident[e]: in a slot.
 PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::vector<uint8_t>& resident, const PrefillCosts& c);
+
+// Before the routing is known (the device backend decides which experts
+// to upload a layer ahead, before the layer's router runs): how many of a
+// layer's `missing` non-resident experts the CPU takes when each expects
+// `pairs_per_expert` of the chunk's (token, expert) pairs (T k / E). The
+// same model as plan_prefill_layer with every miss at that count: k
+// uploads cost k upload_s, the CPU's share cpu_fixed_s + (missing - k)
+// (cpu_read_s + pairs cpu_token_s); the count that minimises the longer
+// side (ties: fewer on the CPU). 0 when missing <= 0.
+int prefill_cpu_count(int missing, double pairs_per_expert, const PrefillCosts& c);
 
 }  // namespace coli

@@ -181,7 +181,7 @@ int prefill_ring_size(int ring_min, long long room) {
   return static_cast<int>(std::max<long long>(ring_min, std::min<long long>(room / 16, 1 << 20)));
 }
 
-uint64_t prefill_table_bytes(int layers, int experts) { return uint64_t(layers) * (uint64_t(experts) + 1) * 8 * 3; }
+uint64_t prefill_table_bytes(int layers, int experts) { return uint64_t(layers) * ((uint64_t(experts) + 1) * 8 * 3 + uint64_t(experts)); }
 
 TierFill fill_tier(const TierFillInputs& in) {
   TierFill f;

@@ -89,6 +89,14 @@ double parse_pcie_read(const std::string& s, const std::string& flag) {
   return v;
 }
 
+int parse_prefill_cpu(const std::string& s, const std::string& flag) {
+  if (s == "auto") return -1;
+  if (s == "off") return 0;
+  if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string::npos || std::stoi(s) > 65536)
+    throw UsageError(flag + ": '" + s + "' is not auto, off or a count of experts from 0 to 65536");
+  return std::stoi(s);
+}
+
 double pcie_read_share(double parsed, bool mirror, bool decode_upload) {
   if (parsed >= 0) return parsed;
   return mirror && !decode_upload ? kPcieReadAutoShare : 0.0;

@@ -43,6 +43,9 @@ constexpr double kPcieReadAutoShare = 0.35;
 // auto (-1) kPcieReadAutoShare when its experts come from a mirror and no
 // --decode-upload takes the misses, else 0.
 double pcie_read_share(double parsed, bool mirror, bool decode_upload);
+// --prefill-cpu: "auto" (-1), "off" (0) or a count of experts per layer
+// from 0 to 65536; anything else throws coli::UsageError naming the flag.
+int parse_prefill_cpu(const std::string& s, const std::string& flag);
 // --pcie-read-offset (experts, 0 to 64); else coli::UsageError naming the flag.
 double check_pcie_read_offset(double v, const std::string& flag);
 

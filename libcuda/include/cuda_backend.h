@@ -171,6 +171,20 @@ struct CudaOptions {
   // over expert ranges (int8 / int4): 0, kPrefillRingSlots; fewer make a
   // layer come in more groups (tests).
   int prefill_ring_slots = 0;
+  // The CPU as a third place of those prompt chunks (issue 30): per
+  // uploading layer, some of its non-resident experts (the last ones by id)
+  // are computed on the host through the handoff, as in a decode step,
+  // while the rest upload: as many as balance the host's time against the
+  // uploads' (placement/prefill_split.h prefill_cpu_count, from pcie_gbs,
+  // host_expert_gbs and the host's time per pair measured on the chunks
+  // so far). -1: so, when the sources are pinned (from pageable memory the
+  // stager's host threads need the cores); n >= 0: n per layer, at most
+  // its misses (tests; 0: off). With the grouped expert kernels only
+  // (int8 / int4 experts: the ring). Results as for any placement: the
+  // host's kernels' own rounding for those experts.
+  int prefill_cpu_experts = -1;
+  double pcie_gbs = 55;         // the machine's rates (placement/planner.h MachineRates) for that split
+  double host_expert_gbs = 60;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,
   // copied from pinned staging on a stream of its own, never blocking a

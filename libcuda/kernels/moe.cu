@@ -302,6 +302,14 @@ __global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int
 
 constexpr int kGroupTokens = 8;  // dp4a fallback: tokens per pass over a weight row
 
+// An expert whose table entry is null runs elsewhere (the host: a prompt
+// chunk's third place, expert_tier.cuh): its pairs' rows [r0, r1) of out
+// (n columns) become 0, which the host's part is added to.
+__device__ __forceinline__ void zero_expert_rows(const int* order, int p0, int p1, int r0, int r1, int n, float* out) {
+  for (int i = p0; i < p1; ++i)
+    for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) out[static_cast<long long>(order[i]) * n + r] = 0.0f;
+}
+
 // Tensor cores (sm_80+, mma_tile.cuh): a block takes kMmaRows rows of one
 // expert's matrices and runs over the expert's pairs kMmaPairs at a time.
 constexpr int kMmaPairs = 32;
@@ -332,6 +340,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
   const int e = e0 + blockIdx.y, I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (p0 == p1) return;
+  if (!tab.gate_ptrs[e]) return zero_expert_rows(order, p0, p1, r0, min(r0 + kMmaRows, I), I, act);
   DevMatrix W[2] = {tab.gate, tab.up};
   W[0].data = tab.gate_ptrs[e];
   W[1].data = tab.up_ptrs[e];
@@ -352,6 +361,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable ta
   const int e = e0 + blockIdx.y, H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (p0 == p1) return;
+  if (!tab.down_ptrs[e]) return zero_expert_rows(order, p0, p1, r0, min(r0 + kMmaRows, H), H, y);
   DevMatrix W[1] = {tab.down};
   W[0].data = tab.down_ptrs[e];
   expert_passes<Tile>(W, r0, qa, order, p0, p1, 1, sm, [&](const float (&acc)[1][Tile::NT][4], int i0, int n) {
@@ -367,6 +377,11 @@ __global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const 
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (r >= I || p0 == p1) return;
+  if (!tab.gate_ptrs[e]) {
+    if ((threadIdx.x & 31) == 0)
+      for (int i = p0; i < p1; ++i) act[static_cast<long long>(order[i]) * I + r] = 0.0f;
+    return;
+  }
   DevMatrix g = tab.gate, u = tab.up;
   g.data = tab.gate_ptrs[e];
   u.data = tab.up_ptrs[e];
@@ -390,6 +405,11 @@ __global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   const int p0 = offsets[e], p1 = offsets[e + 1];
   if (r >= H || p0 == p1) return;
+  if (!tab.down_ptrs[e]) {
+    if ((threadIdx.x & 31) == 0)
+      for (int i = p0; i < p1; ++i) y[static_cast<long long>(order[i]) * H + r] = 0.0f;
+    return;
+  }
   DevMatrix d = tab.down;
   d.data = tab.down_ptrs[e];
   for (int i = p0; i < p1; i += kGroupTokens) {

@@ -280,16 +280,33 @@ void ExpertHandoff::serve_one(unsigned p) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_) error_ = std::current_exception();
   }
-  host_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  const long long ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  host_ns_ += ns;
   handoffs_ += 1, misses_ += n, device_misses_ += g;
+  if (T > 1) {
+    seen_.assign(E_, 0);
+    long experts = 0;
+    for (int i = 0; i < n; ++i) {
+      const int e = h_.pairs[i].expert;
+      if (e >= 0 && e < E_ && !seen_[e]) seen_[e] = 1, ++experts;
+    }
+    prompt_ns_ += ns, prompt_misses_ += n, prompt_experts_ += experts;
+  }
   std::atomic_thread_fence(std::memory_order_release);
   box_->done = p;
+}
+
+ExpertHandoff::Stats ExpertHandoff::prompt_stats() const {
+  Stats s;
+  s.prompt_host_ms = prompt_ns_ / 1e6, s.prompt_misses = prompt_misses_, s.prompt_experts = prompt_experts_;
+  return s;
 }
 
 ExpertHandoff::Stats ExpertHandoff::stats() const {
   Stats s;
   s.handoffs = handoffs_, s.misses = misses_, s.device_misses = device_misses_;
   s.host_ms = host_ns_ / 1e6;
+  s.prompt_host_ms = prompt_ns_ / 1e6, s.prompt_misses = prompt_misses_, s.prompt_experts = prompt_experts_;
   HandoffCounters c{};
   if (cudaMemcpy(&c, d_counters_, sizeof c, cudaMemcpyDeviceToHost) == cudaSuccess) {
     s.device_wait_ms = c.wait_ns / 1e6, s.device_work_ms = c.work_ns / 1e6;

@@ -37,6 +37,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "engine/expert_host.h"
 
@@ -100,8 +101,14 @@ class ExpertHandoff {
     double host_ms = 0;       // in ExpertHost::compute
     double device_wait_ms = 0;  // the device's join kernels waiting for the host
     double device_work_ms = 0;  // the device's own work from each post to its join (shared and resident experts)
+    // Of the above, prompt chunks' posts (T > 1): the host's time, its pairs
+    // and the distinct experts they went to (the prefill split's rates).
+    double prompt_host_ms = 0;
+    long prompt_misses = 0, prompt_experts = 0;
   };
   Stats stats() const;
+  // The prompt_* fields alone (host counters: no device read).
+  Stats prompt_stats() const;
 
  private:
   void serve();
@@ -132,6 +139,9 @@ class ExpertHandoff {
   DevicePart* dev_ = nullptr;
   const float* dpart_ = nullptr;
   std::atomic<long long> host_ns_{0};
+  std::atomic<long long> prompt_ns_{0};
+  std::atomic<long> prompt_misses_{0}, prompt_experts_{0};
+  std::vector<uint8_t> seen_;  // serve_one's distinct experts of a prompt post
   std::exception_ptr error_;  // from the ExpertHost, handed over by end()
 };
 

@@ -263,13 +263,14 @@ void ExpertTier::end_chunk() {
   }
   pu_.waits = 0;
   if (handoff_) handoff_->end();
+  measure_prefill_cpu();
 }
 
 void ExpertTier::start_pass(int T) {
   if (!prefill_uploads(T)) return;
   // The first two units' experts (one per area), while the trunk starts;
   // each unit's group_done posts the unit two ahead.
-  refresh_prefill_tables();
+  refresh_prefill_tables(prefill_cpu_counts(T));
   for (int u = 0; u < 2 && u < static_cast<int>(pu_.units.size()); ++u) upload_unit(u);
 }
 
@@ -279,13 +280,20 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
   // A prompt chunk's non-residents come uploaded (prefill_upload.cu); else
   // the host computes them, as in a decode step.
   st.upload = tiered_ && uploads_layer(l, T);
-  if (st.upload) upload_pairs_ += static_cast<long long>(T) * s_.num_experts_per_tok;
-  st.handoff = hands_off(l) && !st.upload;
+  // With the CPU as third place an uploading layer hands its host experts
+  // off too (their flags 0 in the prefill flags).
+  const int on_cpu = st.upload ? pu_.cpu_of[l] : 0;
+  st.handoff = hands_off(l) && (!st.upload || on_cpu > 0);
+  if (st.upload && !st.handoff) upload_pairs_ += static_cast<long long>(T) * s_.num_experts_per_tok;  // the handoff counts its layers'
+  if (st.upload) {
+    const int resident = plan_.resident_in_layer(l);
+    pu_.placed[0] += resident, pu_.placed[1] += s_.num_experts - resident - on_cpu, pu_.placed[2] += on_cpu;
+  }
   // One-token steps read the PCIe experts in place (pcie_read_share): their
   // table and flags; prompt chunks the tier's.
   const bool one = T == 1 && !one_resident_.empty();
   st.table = one ? x.one_table : x.table;
-  st.resident = one ? one_resident_[l].get() : st.handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
+  st.resident = one ? one_resident_[l].get() : st.upload && st.handoff ? pu_.flags[l].get() : st.handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
   st.share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
   if (st.upload) {
     st.table.gate_ptrs = pu_.gate[l].get(), st.table.up_ptrs = pu_.up[l].get(), st.table.down_ptrs = pu_.down[l].get();
@@ -349,6 +357,8 @@ void ExpertTier::fill_stats(TierStats& t) const {
   t.prefill_upload_bytes = pu_.bytes;
   t.prefill_upload = pu_.on;
   t.prefill_wait_ms = pu_.wait_ms;
+  t.prefill_placed_resident = pu_.placed[0], t.prefill_placed_uploaded = pu_.placed[1], t.prefill_placed_host = pu_.placed[2];
+  if (handoff_) t.prefill_host_ms = handoff_->prompt_stats().prompt_host_ms;
   t.pcie_read = pcie_read_;
   t.pcie_read_share = pcie_read_ ? opt_.pcie_read_share : 0.0;
 }

@@ -20,7 +20,10 @@
 //     uploaded ahead into two alternating areas, a unit at a time: a whole
 //     layer's, or (a ring, when the experts run as grouped GEMMs over
 //     expert ranges) a range of its experts whose non-residents fill one
-//     area, so that a small area streams a layer through in groups;
+//     area, so that a small area streams a layer through in groups; and
+//     with a ring the CPU as third place: a layer's last non-residents by
+//     id handed off to the host instead (CudaOptions::prefill_cpu_experts),
+//     their table entries null (the grouped kernels give their pairs 0);
 //   - the background swaps (tier_swaps.cu): a hot non-resident replaces a
 //     cold resident, slot for slot, never blocking a step.
 // Without a budget every expert lives in the backend's weight arena and the
@@ -131,7 +134,7 @@ class ExpertTier {
   struct Step {
     ExpertTable table;                 // what the layer's expert kernels read
     const uint8_t* resident = nullptr;  // the post's flags
-    bool handoff = false, upload = false;
+    bool handoff = false, upload = false;  // both: an uploading layer with experts on the host (the third place)
     float share = 0;                   // a one-token step's PCIe split
     int unit0 = -1, groups = 0;        // upload: the layer's first staging unit and its count
   };
@@ -197,6 +200,16 @@ class ExpertTier {
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> wait_ev;
     std::size_t waits = 0;                  // pairs recorded in this chunk
     double wait_ms = 0;
+    // The CPU as third place (ring only): per layer how many of its last
+    // non-residents the host computes (the tables' count, cpu_of), the
+    // handoff's flags for an uploading layer (1: resident or uploaded, 0:
+    // the host's), [layers * experts] on_cpu on the host.
+    std::vector<int> cpu_of;
+    std::vector<DeviceArray<uint8_t>> flags;
+    std::vector<uint8_t> on_cpu;
+    double pair_s = 0;                      // the host's measured time per pair beyond reading the expert (0: not yet)
+    ExpertHandoff::Stats seen{};            // the handoff's prompt counters at the last measurement
+    long long placed[3] = {};               // expert placements of uploading layers' chunks: resident, uploaded, host
   };
 
   // Construction (expert_tier.cu).
@@ -221,7 +234,11 @@ class ExpertTier {
   // Prefill staging (prefill_upload.cu).
   void init_prefill_upload(int stage_slots, bool ring);
   void free_prefill_upload();
-  void refresh_prefill_tables();
+  // Per layer, how many non-residents the host takes in a chunk of T
+  // tokens (prefill_cpu_count over the measured rates; the options' n).
+  std::vector<int> prefill_cpu_counts(int T) const;
+  void measure_prefill_cpu();  // pair_s from the handoff's prompt counters
+  void refresh_prefill_tables(const std::vector<int>& cpu);
   void upload_unit(int u);
   bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && T >= kGroupedMinTokens; }
   bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && static_cast<std::size_t>(l) < pu_.first_unit.size() && pu_.first_unit[l] >= 0; }

@@ -1,13 +1,16 @@
 // Hybrid prefill's uploads (CudaOptions::prefill_upload; expert_tier.cuh:
 // PrefillUpload). A prompt chunk's experts outside the tier come to the
-// device a whole layer at a time, one layer ahead, into two alternating
-// staging areas, and run with the residents as one grouped GEMM.
+// device a unit at a time (a whole layer, or with a ring a range of its
+// experts), ahead, into two alternating staging areas, and run with the
+// residents as grouped GEMMs; with a ring some of a layer's non-residents
+// may go to the host instead (CudaOptions::prefill_cpu_experts).
 #include <algorithm>
 #include <thread>
 #include <cstdint>
 #include <vector>
 
 #include "expert_tier.cuh"
+#include "placement/prefill_split.h"
 #include "prefill_stager.cuh"
 
 namespace coli::cuda::detail {
@@ -27,9 +30,11 @@ void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
   }
   {
     BudgetScope scope(budget_, "the prefill expert tables");
-    pu_.gate.resize(L), pu_.up.resize(L), pu_.down.resize(L);
-    for (int l = 0; l < L; ++l) pu_.gate[l].resize(E + 1), pu_.up[l].resize(E + 1), pu_.down[l].resize(E + 1);
+    pu_.gate.resize(L), pu_.up.resize(L), pu_.down.resize(L), pu_.flags.resize(L);
+    for (int l = 0; l < L; ++l) pu_.gate[l].resize(E + 1), pu_.up[l].resize(E + 1), pu_.down[l].resize(E + 1), pu_.flags[l].resize(E);
   }
+  pu_.cpu_of.assign(L, 0);
+  pu_.on_cpu.assign(static_cast<std::size_t>(L) * E, 0);
   check(cudaStreamCreateWithFlags(&pu_.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   // Pageable sources go through the stager's pinned ring on host threads of
   // its own (the host computes no experts while a chunk uploads); registered
@@ -58,25 +63,75 @@ void ExpertTier::free_prefill_upload() {
   }
 }
 
-void ExpertTier::refresh_prefill_tables() {
-  if (pu_.residency_gen == residency_gen_) return;
+std::vector<int> ExpertTier::prefill_cpu_counts(int T) const {
+  const int L = s_.num_layers, E = s_.num_experts, want = opt_.prefill_cpu_experts;
+  std::vector<int> counts(L, 0);
+  // Without a ring a layer's experts are one unit and may run as the
+  // per-pair kernels, which do not take a null entry; from pageable memory
+  // the stager's host threads fill the copies (the auto split stays off).
+  if (!pu_.ring || want == 0 || !handoff_ || (want < 0 && pinned_.empty())) return counts;
+  PrefillCosts c;
+  c.upload_s = static_cast<double>(expert_bytes_) / (std::max(opt_.pcie_gbs, 1e-3) * 1e9);
+  c.cpu_read_s = static_cast<double>(expert_bytes_) / (std::max(opt_.host_expert_gbs, 1e-3) * 1e9);
+  // Before a measurement: the multiply-adds of a pair at 1.2 TFLOP/s, what
+  // the H200 machine's 16 cores reached on int4 experts at 16 pairs each
+  // (issue 18: 1.75G, prompts' misses on the host).
+  const double flops = 6.0 * s_.hidden_size * s_.moe_intermediate_size;
+  c.cpu_token_s = pu_.pair_s > 0 ? pu_.pair_s : flops / 1.2e12;
+  c.cpu_fixed_s = 40e-6;  // the handoff's round trip (MachineRates::handoff_s)
+  const double pairs = static_cast<double>(T) * s_.num_experts_per_tok / E;
+  for (int l = 0; l < L; ++l) {
+    if (layer_full_[l]) continue;
+    const int missing = E - plan_.resident_in_layer(l);
+    counts[l] = want > 0 ? std::min(want, missing) : prefill_cpu_count(missing, pairs, c);
+  }
+  return counts;
+}
+
+void ExpertTier::measure_prefill_cpu() {
+  if (!handoff_) return;
+  // The host's time per pair beyond reading the expert, from the prompt
+  // posts since the last look (the third place's and, without uploads,
+  // the prompts' misses): what the next chunks' split assumes.
+  const ExpertHandoff::Stats h = handoff_->prompt_stats();
+  const long experts = h.prompt_experts - pu_.seen.prompt_experts, pairs = h.prompt_misses - pu_.seen.prompt_misses;
+  const double host_s = (h.prompt_host_ms - pu_.seen.prompt_host_ms) / 1e3;
+  pu_.seen = h;
+  if (experts < 4 || pairs <= 0) return;
+  const double read_s = static_cast<double>(expert_bytes_) / (std::max(opt_.host_expert_gbs, 1e-3) * 1e9);
+  pu_.pair_s = std::max(1e-9, (host_s - experts * read_s) / static_cast<double>(pairs));
+}
+
+void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
+  if (pu_.residency_gen == residency_gen_ && pu_.cpu_of == cpu) return;
   // Kernels of an earlier chunk may still read the tables.
   check(cudaStreamSynchronize(stream_), "prefill expert tables");
   const int L = s_.num_layers, E = s_.num_experts, A = pu_.stage_slots;
   std::vector<const uint8_t*> g(E + 1), u(E + 1), d(E + 1);
+  std::vector<uint8_t> flags(E);
   pu_.units.clear();
   pu_.first_unit.assign(L, -1), pu_.unit_count.assign(L, 0);
+  std::fill(pu_.on_cpu.begin(), pu_.on_cpu.end(), 0);
   for (int l = 0; l < L; ++l) {
     if (layer_full_[l]) continue;
     const int missing = E - plan_.resident_in_layer(l);
     if (!pu_.ring && missing > A) continue;  // its misses go to the host, as in a decode step
-    // Units: ranges of expert ids, each holding at most A non-residents
-    // (without a ring one unit, the whole layer).
+    uint8_t* on_cpu = pu_.on_cpu.data() + static_cast<std::size_t>(l) * E;
+    // The host's: the layer's last cpu[l] non-residents by id.
+    for (int e = E - 1, left = pu_.ring ? cpu[l] : 0; e >= 0 && left > 0; --e)
+      if (!plan_.is_resident(l, e)) on_cpu[e] = 1, --left;
+    // Units: ranges of expert ids, each holding at most A uploads (without
+    // a ring one unit, the whole layer).
     pu_.first_unit[l] = static_cast<int>(pu_.units.size());
     int e0 = 0, rank = 0;
     for (int e = 0; e < E; ++e) {
       const long long slot = slot_of_[static_cast<std::size_t>(l) * E + e];
       const bool res = plan_.is_resident(l, e) && slot >= 0;
+      flags[e] = !on_cpu[e];
+      if (on_cpu[e]) {  // a null entry: the grouped kernels give its pairs 0, the host adds its part
+        g[e] = u[e] = d[e] = nullptr;
+        continue;
+      }
       if (!res && rank == A) pu_.units.push_back({l, e0, e}), e0 = e, rank = 0;
       const int area = static_cast<int>(pu_.units.size()) % 2;
       const uint8_t* base = res ? slot_address(slot) : pu_.stage.get() + (static_cast<std::size_t>(area) * A + rank) * slot_bytes_;
@@ -89,8 +144,10 @@ void ExpertTier::refresh_prefill_tables() {
     check(cudaMemcpy(pu_.gate[l].get(), g.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.up[l].get(), u.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.down[l].get(), d.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
+    check(cudaMemcpy(pu_.flags[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "prefill expert flags");
   }
   pu_.residency_gen = residency_gen_;
+  pu_.cpu_of = cpu;
 }
 
 void ExpertTier::upload_unit(int u) {
@@ -107,8 +164,9 @@ void ExpertTier::upload_unit(int u) {
     else pieces.push_back({dst, src, n});
   };
   int rank = 0;
+  const uint8_t* on_cpu = pu_.on_cpu.data() + static_cast<std::size_t>(l) * s_.num_experts;
   for (int e = unit.e0; e < unit.e1; ++e) {
-    if (plan_.is_resident(l, e)) continue;
+    if (plan_.is_resident(l, e) || on_cpu[e]) continue;
     const ExpertWeights& x = model_.layer(l).moe.experts[e];
     uint8_t* dst = area + static_cast<std::size_t>(rank++) * slot_bytes_;
     add(dst, x.gate.data, x.gate.bytes());

@@ -49,6 +49,10 @@ Wordings wordings(Flag f) {
               "when the weights are pinned; this flag asks for it from pageable memory too)",
               "under a budget: prompts upload the experts the tier lacks, a layer ahead (the default when the weights are pinned; this flag: always)",
               "the runs will use --prefill-upload: its staging areas come out of the experts' VRAM"};
+    case Flag::kPrefillCpu:
+      return {"under a budget, when prompts upload: how many of a layer's missing experts the CPU computes instead of uploading them, at the same "
+              "time (auto, the default: as many as balance the CPU's time against the uploads', from this machine's rates and the CPU's measured "
+              "time; off or 0: none; N: N per layer)"};
     case Flag::kNoSwap:
       return {"under a budget: keep the experts the tier starts with (no background swaps; reproducible speed)",
               "under a budget: keep the experts the tier starts with (no background swaps; reproducible records)"};
@@ -83,6 +87,7 @@ void add_flag(po::options_description& o, Tool t, Flag f) {
     case Flag::kPcieRead: add("pcie-read", po::value<std::string>()->default_value("auto"), help); break;
     case Flag::kPcieReadOffset: add("pcie-read-offset", po::value<double>()->default_value(2.0), help); break;
     case Flag::kPrefillUpload: add("prefill-upload", po::bool_switch(), help); break;
+    case Flag::kPrefillCpu: add("prefill-cpu", po::value<std::string>()->default_value("auto"), help); break;
     case Flag::kNoSwap: add("no-swap", po::bool_switch(), help); break;
     case Flag::kDevice: add("device", po::value<std::string>()->default_value("auto"), help); break;
     case Flag::kThreads: add("threads,t", po::value<int>()->default_value(0), help); break;
@@ -132,6 +137,7 @@ TierFlags read_tier_flags(const po::variables_map& vm) {
   t.pcie_read = parse_pcie_read(vm["pcie-read"].as<std::string>(), "--pcie-read");
   t.pcie_read_offset = check_pcie_read_offset(vm["pcie-read-offset"].as<double>(), "--pcie-read-offset");
   t.prefill_upload = vm["prefill-upload"].as<bool>();
+  t.prefill_cpu = parse_prefill_cpu(vm["prefill-cpu"].as<std::string>(), "--prefill-cpu");
   return t;
 }
 

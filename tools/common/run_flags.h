@@ -37,6 +37,7 @@ enum class Flag {
   kPcieRead,        // --pcie-read SHARE|auto|off
   kPcieReadOffset,  // --pcie-read-offset N
   kPrefillUpload,   // --prefill-upload
+  kPrefillCpu,      // --prefill-cpu auto|off|N
   kNoSwap,          // --no-swap
   kDevice,          // --device cuda|cpu|auto
   kThreads,         // -t/--threads N (coli-bench's is a list of its own)
@@ -47,7 +48,7 @@ enum class Flag {
 // The expert tier's flags in coli-run's and coli-bench's order.
 inline constexpr std::initializer_list<Flag> kTierFlags = {Flag::kVramBudget, Flag::kVramMargin,     Flag::kMirror,        Flag::kPlan,
                                                            Flag::kDecodeUpload, Flag::kPcieRead, Flag::kPcieReadOffset, Flag::kPrefillUpload,
-                                                           Flag::kNoSwap};
+                                                           Flag::kPrefillCpu,   Flag::kNoSwap};
 
 // A --vram-budget of "auto" (the default): the device's free memory at the
 // start, less --vram-margin, when the whole model does not fit in it.
@@ -73,6 +74,7 @@ struct TierFlags {
   double pcie_read = -1;        // parse_pcie_read's value: -1 auto, else the share
   double pcie_read_offset = 2;  // 0 .. 64
   bool prefill_upload = false;
+  int prefill_cpu = -1;         // --prefill-cpu: -1 auto, else experts per layer (0: off)
 };
 TierFlags read_tier_flags(const boost::program_options::variables_map& vm);
 

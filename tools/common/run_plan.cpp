@@ -39,6 +39,8 @@ std::vector<int> chunks_up_to(const std::vector<int>& sizes, int chunk) {
 
 }  // namespace
 
+MachineRates rates_of(const Container& c, const std::string& file, std::string* from) { return rates_for(file, expert_format_name(c), from); }
+
 PlannerInputs plan_inputs(const Container& c, const ModelSpec& spec, const PlanRequest& r, std::string* rates_from) {
   // The VRAM the run's backend will have for slots, by the ledger it uses:
   // its reserve holds the PCIe reads' one-token tables when they are on.

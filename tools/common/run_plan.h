@@ -58,4 +58,9 @@ Plan plan_for_run(const std::string& model, const ModelSpec& spec, const RunFlag
 // This machine's name, which names its rates cache ("" when unknown).
 std::string host_name();
 
+// The rates the planner reads for container c: file when given, else this
+// machine's cache for c's expert format, else the defaults (*from: the
+// file read, or "").
+MachineRates rates_of(const Container& c, const std::string& file, std::string* from = nullptr);
+
 }  // namespace coli::cli

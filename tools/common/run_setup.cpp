@@ -73,6 +73,7 @@ void plan_tier(RunSetup& s, const RunRequest& r, const std::string& container, b
     const std::vector<uint64_t> heat = plan_as_heat(plans.back());
     if (upload && !VramLedger(*r.model, v).fill(s.fit.budget, &heat).prefill) preds[i].prefill_tok_s = 0;
   }
+  s.rates = rates_of(c, "");
   const std::size_t pick = pick_chunk(preds);
   s.plan = plans[pick], s.predicted = preds[pick], s.chunk = sizes[pick];
   s.plan_source = s.heat_tokens > 0 ? "heat" : "even";
@@ -217,6 +218,7 @@ RunSetup setup_run(const RunRequest& r) {
       s.plan_source = "order";
     }
     if (s.plan) t.plan = &*s.plan;
+    t.pcie_gbs = s.rates.pcie_gbs, t.host_expert_gbs = s.rates.host_expert_gbs;
   }
   t.max_chunk = s.chunk;
   const cuda::CudaOptions co = cuda_options(r.env, f, t);

@@ -117,6 +117,7 @@ struct RunSetup {
   std::optional<Plan> plan;    // the tier's plan (a file's or the planner's)
   Prediction predicted;        // the planner's, for -v
   std::string rates_from;      // the rates file the planner read ("" for the defaults)
+  MachineRates rates;          // what it read (the backend's prompt split takes the PCIe and host rates)
 };
 
 RunSetup setup_run(const RunRequest& r);
