@@ -31,11 +31,28 @@ constexpr uint64_t kNoLimit = std::numeric_limits<uint64_t>::max();
 
 }  // namespace
 
+bool embedding_on_host(bool tiered, QuantFormat embed) { return tiered && (embed == QuantFormat::F32 || embed == QuantFormat::BF16 || embed == QuantFormat::F16); }
+
 TensorBytes tensor_bytes_of(const Model& m) {
   return [&m](const TensorDesc& t) -> uint64_t {
     return t.form == TensorForm::kVector ? vector_of(m, t).size() * 4 : matrix_of(m, t).bytes();
   };
 }
+
+namespace {
+// bytes, with the embedding's 0 when it stays on the host.
+TensorBytes device_bytes(TensorBytes bytes, bool embed_on_host) {
+  if (!embed_on_host) return bytes;
+  return [bytes = std::move(bytes)](const TensorDesc& t) -> uint64_t { return t.role == TensorRole::kEmbed ? 0 : bytes(t); };
+}
+
+QuantFormat embed_format_of(const Container& c) {
+  for (const Blob& b : c.manifest().blobs)
+    for (const BlobPart& p : b.parts)
+      if (p.name == "model.embed_tokens.weight") return p.format;
+  throw Error(c.where() + ": no tensor 'model.embed_tokens.weight'");
+}
+}  // namespace
 
 TensorBytes tensor_bytes_of(const Container& c) {
   struct Entry {
@@ -232,10 +249,11 @@ VramLedger::VramLedger(const ModelSpec& s, const TensorBytes& bytes, const Exper
   reserve_ = runtime_reserve(s_, run_, slot_.bytes());
 }
 
-VramLedger::VramLedger(const Model& m, const VramSettings& run) : VramLedger(m.spec(), tensor_bytes_of(m), expert_parts_of(m), run) {}
+VramLedger::VramLedger(const Model& m, const VramSettings& run)
+    : VramLedger(m.spec(), device_bytes(tensor_bytes_of(m), embedding_on_host(run.tiered(), m.embed().format)), expert_parts_of(m), run) {}
 
 VramLedger::VramLedger(const Container& c, const ModelSpec& s, const VramSettings& run)
-    : VramLedger(s, tensor_bytes_of(c), expert_parts_of(c), run) {}
+    : VramLedger(s, device_bytes(tensor_bytes_of(c), embedding_on_host(run.tiered(), embed_format_of(c))), expert_parts_of(c), run) {}
 
 TierFill VramLedger::fill(uint64_t budget, const std::vector<uint64_t>* heat) const {
   TierFillInputs in;

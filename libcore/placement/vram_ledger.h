@@ -100,6 +100,14 @@ ExpertSlot expert_slot(const ExpertParts& p);
 
 // 1. The weight arena's bytes (tiered: without the routed experts).
 uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered);
+// Under a tier the token embedding stays in host memory when its rows are
+// plain (f32, bf16, f16: a row is one run of bytes, no scales): a chunk's
+// rows are copied to pinned memory the embedding kernel reads in place (4
+// KB a token at bf16, hidden 2048), and its VRAM holds experts instead:
+// 1 GB at Qwen3.5's vocabulary of 248,320 (llama.cpp keeps it on the host
+// too). The ledger's TensorBytes of a Model or a Container then give the
+// embedding 0 bytes, as the backend's arena does.
+bool embedding_on_host(bool tiered, QuantFormat embed);
 uint64_t inv_freq_bytes(const ModelSpec& s);  // max(1, rotary_dim / 2) floats
 
 // 2. Element counts of the buffers of a T-token chunk (CudaBackend::

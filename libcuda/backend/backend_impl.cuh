@@ -195,6 +195,17 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   WeightArena arena_;
   DevMatrix embed_, lm_head_;
+  // Under a tier the embedding may stay on the host (embedding_on_host):
+  // then embed_ describes h_emb_, pinned and mapped, max_chunk rows that
+  // stage_embedding() copies a chunk's rows into (row t: token t) before
+  // its kernels; emb_read_ is recorded once the embedding kernel ran.
+  const Matrix* host_embed_ = nullptr;
+  uint8_t* h_emb_ = nullptr;
+  std::size_t emb_row_bytes_ = 0;
+  cudaEvent_t emb_read_ = nullptr;
+  void stage_embedding(const int* ids, int T);
+  const int* embed_ids() const { return host_embed_ ? nullptr : d_ids(); }  // null: row t is token t's
+  void record_embedding_read();
   const float* final_norm_ = nullptr;
   DeviceArray<float> inv_freq_;  // rotary inverse frequencies, f32(1 / theta^(2i / rot)) made on the host as the reference does
   std::vector<DevLayer> layers_;

@@ -40,6 +40,25 @@ void CudaBackend::prepare(CudaState& st, int T, int pos0) {
   }
 }
 
+void CudaBackend::stage_embedding(const int* ids, int T) {
+  if (!host_embed_) return;
+  // The rows the previous chunk's embedding kernel read are free once it ran.
+  check(cudaEventSynchronize(emb_read_), "embedding rows");
+  const int64_t V = host_embed_->rows;
+  for (int t = 0; t < T; ++t) {
+    if (ids[t] < 0 || ids[t] >= V) throw Error("CUDA backend: token id " + std::to_string(ids[t]) + " is outside the vocabulary of " + std::to_string(V));
+    std::memcpy(h_emb_ + std::size_t(t) * emb_row_bytes_, host_embed_->data + std::size_t(ids[t]) * emb_row_bytes_, emb_row_bytes_);
+  }
+}
+
+void CudaBackend::record_embedding_read() {
+  if (!host_embed_) return;
+  // Inside a decode graph an external record node, which the host's wait can see.
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream_, &cs), "capture status");
+  check(cudaEventRecordWithFlags(emb_read_, stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault), "event");
+}
+
 void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
   auto& st = static_cast<CudaState&>(state);
   if (pending_.active) finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
@@ -60,6 +79,7 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   }
   h_io_[0] = pos0;
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
+  stage_embedding(ids, T);
   const auto t_copy = std::chrono::steady_clock::now();
   check(cudaMemcpyAsync(io_.get(), h_io_, (T + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
   if (graph_timing_ && T == 1) {

@@ -179,7 +179,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   // routed experts, which get slots of their own), as the VRAM ledger
   // counts it; a matrix the twin holds takes no room here (put_matrix
   // reads it there).
+  if (embedding_on_host(tiered_, model.embed().format)) host_embed_ = &model.embed();
   const std::size_t total = arena_bytes(s_, [&](const TensorDesc& t) -> uint64_t {
+    if (host_embed_ && t.role == TensorRole::kEmbed) return 0;  // stays on the host
     if (t.form != TensorForm::kVector && twin_at(matrix_of(model, t).data, matrix_of(model, t).bytes())) return 0;
     return bytes_of(model, t);
   }, tiered_);
@@ -202,7 +204,20 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   for (auto [p, n] : pinned_) uploader.add_pinned(p, n);  // copied from where they are
   if (twin_dev_) uploader.add_twin(twin_host_, twin_bytes_, twin_dev_);  // device to device (the tier's slots)
   arena_.set_uploader(&uploader, opt_.tuning.upload_min_bytes);
-  embed_ = put_matrix(model.embed(), "embed_tokens");
+  if (host_embed_) {
+    // Staged per chunk (stage_embedding): max_chunk rows in pinned memory
+    // the kernel reads over PCIe, 4 KB a token at bf16.
+    embed_ = describe(model.embed(), nullptr, "embed_tokens");
+    emb_row_bytes_ = layout_of(model.embed().format, 1, model.embed().cols).total;
+    check(cudaHostAlloc(reinterpret_cast<void**>(&h_emb_), emb_row_bytes_ * std::max(1, opt_.max_chunk), cudaHostAllocMapped), "cudaHostAlloc (embedding rows)");
+    void* d = nullptr;
+    check(cudaHostGetDevicePointer(&d, h_emb_, 0), "cudaHostGetDevicePointer");
+    embed_.data = static_cast<const uint8_t*>(d);
+    embed_.rows = std::max(1, opt_.max_chunk);
+    check(cudaEventCreateWithFlags(&emb_read_, cudaEventDisableTiming), "cudaEventCreate");
+  } else {
+    embed_ = put_matrix(model.embed(), "embed_tokens");
+  }
   lm_head_ = put_matrix(model.lm_head(), "lm_head");
   final_norm_ = put_floats(model.final_norm());
   {
@@ -353,6 +368,8 @@ CudaBackend::~CudaBackend() {
     cudaIpcCloseMemHandle(const_cast<uint8_t*>(twin_dev_));
   }
   if (h_io_) cudaFreeHost(h_io_);
+  if (h_emb_) cudaFreeHost(h_emb_);
+  if (emb_read_) cudaEventDestroy(emb_read_);
   for (int i = 0; i < kMaxLogitParts; ++i) {
     if (part_ready_[i]) cudaEventDestroy(part_ready_[i]);
     if (part_copied_[i]) cudaEventDestroy(part_copied_[i]);

@@ -143,7 +143,10 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
   tier_->start_pass(T);  // a prompt chunk's first uploaded layer, while the trunk starts
-  step("embed", [&] { embed_rows(embed_, d_ids(), T, x_.get(), stream_); });
+  step("embed", [&] {
+    embed_rows(embed_, embed_ids(), T, x_.get(), stream_);
+    record_embedding_read();
+  });
   // Each residual add is fused with the norm that reads its result, and
   // the norm with the quantization of its output for the int8 matmuls.
   bool nibble = false, hn_q = mixer_quant(0, &nibble);

@@ -41,7 +41,9 @@ void CudaBackend::embed(const int* ids, int T, float* x) {
   h_io_[0] = 0;
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
   check(cudaMemcpyAsync(io_.get(), h_io_, (T + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
-  embed_rows(embed_, d_ids(), T, x_.get(), stream_);
+  stage_embedding(ids, T);
+  embed_rows(embed_, embed_ids(), T, x_.get(), stream_);
+  record_embedding_read();
   download(x, x_.get(), std::size_t(T) * s_.hidden_size);
 }
 

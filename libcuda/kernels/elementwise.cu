@@ -14,7 +14,7 @@ namespace {
 template <Kind K>
 __global__ void embed_kernel(DevMatrix E, const int* ids, float* x) {
   griddep_wait();
-  const int t = blockIdx.x, r = ids[t];
+  const int t = blockIdx.x, r = ids ? ids[t] : t;  // no ids: row t holds token t's (a host embedding's staged rows)
   constexpr int per = K == Kind::kF32 ? 4 : K == Kind::kI8 ? 16 : K == Kind::kI4 ? 32 : 8;
   const int chunks = (E.cols + per - 1) / per;
   for (int ch = threadIdx.x; ch < chunks; ch += blockDim.x) {

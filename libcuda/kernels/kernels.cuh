@@ -72,6 +72,7 @@ using ::coli::kFloatTiledMinTokens;
 bool matmul_float_tiled(const DevMatrix& W, const float* x, int T, float* y, int ldy, float* work, cudaStream_t s);
 using ::coli::float_tiled_work_floats;
 
+// x[t] = row ids[t] of E (ids null: row t) as floats.
 void embed_rows(const DevMatrix& E, const int* ids, int T, float* x, cudaStream_t s);
 // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (plus_one ? 1 + w : w), rows of n.
 // With q (n % 32 == 0), y is also quantized into q as quantize_x would
