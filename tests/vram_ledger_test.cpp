@@ -379,6 +379,15 @@ std::vector<Fixture>& fixtures() {
 
 }  // namespace
 
+TEST(VramLedger, EmbeddingOnTheHostUnderATier) {
+  using coli::QuantFormat;
+  for (QuantFormat f : {QuantFormat::F32, QuantFormat::BF16, QuantFormat::F16}) {
+    EXPECT_TRUE(coli::embedding_on_host(true, f));
+    EXPECT_FALSE(coli::embedding_on_host(false, f)) << "a whole model keeps it on the device";
+  }
+  for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) EXPECT_FALSE(coli::embedding_on_host(true, f)) << "rows with scales stay";
+}
+
 // The planner reads the manifest, the backend the bound model: one ledger.
 TEST(VramLedger, ContainerAndModelAgree) {
   for (const Fixture& x : fixtures()) {
@@ -394,6 +403,16 @@ TEST(VramLedger, ContainerAndModelAgree) {
       EXPECT_EQ(a.device_floor(), b.device_floor()) << x.name;
       EXPECT_EQ(a.fill(run.budget).plan.count, b.fill(run.budget).plan.count) << x.name;
     }
+    // Under a tier a plain embedding stays on the host: the arena is the
+    // tiered one less its padded bytes.
+    VramSettings tier;
+    tier.budget = 1 << 30;
+    const uint64_t with_embed = coli::arena_bytes(x.s, coli::tensor_bytes_of(*model), true);
+    const uint64_t embed = coli::device_padded(model->embed().bytes());
+    const bool host = coli::embedding_on_host(true, model->embed().format);
+    EXPECT_EQ(VramLedger(*model, tier).arena(), host ? with_embed - embed : with_embed) << x.name;
+    EXPECT_EQ(VramLedger(*x.c, x.s, tier).arena(), VramLedger(*model, tier).arena()) << x.name;
+    EXPECT_EQ(VramLedger(*model, VramSettings{}).arena(), coli::arena_bytes(x.s, coli::tensor_bytes_of(*model), false)) << "no tier: on the device";
     // The padded slot holds the three parts of any expert.
     const coli::ExpertWeights& e = model->layer(x.s.num_layers - 1).moe.experts.back();
     const VramLedger l(*model, VramSettings{});
