@@ -163,6 +163,7 @@ struct Samples {
   long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0;
   double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0, tier_upload_wait_ms = 0;
   double placed[3] = {};  // prompt chunks' experts in uploading layers: resident, uploaded, host
+  double tier_pcie_bytes = 0, secs = 0;  // decode steps' expert bytes over PCIe (TierStats::pcie_expert_bytes); the timed seconds
 
   void add_stages(const StageTimes& st) {
     stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
@@ -173,6 +174,7 @@ struct Samples {
     tier_pcie += tier1.pcie_misses - tier0.pcie_misses;
     tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
     tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
+    tier_pcie_bytes += double(tier1.pcie_expert_bytes - tier0.pcie_expert_bytes);
     tier_swap_bytes += double(tier1.swap_bytes - tier0.swap_bytes) + double(tier1.prefill_upload_bytes - tier0.prefill_upload_bytes);
     tier_gpu_ms += tier1.device_experts_ms - tier0.device_experts_ms;
     tier_upload_wait_ms += tier1.prefill_wait_ms - tier0.prefill_wait_ms;
@@ -251,6 +253,7 @@ void run_repetition(Engine& engine, Backend& backend, const Loaded& cur, const T
   if (tiered) sm.add_tier(tier0, backend.tier_stats());
   const int n_tok = t.n_prompt + t.n_gen;
   sm.ns.push_back(secs * 1e9);
+  sm.secs += secs;
   sm.ts.push_back(n_tok / secs);
   sm.add_stages(engine.stage_times());
   sm.expert_bytes += reads.bytes;
@@ -308,6 +311,12 @@ void write_tier(json& rec, const Samples& sm, const TierStats& ts, double reps) 
   rec["t_wait_ms"] = sm.tier_wait_ms / reps;
   rec["t_gpu_experts_ms"] = sm.tier_gpu_ms / reps;  // the layers with a handoff
   rec["t_upload_ms"] = sm.tier_upload_wait_ms / reps;  // prompt chunks' expert kernels waiting for staged copies
+  // Where the time went against the machine: the GPU's wait for the CPU as
+  // a share of the test's time, the CPU's expert reads in GB/s while it
+  // computed them, and every expert byte that crossed PCIe per token.
+  rec["gpu_wait_share"] = sm.secs > 0 ? sm.tier_wait_ms / 1e3 / sm.secs : 0.0;
+  rec["cpu_expert_gbs"] = sm.tier_host_ms > 0 ? sm.tier_host_bytes / (sm.tier_host_ms / 1e3) / 1e9 : 0.0;
+  rec["pcie_bytes_per_token"] = (sm.tier_pcie_bytes + sm.tier_swap_bytes) / sm.tokens;
   rec["prompt_experts_resident"] = sm.placed[0] / reps;
   rec["prompt_experts_uploaded"] = sm.placed[1] / reps;
   rec["prompt_experts_cpu"] = sm.placed[2] / reps;

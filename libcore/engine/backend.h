@@ -65,6 +65,7 @@ struct TierStats {
   double pcie_read_share = 0;           // the split's share in effect (CudaOptions::pcie_read_share; 0 when no expert is readable)
   long long tokens = 0;                 // tokens run through the model
   uint64_t host_expert_bytes = 0;       // expert weights the host read for the misses
+  uint64_t pcie_expert_bytes = 0;       // decode steps' expert weights over PCIe: read in place (pcie_misses) and uploaded (device_misses)
   double host_experts_ms = 0;           // the host computing misses
   double device_wait_ms = 0;            // the device waiting for the host
   double device_experts_ms = 0;         // the device's own expert work meanwhile (shared and resident experts, post to join)
