@@ -208,7 +208,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     // Staged per chunk (stage_embedding): max_chunk rows in pinned memory
     // the kernel reads over PCIe, 4 KB a token at bf16.
     embed_ = describe(model.embed(), nullptr, "embed_tokens");
-    emb_row_bytes_ = layout_of(model.embed().format, 1, model.embed().cols).total;
+    emb_row_bytes_ = layout_of(model.embed().format, model.embed().rows, model.embed().cols).row_stride;
     check(cudaHostAlloc(reinterpret_cast<void**>(&h_emb_), emb_row_bytes_ * std::max(1, opt_.max_chunk), cudaHostAllocMapped), "cudaHostAlloc (embedding rows)");
     void* d = nullptr;
     check(cudaHostGetDevicePointer(&d, h_emb_, 0), "cudaHostGetDevicePointer");
