@@ -91,19 +91,34 @@ TEST(PrefillSplit, CpuCountBeforeTheRoutingBalancesUploadsAndTheHost) {
   // us an expert. 160 misses: c on the CPU gives max(32 (160 - c), 116.4 c);
   // c = 34: max(4.032, 3.958) ms; c = 35: max(4.0, 4.074): 34.
   PrefillCosts c{32e-6, 0, 30e-6, 5.4e-6, 0};
-  EXPECT_EQ(coli::prefill_cpu_count(160, 16, c), 34);
+  EXPECT_EQ(coli::prefill_cpu_count(160, 16, 4096, c), 34);
   // The handoff's fixed cost of 40 us moves one expert back to the GPU:
   // c = 34 gives max(4.032, 3.998) ms, c = 35 max(4.0, 4.114): still 34.
   c.cpu_fixed_s = 40e-6;
-  EXPECT_EQ(coli::prefill_cpu_count(160, 16, c), 34);
+  EXPECT_EQ(coli::prefill_cpu_count(160, 16, 4096, c), 34);
   // 4096 tokens: 128 pairs each (721 us an expert): 6 of 160 on the CPU
   // (max(4.928, 4.367) ms; 7 gives max(4.896, 5.088)).
-  EXPECT_EQ(coli::prefill_cpu_count(160, 128, c), 6);
+  EXPECT_EQ(coli::prefill_cpu_count(160, 128, 32768, c), 6);
   // A host slower than anything: nothing; no miss: nothing.
-  EXPECT_EQ(coli::prefill_cpu_count(160, 16, PrefillCosts{32e-6, 0, 1.0, 0, 0}), 0);
-  EXPECT_EQ(coli::prefill_cpu_count(0, 16, c), 0);
+  EXPECT_EQ(coli::prefill_cpu_count(160, 16, 4096, PrefillCosts{32e-6, 0, 1.0, 0, 0}), 0);
+  EXPECT_EQ(coli::prefill_cpu_count(0, 16, 4096, c), 0);
   // Uploads free: nothing on the CPU; the CPU free (and no fixed cost): every miss.
-  EXPECT_EQ(coli::prefill_cpu_count(10, 16, PrefillCosts{0, 0, 1e-6, 1e-6, 0}), 0);
-  EXPECT_EQ(coli::prefill_cpu_count(10, 16, PrefillCosts{1e-6, 0, 0, 0, 0}), 10);
-  EXPECT_THROW(coli::prefill_cpu_count(10, -1, c), coli::Error);
+  EXPECT_EQ(coli::prefill_cpu_count(10, 16, 4096, PrefillCosts{0, 0, 1e-6, 1e-6, 0}), 0);
+  EXPECT_EQ(coli::prefill_cpu_count(10, 16, 4096, PrefillCosts{1e-6, 0, 0, 0, 0}), 10);
+  EXPECT_THROW(coli::prefill_cpu_count(10, -1, 4096, c), coli::Error);
+  // The GPU's own work and the handoff's traffic (the H200's orders: 0.31
+  // us a pair, 4 MB each way at 512 tokens, 32 MB at 4096). 512 tokens,
+  // 178 misses: the uploads (5.7 ms) bound the GPU (1.3 ms of compute):
+  // the CPU takes 39 (GPU max(4.448, 1.076) + 0.153 = 4.601 ms, CPU 0.040
+  // + 39 x 0.1164 = 4.580; 40 gives CPU 4.696 ms).
+  PrefillCosts g{32e-6, 0.31e-6, 30e-6, 5.4e-6, 0};
+  g.cpu_fixed_s = 40e-6, g.handoff_gpu_s = 2.0 * 512 * 2048 * 4 / 55e9;
+  EXPECT_EQ(coli::prefill_cpu_count(178, 16, 4096, g), 39);
+  // 2048 tokens: 64 pairs an expert; compute (5.1 ms) and uploads (5.7 ms)
+  // are close and the handoff costs 0.6 ms: nothing on the CPU.
+  g.handoff_gpu_s = 2.0 * 2048 * 2048 * 4 / 55e9;
+  EXPECT_EQ(coli::prefill_cpu_count(178, 64, 16384, g), 0);
+  // 4096 tokens of the 40-layer model at 6G (216 misses): compute-bound.
+  g.handoff_gpu_s = 2.0 * 4096 * 2048 * 4 / 55e9;
+  EXPECT_EQ(coli::prefill_cpu_count(216, 128, 32768, g), 0);
 }

@@ -30,6 +30,10 @@ struct PrefillCosts {
   double cpu_token_s = 0;   // the CPU's time per (token, expert) pair beyond the read
   int staging = 0;          // staging slots: at most this many uploads per layer
   double cpu_fixed_s = 0;   // the CPU side's fixed cost of a layer it takes any expert of (the handoff's round trip)
+  // The GPU side's cost of a layer with a handoff: its normed rows down to
+  // the host and the host's partial sums up, over PCIe on the compute
+  // stream (2 T hidden floats), which nothing overlaps.
+  double handoff_gpu_s = 0;
 };
 
 enum class ExpertPlace : uint8_t { kNone, kResident, kUpload, kCpu };
@@ -47,11 +51,13 @@ PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::v
 // Before the routing is known (the device backend decides which experts
 // to upload a layer ahead, before the layer's router runs): how many of a
 // layer's `missing` non-resident experts the CPU takes when each expects
-// `pairs_per_expert` of the chunk's (token, expert) pairs (T k / E). The
-// same model as plan_prefill_layer with every miss at that count: k
-// uploads cost k upload_s, the CPU's share cpu_fixed_s + (missing - k)
-// (cpu_read_s + pairs cpu_token_s); the count that minimises the longer
-// side (ties: fewer on the CPU). 0 when missing <= 0.
-int prefill_cpu_count(int missing, double pairs_per_expert, const PrefillCosts& c);
+// `pairs_per_expert` of the layer's `layer_pairs` (T k) pairs. The GPU's
+// side with c on the CPU: max((missing - c) upload_s, (layer_pairs - c
+// pairs_per_expert) gpu_token_s), plus handoff_gpu_s when c > 0; the
+// CPU's: cpu_fixed_s + c (cpu_read_s + pairs_per_expert cpu_token_s). The
+// count that minimises the longer side (ties: fewer on the CPU); 0 when
+// missing <= 0. A chunk whose GPU is bound by its compute, not by the
+// uploads, gains nothing from the CPU and keeps every expert.
+int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, const PrefillCosts& c);
 
 }  // namespace coli

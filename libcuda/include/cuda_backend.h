@@ -185,6 +185,7 @@ struct CudaOptions {
   int prefill_cpu_experts = -1;
   double pcie_gbs = 55;         // the machine's rates (placement/planner.h MachineRates) for that split
   double host_expert_gbs = 60;
+  double prefill_layer_token_s = 2.5e-6;
   // Background swaps: every swap_window tokens the window's routing counts
   // (decayed) let a hot non-resident expert replace a cold resident one,
   // copied from pinned staging on a stream of its own, never blocking a

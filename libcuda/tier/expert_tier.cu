@@ -350,7 +350,9 @@ void ExpertTier::fill_stats(TierStats& t) const {
     const ExpertHandoff::Stats h = handoff_->stats();
     t.pairs += h.pairs, t.misses = h.misses, t.handoffs = h.handoffs, t.device_misses = h.device_misses, t.pcie_misses = h.pcie_misses;
     t.host_experts_ms = h.host_ms, t.device_wait_ms = h.device_wait_ms, t.device_experts_ms = h.device_work_ms;
-    t.host_expert_bytes = static_cast<uint64_t>(h.misses - h.device_misses) * expert_bytes_;
+    // A decode post's misses are one expert each; a prompt post reads each
+    // of its experts once for all of their pairs.
+    t.host_expert_bytes = static_cast<uint64_t>(h.misses - h.device_misses - h.prompt_misses + h.prompt_experts) * expert_bytes_;
     t.pcie_expert_bytes = static_cast<uint64_t>(h.pcie_misses + h.device_misses) * expert_bytes_;
   }
   t.tokens = tokens_;

@@ -79,11 +79,16 @@ std::vector<int> ExpertTier::prefill_cpu_counts(int T) const {
   const double flops = 6.0 * s_.hidden_size * s_.moe_intermediate_size;
   c.cpu_token_s = pu_.pair_s > 0 ? pu_.pair_s : flops / 1.2e12;
   c.cpu_fixed_s = 40e-6;  // the handoff's round trip (MachineRates::handoff_s)
-  const double pairs = static_cast<double>(T) * s_.num_experts_per_tok / E;
+  // The GPU's expert work per pair: the measured prompt rate with every
+  // expert resident per (token, layer) over its k pairs; and the
+  // handoff's rows down and partial sums up, T hidden floats each way.
+  c.gpu_token_s = opt_.prefill_layer_token_s / s_.num_experts_per_tok;
+  c.handoff_gpu_s = 2.0 * T * s_.hidden_size * sizeof(float) / (std::max(opt_.pcie_gbs, 1e-3) * 1e9);
+  const double layer_pairs = static_cast<double>(T) * s_.num_experts_per_tok, pairs = layer_pairs / E;
   for (int l = 0; l < L; ++l) {
     if (layer_full_[l]) continue;
     const int missing = E - plan_.resident_in_layer(l);
-    counts[l] = want > 0 ? std::min(want, missing) : prefill_cpu_count(missing, pairs, c);
+    counts[l] = want > 0 ? std::min(want, missing) : prefill_cpu_count(missing, pairs, layer_pairs, c);
   }
   return counts;
 }

@@ -29,7 +29,7 @@ void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget&
   co.pcie_read_offset = f.pcie_read_offset;
   co.prefill_upload = f.prefill_upload || t.prefill_upload;
   co.prefill_cpu_experts = f.prefill_cpu;
-  co.pcie_gbs = t.pcie_gbs, co.host_expert_gbs = t.host_expert_gbs;
+  co.pcie_gbs = t.pcie_gbs, co.host_expert_gbs = t.host_expert_gbs, co.prefill_layer_token_s = t.prefill_layer_token_s;
   if (!t.mirror && t.container_span.first) co.read_only_host_regions.push_back(t.container_span), co.pending_pin = t.container_pin;
   co.heat = t.plan ? plan_as_heat(*t.plan, t.heat) : t.heat;
   // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).

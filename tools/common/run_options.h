@@ -56,7 +56,7 @@ struct BackendTarget {
   // backend starts pageable and switches over (CudaOptions::pending_pin).
   std::shared_future<cuda::HostPin> container_pin;
   bool prefill_upload = false;               // prompts upload the tier's misses (--prefill-upload, or run_setup's choice)
-  double pcie_gbs = 55, host_expert_gbs = 60;  // the machine's rates (the planner's) for the prompts' CPU share
+  double pcie_gbs = 55, host_expert_gbs = 60, prefill_layer_token_s = 2.5e-6;  // the machine's rates (the planner's) for the prompts' CPU share
 };
 
 // The PCIe-read share a tier run takes: --pcie-read as given, auto

@@ -218,7 +218,7 @@ RunSetup setup_run(const RunRequest& r) {
       s.plan_source = "order";
     }
     if (s.plan) t.plan = &*s.plan;
-    t.pcie_gbs = s.rates.pcie_gbs, t.host_expert_gbs = s.rates.host_expert_gbs;
+    t.pcie_gbs = s.rates.pcie_gbs, t.host_expert_gbs = s.rates.host_expert_gbs, t.prefill_layer_token_s = s.rates.prefill_layer_token_s;
   }
   t.max_chunk = s.chunk;
   const cuda::CudaOptions co = cuda_options(r.env, f, t);
