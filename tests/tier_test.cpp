@@ -82,6 +82,22 @@ TEST(ParseSize, UnitsAsLlamaCppUsersWriteThem) {
   for (const char* bad : {"", "G", "-1G", "8X", "nan", "inf", "0x10", "8 G", "1e30T"}) EXPECT_THROW(parse_size(bad, "--vram-budget"), UsageError) << bad;
 }
 
+TEST(ParsePrefillCpu, AutoOffOrACount) {
+  EXPECT_EQ(coli::parse_prefill_cpu("auto", "--prefill-cpu"), -1);
+  EXPECT_EQ(coli::parse_prefill_cpu("off", "--prefill-cpu"), 0);
+  EXPECT_EQ(coli::parse_prefill_cpu("0", "--prefill-cpu"), 0);
+  EXPECT_EQ(coli::parse_prefill_cpu("40", "--prefill-cpu"), 40);
+  EXPECT_EQ(coli::parse_prefill_cpu("65536", "--prefill-cpu"), 65536);
+  for (const char* bad : {"", "-1", "65537", "99999999999", "nan", "1e3", "0x10", "4 ", "+4", "auto1", "/dev/zero"}) {
+    try {
+      coli::parse_prefill_cpu(bad, "--prefill-cpu");
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--prefill-cpu"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ParsePcieRead, AutoOffOrAShare) {
   EXPECT_EQ(parse_pcie_read("auto", "--pcie-read"), -1);
   EXPECT_EQ(parse_pcie_read("off", "--pcie-read"), 0);

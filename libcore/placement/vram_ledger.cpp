@@ -39,13 +39,12 @@ TensorBytes tensor_bytes_of(const Model& m) {
   };
 }
 
-namespace {
-// bytes, with the embedding's 0 when it stays on the host.
 TensorBytes device_bytes(TensorBytes bytes, bool embed_on_host) {
   if (!embed_on_host) return bytes;
   return [bytes = std::move(bytes)](const TensorDesc& t) -> uint64_t { return t.role == TensorRole::kEmbed ? 0 : bytes(t); };
 }
 
+namespace {
 QuantFormat embed_format_of(const Container& c) {
   for (const Blob& b : c.manifest().blobs)
     for (const BlobPart& p : b.parts)

@@ -108,6 +108,8 @@ uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered);
 // too). The ledger's TensorBytes of a Model or a Container then give the
 // embedding 0 bytes, as the backend's arena does.
 bool embedding_on_host(bool tiered, QuantFormat embed);
+// bytes, with the embedding's 0 when it stays on the host.
+TensorBytes device_bytes(TensorBytes bytes, bool embed_on_host);
 uint64_t inv_freq_bytes(const ModelSpec& s);  // max(1, rotary_dim / 2) floats
 
 // 2. Element counts of the buffers of a T-token chunk (CudaBackend::

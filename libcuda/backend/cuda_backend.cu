@@ -180,11 +180,10 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   // counts it; a matrix the twin holds takes no room here (put_matrix
   // reads it there).
   if (embedding_on_host(tiered_, model.embed().format)) host_embed_ = &model.embed();
-  const std::size_t total = arena_bytes(s_, [&](const TensorDesc& t) -> uint64_t {
-    if (host_embed_ && t.role == TensorRole::kEmbed) return 0;  // stays on the host
+  const std::size_t total = arena_bytes(s_, device_bytes([&](const TensorDesc& t) -> uint64_t {
     if (t.form != TensorForm::kVector && twin_at(matrix_of(model, t).data, matrix_of(model, t).bytes())) return 0;
     return bytes_of(model, t);
-  }, tiered_);
+  }, host_embed_ != nullptr), tiered_);
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   // Under a budget every allocation is charged to it: the budget is what

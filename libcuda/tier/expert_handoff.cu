@@ -303,10 +303,9 @@ ExpertHandoff::Stats ExpertHandoff::prompt_stats() const {
 }
 
 ExpertHandoff::Stats ExpertHandoff::stats() const {
-  Stats s;
+  Stats s = prompt_stats();
   s.handoffs = handoffs_, s.misses = misses_, s.device_misses = device_misses_;
   s.host_ms = host_ns_ / 1e6;
-  s.prompt_host_ms = prompt_ns_ / 1e6, s.prompt_misses = prompt_misses_, s.prompt_experts = prompt_experts_;
   HandoffCounters c{};
   if (cudaMemcpy(&c, d_counters_, sizeof c, cudaMemcpyDeviceToHost) == cudaSuccess) {
     s.device_wait_ms = c.wait_ns / 1e6, s.device_work_ms = c.work_ns / 1e6;
