@@ -114,6 +114,12 @@ TEST(PrefillSplit, CpuCountBeforeTheRoutingBalancesUploadsAndTheHost) {
   PrefillCosts g{32e-6, 0.31e-6, 30e-6, 5.4e-6, 0};
   g.cpu_fixed_s = 40e-6, g.handoff_gpu_s = 2.0 * 512 * 2048 * 4 / 55e9;
   EXPECT_EQ(coli::prefill_cpu_count(178, 16, 4096, g), 39);
+  // The mixer's 0.64 ms of uploads before the router, which the CPU cannot
+  // use: 35 (GPU 4.449 - 0.640 + 0.153 = 4.089 ms, CPU 4.114; 34 gives
+  // GPU 4.121 against 3.998).
+  g.gpu_head_s = 0.64e-3;
+  EXPECT_EQ(coli::prefill_cpu_count(178, 16, 4096, g), 35);
+  g.gpu_head_s = 0;
   // 2048 tokens: 64 pairs an expert; compute (5.1 ms) and uploads (5.7 ms)
   // are close and the handoff costs 0.6 ms: nothing on the CPU.
   g.handoff_gpu_s = 2.0 * 2048 * 2048 * 4 / 55e9;

@@ -48,13 +48,13 @@ PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::v
 int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, const PrefillCosts& c) {
   if (missing <= 0) return 0;
   if (!(pairs_per_expert >= 0 && layer_pairs >= 0 && c.upload_s >= 0 && c.gpu_token_s >= 0 && c.cpu_read_s >= 0 && c.cpu_token_s >= 0 &&
-        c.cpu_fixed_s >= 0 && c.handoff_gpu_s >= 0))
+        c.cpu_fixed_s >= 0 && c.handoff_gpu_s >= 0 && c.gpu_head_s >= 0))
     throw Error("prefill split: costs must be non-negative");
   const double cpu_one = c.cpu_read_s + pairs_per_expert * c.cpu_token_s;
   int best = 0;
   double best_span = -1;
   for (int cpu = 0; cpu <= missing; ++cpu) {  // ascending: ties keep the fewer
-    const double gpu = std::max((missing - cpu) * c.upload_s, std::max(0.0, layer_pairs - cpu * pairs_per_expert) * c.gpu_token_s) +
+    const double gpu = std::max(std::max(0.0, (missing - cpu) * c.upload_s - c.gpu_head_s), std::max(0.0, layer_pairs - cpu * pairs_per_expert) * c.gpu_token_s) +
                        (cpu > 0 ? c.handoff_gpu_s : 0.0);
     const double span = std::max(gpu, cpu > 0 ? c.cpu_fixed_s + cpu * cpu_one : 0.0);
     if (best_span < 0 || span < best_span) best = cpu, best_span = span;

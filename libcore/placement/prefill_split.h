@@ -34,6 +34,9 @@ struct PrefillCosts {
   // the host and the host's partial sums up, over PCIe on the compute
   // stream (2 T hidden floats), which nothing overlaps.
   double handoff_gpu_s = 0;
+  // Uploads of the layer that overlap its work before the router (the
+  // mixer: the staging's first units come then), before the CPU can start.
+  double gpu_head_s = 0;
 };
 
 enum class ExpertPlace : uint8_t { kNone, kResident, kUpload, kCpu };
@@ -53,7 +56,8 @@ PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::v
 // layer's `missing` non-resident experts the CPU takes when each expects
 // `pairs_per_expert` of the layer's `layer_pairs` (T k) pairs. The GPU's
 // side with c on the CPU: max((missing - c) upload_s, (layer_pairs - c
-// pairs_per_expert) gpu_token_s), plus handoff_gpu_s when c > 0; the
+// pairs_per_expert) gpu_token_s) less gpu_head_s of uploads made before
+// the router (the CPU starts after it), plus handoff_gpu_s when c > 0; the
 // CPU's: cpu_fixed_s + c (cpu_read_s + pairs_per_expert cpu_token_s). The
 // count that minimises the longer side (ties: fewer on the CPU); 0 when
 // missing <= 0. A chunk whose GPU is bound by its compute, not by the

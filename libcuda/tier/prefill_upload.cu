@@ -84,6 +84,9 @@ std::vector<int> ExpertTier::prefill_cpu_counts(int T) const {
   // handoff's rows down and partial sums up, T hidden floats each way.
   c.gpu_token_s = opt_.prefill_layer_token_s / s_.num_experts_per_tok;
   c.handoff_gpu_s = 2.0 * T * s_.hidden_size * sizeof(float) / (std::max(opt_.pcie_gbs, 1e-3) * 1e9);
+  // The mixer's time (about half a layer's), in which the layer's first
+  // two units upload, at most two areas of them.
+  c.gpu_head_s = std::min(0.5 * T * opt_.prefill_layer_token_s, 2.0 * pu_.stage_slots * c.upload_s);
   const double layer_pairs = static_cast<double>(T) * s_.num_experts_per_tok, pairs = layer_pairs / E;
   for (int l = 0; l < L; ++l) {
     if (layer_full_[l]) continue;
