@@ -253,7 +253,7 @@ class CudaBackend : public Backend {
   double graph_ms_ = 0, step_ms_ = 0;
   // Host side of a graph step: launching it, the logits' work left after
   // the last range is on the host, and the time between steps (the caller's).
-  double launch_ms_ = 0, graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
+  double launch_ms_ = 0, graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, begin_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
   std::chrono::steady_clock::time_point last_finish_{};
   long graph_steps_ = 0;
   std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;

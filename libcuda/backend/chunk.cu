@@ -88,7 +88,9 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
     copy_call_ms_ += ms_d(std::chrono::steady_clock::now() - t_copy).count();
   }
   prof_tokens_ += T;
+  const auto t_begin = std::chrono::steady_clock::now();
   tier_->begin_chunk(T);  // swaps' table updates before this chunk's kernels; the handoff serves its posts
+  if (graph_timing_ && T == 1) begin_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin).count();
   try {
     launch_chunk(st, T, logit_rows, t_start);
   } catch (...) {

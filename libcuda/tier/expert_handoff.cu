@@ -28,6 +28,7 @@ struct HandoffCounters {
   unsigned seq;
   int n;  // the last post's misses for the host (0: nothing posted, nothing to wait for)
   unsigned long long wait_ns, post_ns, work_ns;
+  unsigned long long prompt_wait_ns;  // of wait_ns, prompt chunks' joins (T > 1)
   unsigned long long pairs, pcie;  // routed pairs posted; of the misses, read over PCIe by the device
 };
 
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx,
 // the host's partial sums (read past every cache: the same addresses carry
 // a new layer's sums each time). A post with no host misses posted nothing:
 // no wait. Each thread's loads are issued together (one PCIe round trip).
-__global__ void join_kernel(HandoffBox* box, const float* part, HandoffCounters* c, float* routed, long long n, const float* dpart) {
+__global__ void join_kernel(HandoffBox* box, const float* part, HandoffCounters* c, float* routed, long long n, const float* dpart, bool prompt) {
   griddep_wait();
   __shared__ int any, dev;
   if (threadIdx.x == 0) {
@@ -140,7 +141,11 @@ __global__ void join_kernel(HandoffBox* box, const float* part, HandoffCounters*
       const bool back_off = gridDim.x > 8;
       while (box->done != s)
         if (back_off) __nanosleep(100);
-      if (blockIdx.x == 0) atomicAdd(&c->wait_ns, global_ns() - t0);
+      if (blockIdx.x == 0) {
+        const unsigned long long waited = global_ns() - t0;
+        atomicAdd(&c->wait_ns, waited);
+        if (prompt) atomicAdd(&c->prompt_wait_ns, waited);
+      }
       dev = dpart && box->n_dev > 0;
     }
   }
@@ -221,7 +226,7 @@ void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {
   const long long n = static_cast<long long>(T) * H_;
   const long long per_thread = n % 4 == 0 ? 4 : 1;  // one float4 or one float per thread and pass
   const int blocks = static_cast<int>(std::clamp<long long>((n / per_thread + 255) / 256, 1, 264));
-  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_counters_, routed, n, dpart_);
+  launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_counters_, routed, n, dpart_, T > 1);
 }
 
 void ExpertHandoff::begin() {
@@ -308,7 +313,7 @@ ExpertHandoff::Stats ExpertHandoff::stats() const {
   s.host_ms = host_ns_ / 1e6;
   HandoffCounters c{};
   if (cudaMemcpy(&c, d_counters_, sizeof c, cudaMemcpyDeviceToHost) == cudaSuccess) {
-    s.device_wait_ms = c.wait_ns / 1e6, s.device_work_ms = c.work_ns / 1e6;
+    s.device_wait_ms = c.wait_ns / 1e6, s.device_work_ms = c.work_ns / 1e6, s.prompt_wait_ms = c.prompt_wait_ns / 1e6;
     s.pairs = static_cast<long>(c.pairs), s.pcie_misses = static_cast<long>(c.pcie);
   }
   return s;

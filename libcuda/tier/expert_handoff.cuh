@@ -105,6 +105,7 @@ class ExpertHandoff {
     // and the distinct experts they went to (the prefill split's rates).
     double prompt_host_ms = 0;
     long prompt_misses = 0, prompt_experts = 0;
+    double prompt_wait_ms = 0;  // of device_wait_ms, the prompt chunks' joins (device: stats() only)
   };
   Stats stats() const;
   // The prompt_* fields alone (host counters: no device read).

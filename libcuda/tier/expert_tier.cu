@@ -270,7 +270,10 @@ void ExpertTier::start_pass(int T) {
   if (!prefill_uploads(T)) return;
   // The first two units' experts (one per area), while the trunk starts;
   // each unit's group_done posts the unit two ahead.
-  refresh_prefill_tables(prefill_cpu_counts(T));
+  const std::vector<int> cpu = prefill_cpu_counts(T);
+  refresh_prefill_tables(cpu);
+  pu_.cpu_layers = static_cast<int>(std::count_if(cpu.begin(), cpu.end(), [](int n) { return n > 0; }));
+  pu_.pairs_per_expert = static_cast<double>(T) * s_.num_experts_per_tok / s_.num_experts;
   for (int u = 0; u < 2 && u < static_cast<int>(pu_.units.size()); ++u) upload_unit(u);
 }
 

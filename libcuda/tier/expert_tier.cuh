@@ -208,6 +208,12 @@ class ExpertTier {
     std::vector<DeviceArray<uint8_t>> flags;
     std::vector<uint8_t> on_cpu;
     double pair_s = 0;                      // the host's measured time per pair beyond reading the expert (0: not yet)
+    // The measured correction of the counts (prefill_cpu_bias): experts a
+    // layer, from the GPU's waits for the host in the chunks that had any
+    // on the host (cpu_layers of them in the last chunk, pairs_per_expert each).
+    double cpu_bias = 0;
+    int cpu_layers = 0;
+    double pairs_per_expert = 0, seen_wait_ms = 0;
     ExpertHandoff::Stats seen{};            // the handoff's prompt counters at the last measurement
     long long placed[3] = {};               // expert placements of uploading layers' chunks: resident, uploaded, host
   };

@@ -4,6 +4,7 @@
 // experts), ahead, into two alternating staging areas, and run with the
 // residents as grouped GEMMs; with a ring some of a layer's non-residents
 // may go to the host instead (CudaOptions::prefill_cpu_experts).
+#include <cmath>
 #include <algorithm>
 #include <thread>
 #include <cstdint>
@@ -91,7 +92,8 @@ std::vector<int> ExpertTier::prefill_cpu_counts(int T) const {
   for (int l = 0; l < L; ++l) {
     if (layer_full_[l]) continue;
     const int missing = E - plan_.resident_in_layer(l);
-    counts[l] = want > 0 ? std::min(want, missing) : prefill_cpu_count(missing, pairs, layer_pairs, c);
+    counts[l] = want > 0 ? std::min(want, missing)
+                         : std::max(0, prefill_cpu_count(missing, pairs, layer_pairs, c) + static_cast<int>(std::lround(pu_.cpu_bias)));
   }
   return counts;
 }
@@ -105,9 +107,19 @@ void ExpertTier::measure_prefill_cpu() {
   const long experts = h.prompt_experts - pu_.seen.prompt_experts, pairs = h.prompt_misses - pu_.seen.prompt_misses;
   const double host_s = (h.prompt_host_ms - pu_.seen.prompt_host_ms) / 1e3;
   pu_.seen = h;
-  if (experts < 4 || pairs <= 0) return;
   const double read_s = static_cast<double>(expert_bytes_) / (std::max(opt_.host_expert_gbs, 1e-3) * 1e9);
-  pu_.pair_s = std::max(1e-9, (host_s - experts * read_s) / static_cast<double>(pairs));
+  if (experts >= 4 && pairs > 0) pu_.pair_s = std::max(1e-9, (host_s - experts * read_s) / static_cast<double>(pairs));
+  // The GPU's waits for the host in a chunk that handed it experts (auto
+  // counts only): the next chunks' correction. A device read, after the
+  // chunk drained; decode steps do not come here.
+  const int layers = pu_.cpu_layers;
+  pu_.cpu_layers = 0;
+  if (layers == 0 || opt_.prefill_cpu_experts >= 0) return;
+  const double wait_ms = handoff_->stats().prompt_wait_ms, waited_s = (wait_ms - pu_.seen_wait_ms) / 1e3 / layers;
+  pu_.seen_wait_ms = wait_ms;
+  const double upload_s = static_cast<double>(expert_bytes_) / (std::max(opt_.pcie_gbs, 1e-3) * 1e9);
+  const double cpu_expert_s = read_s + pu_.pairs_per_expert * (pu_.pair_s > 0 ? pu_.pair_s : 0.0);
+  pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, std::max(0.0, waited_s), cpu_expert_s, upload_s);
 }
 
 void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
