@@ -11,6 +11,7 @@
 #include "kernels_amx_bf16.h"
 #include "kernels_vnni.h"
 #include "ref_kernels.h"
+#include "util/error.h"
 #include "thread_pool.h"
 #include "util/buffer.h"
 
@@ -225,6 +226,8 @@ void CpuBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const
     routed_experts_fast(moe, pairs, n, hn, out);
     return;
   }
+  for (int i = 0; i < n; ++i)
+    if (pairs[i].first_row != 0) throw Error("CPU backend: a split expert (first_row " + std::to_string(pairs[i].first_row) + ") needs the fast kernels (internal)");
   // Group by expert so each expert's weights are read once for all its tokens.
   std::fill(out, out + static_cast<std::size_t>(num_tokens(pairs, n)) * H, 0.0f);
   std::vector<int> order(n);
@@ -260,6 +263,7 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return pairs[a].expert < pairs[b].expert; });
   struct Group {
     int expert, begin, count;  // into order
+    int first_row;             // a split expert's first intermediate row (its one pair's ExpertPair::first_row)
     bool amx;                  // tile kernel (kAmxMinTokens or more), else VNNI or float
     std::vector<float> x, xsum, act, actsum;
     QuantizedActs qx, qact;
@@ -273,6 +277,10 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
     g.expert = pairs[order[i]].expert;
     g.begin = i;
     g.count = j - i;
+    g.first_row = pairs[order[i]].first_row;
+    for (int c = i; c < j; ++c)
+      if (pairs[order[c]].first_row != 0 && (g.count > 1 || pairs[order[c]].first_row % 32 != 0 || pairs[order[c]].first_row > I))
+        throw Error("CPU backend: a split expert's pair must be its expert's only one, its first row a multiple of 32 within the expert (internal)");
     g.amx = amx_applies(moe.experts[g.expert].gate, g.count);
     groups.push_back(std::move(g));
     i = j;
@@ -315,7 +323,11 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
   const int iblocks = (I + kRowBlock - 1) / kRowBlock;
   parallel(ng * iblocks, [&](int job) {
     Group& g = groups[job / iblocks];
-    const int64_t r0 = int64_t(job % iblocks) * kRowBlock, r1 = std::min<int64_t>(I, r0 + kRowBlock);
+    const int64_t rb = int64_t(job % iblocks) * kRowBlock, r1 = std::min<int64_t>(I, rb + kRowBlock);
+    // A split expert's rows below its first row are the device's: activations 0.
+    const int64_t r0 = std::clamp<int64_t>(g.first_row, rb, r1);
+    for (int t = 0; t < g.count; ++t) std::fill(g.act.begin() + t * I + rb, g.act.begin() + t * I + r0, 0.0f);
+    if (r0 == r1) return;
     const ExpertWeights& e = moe.experts[g.expert];
     thread_local std::vector<float> gate, up;
     gate.resize(static_cast<std::size_t>(g.count) * I);
@@ -355,7 +367,7 @@ void CpuBackend::routed_experts_fast(const MoeWeights& moe, const ExpertPair* pa
       const Matrix& down = moe.experts[g.expert].down;
       y.resize(static_cast<std::size_t>(g.count) * H);
       if (g.aact.T) matmul_rows_amx(down, g.aact, r0, r1, y.data(), H);
-      else if (g.qact.T) matmul_rows_vnni(down, g.qact, r0, r1, y.data(), H);
+      else if (g.qact.T) matmul_rows_vnni(down, g.qact, r0, r1, y.data(), H, g.first_row);  // its columns below the first row: zero
       else matmul_rows(down, g.act.data(), g.actsum.data(), g.count, r0, r1, y.data(), H);
       for (int c = 0; c < g.count; ++c) {
         const ExpertPair& p = pairs[order[g.begin + c]];

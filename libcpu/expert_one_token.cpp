@@ -14,7 +14,9 @@
 // slowest one (the weights come from DRAM at a few GB/s per core).
 //
 // Same arithmetic as routed_experts_fast (the same kernels on the same rows,
-// the sums in the same order): bit-identical results.
+// the sums in the same order): bit-identical results. A split expert
+// (ExpertPair::first_row) skips its gate/up units below the first row
+// (their activations 0) and the down superblocks wholly below it.
 #include <algorithm>
 #include <atomic>
 #include <numeric>
@@ -54,6 +56,8 @@ bool CpuBackend::one_token_applies(const MoeWeights& moe, const ExpertPair* pair
   for (int i = 0; i < n; ++i)  // distinct experts (top-k routing gives them)
     for (int j = 0; j < i; ++j)
       if (pairs[i].expert == pairs[j].expert) return false;
+  for (int i = 0; i < n; ++i)
+    if (pairs[i].first_row % kGateUpRows != 0) return false;
   return s_.moe_intermediate_size % kGateUpRows == 0 && s_.hidden_size % 64 == 0;
 }
 
@@ -84,8 +88,12 @@ void CpuBackend::routed_experts_one_token(const MoeWeights& moe, const ExpertPai
     const int64_t r0 = int64_t(u % up_units) * kGateUpRows, r1 = r0 + kGateUpRows;
     float* g = w.gate.data() + static_cast<std::size_t>(i) * I;
     float* p = w.up.data() + static_cast<std::size_t>(i) * I;
-    matmul_rows_vnni(e.gate, w.x, r0, r1, g, 1);
-    matmul_rows_vnni(e.up, w.x, r0, r1, p, 1);
+    if (r1 <= pairs[w.order[i]].first_row) {  // the device's rows of a split expert: SiLU(0) * 0
+      std::fill(g + r0, g + r1, 0.0f), std::fill(p + r0, p + r1, 0.0f);
+    } else {
+      matmul_rows_vnni(e.gate, w.x, r0, r1, g, 1);
+      matmul_rows_vnni(e.up, w.x, r0, r1, p, 1);
+    }
     if (w.left[i].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     // The expert's last unit: its activations, then ready.
     thread_local std::vector<float> a;
@@ -107,7 +115,8 @@ void CpuBackend::routed_experts_one_token(const MoeWeights& moe, const ExpertPai
       bool any = false;
       for (int i = 0; i < n; ++i) {
         if (done[i] || !w.ready[i].load(std::memory_order_acquire)) continue;
-        matmul_rows_vnni(moe.experts[pairs[w.order[i]].expert].down, w.act[i], r0, r1, y.data() + static_cast<std::size_t>(i) * H, 1);
+        const ExpertPair& pr = pairs[w.order[i]];
+        matmul_rows_vnni(moe.experts[pr.expert].down, w.act[i], r0, r1, y.data() + static_cast<std::size_t>(i) * H, 1, pr.first_row);
         done[i] = 1, --left, any = true;
       }
       if (any) spins = 0;

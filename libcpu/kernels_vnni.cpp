@@ -93,7 +93,7 @@ namespace {
 // the GPU machine, one A/B run; within that machine's run-to-run noise
 // in another).
 template <int T, int R>
-void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t sb0) {
   const MatrixLayout l = layout_of(W.format, W.rows, W.cols);
   const FormatInfo& fi = format_info(W.format);
   const int64_t cols = W.cols, nsb = cols / 128, nb = cols / 32;
@@ -155,7 +155,7 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
       if (!fi.group) std::memcpy(&row_scale[i], sc[i], 4);
       for (int t = 0; t < T; ++t) acc[i][t] = _mm512_setzero_ps();
     }
-    for (int64_t sb = 0; sb < nsb; ++sb) {
+    for (int64_t sb = sb0; sb < nsb; ++sb) {
       __m512i a0[T], a1[T];
       __m512 lanes[T];
       for (int t = 0; t < T; ++t) {
@@ -181,7 +181,7 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
       for (int t = 0; t < T; ++t) y[(t0 + t) * ldy + r + i] = _mm512_reduce_add_ps(acc[i][t]) + correction(sc[i], row_scale[i], xg.data() + t * ng);
   }
   if constexpr (R > 1) {
-    if (r < r1) rows_vnni<T, 1>(W, qa, t0, r, r1, y, ldy);
+    if (r < r1) rows_vnni<T, 1>(W, qa, t0, r, r1, y, ldy, sb0);
   }
 }
 
@@ -190,7 +190,7 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
 // 32-column block to match the activations' order; the 128 * sum(x) that
 // the flip adds is taken off at the end.
 template <int T>
-void rows_vnni_i8(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void rows_vnni_i8(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t sb0) {
   const MatrixLayout l = layout_of(W.format, W.rows, W.cols);
   const int64_t cols = W.cols, nsb = cols / 128, nb = cols / 32;
   // Byte indices: even columns of the 4 blocks of a 128-column superblock
@@ -210,7 +210,7 @@ void rows_vnni_i8(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, 
     std::memcpy(&s, W.data + l.scale_offset + static_cast<std::size_t>(r) * l.scale_row_bytes, 4);
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t sb = 0; sb < nsb; ++sb) {
+    for (int64_t sb = sb0; sb < nsb; ++sb) {
       _mm_prefetch(reinterpret_cast<const char*>(row + sb * 128) + 2048, _MM_HINT_T0);
       const __m512i w0 = _mm512_loadu_si512(row + sb * 128), w1 = _mm512_loadu_si512(row + sb * 128 + 64);
       const __m512i we = _mm512_xor_si512(_mm512_permutex2var_epi8(w0, idx_e, w1), flip);
@@ -228,7 +228,8 @@ void rows_vnni_i8(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, 
 
 }  // namespace
 
-void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t col0) {
+  const int64_t sb0 = std::clamp<int64_t>(col0, 0, W.cols) / 128;
   // Prefill: rows in blocks of 16 (16 KB of codes at 2048 columns, kept in
   // L1) against every group of 4 tokens, so each weight is read from memory
   // once per call and from cache for the other tokens.
@@ -237,20 +238,20 @@ void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int6
     const int64_t re = std::min(r1, rb + kRows);
     int t = 0;
     if (W.format == QuantFormat::I8) {
-      for (; t + 4 <= qa.T; t += 4) rows_vnni_i8<4>(W, qa, t, rb, re, y, ldy);
+      for (; t + 4 <= qa.T; t += 4) rows_vnni_i8<4>(W, qa, t, rb, re, y, ldy, sb0);
       switch (qa.T - t) {
-        case 1: rows_vnni_i8<1>(W, qa, t, rb, re, y, ldy); break;
-        case 2: rows_vnni_i8<2>(W, qa, t, rb, re, y, ldy); break;
-        case 3: rows_vnni_i8<3>(W, qa, t, rb, re, y, ldy); break;
+        case 1: rows_vnni_i8<1>(W, qa, t, rb, re, y, ldy, sb0); break;
+        case 2: rows_vnni_i8<2>(W, qa, t, rb, re, y, ldy, sb0); break;
+        case 3: rows_vnni_i8<3>(W, qa, t, rb, re, y, ldy, sb0); break;
         default: break;
       }
       continue;
     }
-    for (; t + 4 <= qa.T; t += 4) rows_vnni<4, 1>(W, qa, t, rb, re, y, ldy);
+    for (; t + 4 <= qa.T; t += 4) rows_vnni<4, 1>(W, qa, t, rb, re, y, ldy, sb0);
     switch (qa.T - t) {
-      case 1: rows_vnni<1, 2>(W, qa, t, rb, re, y, ldy); break;
-      case 2: rows_vnni<2, 1>(W, qa, t, rb, re, y, ldy); break;
-      case 3: rows_vnni<3, 1>(W, qa, t, rb, re, y, ldy); break;
+      case 1: rows_vnni<1, 2>(W, qa, t, rb, re, y, ldy, sb0); break;
+      case 2: rows_vnni<2, 1>(W, qa, t, rb, re, y, ldy, sb0); break;
+      case 3: rows_vnni<3, 1>(W, qa, t, rb, re, y, ldy, sb0); break;
       default: break;
     }
   }

@@ -37,6 +37,10 @@ void quantize_acts_rows(const float* x, int t0, int t1, QuantizedActs* qa);
 // Tuning for benchmarks: software prefetch distance ahead of a row's codes
 // (0: none; default 2048) and whether the scale rows are prefetched too.
 void set_vnni_prefetch(int bytes, bool scales);
-void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy);
+// col0 > 0: the activations' columns below col0 are all zero (a decode
+// expert split with the device, ExpertPair::first_row); the 128-column
+// superblocks wholly below it are skipped, which adds exactly the zeros
+// the full product would (the same values, fewer weight bytes read).
+void matmul_rows_vnni(const Matrix& W, const QuantizedActs& qa, int64_t r0, int64_t r1, float* y, int64_t ldy, int64_t col0 = 0);
 
 }  // namespace coli::cpu

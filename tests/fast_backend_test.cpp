@@ -100,3 +100,79 @@ TEST(FastBackend, OneTokenRunIsBitIdenticalToTwoRuns) {
       EXPECT_GT(mx, 0.0f);  // real sums, not two zero rows
     }
 }
+
+// A decode expert split with the device (ExpertPair::first_row): the host
+// computes its intermediate rows from the first row on, which is the
+// scalar reference's sum over those rows (within the int8 activations'
+// rounding), and the one-token run and the two-run path agree bit for bit
+// with some of a step's experts split.
+TEST(FastBackend, SplitExpertsComputeTheirRowsFromTheFirstRow) {
+  test::TempDir d;
+  SynthOptions so;
+  so.layers = 1, so.vocab = 300, so.hidden = 256, so.experts = 16, so.top_k = 8, so.moe_inter = 128, so.shared_inter = 64;
+  so.heads = 2, so.kv_heads = 1, so.head_dim = 32, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 16, so.lin_v_dim = 16;
+  ConvertOptions co;
+  co.experts = co.down = QuantFormat::I4_G32, co.verify = false;
+  write_synthetic_container(d / "m.coli", so, co);
+  auto model = Model::load(d / "m.coli");
+  const ModelSpec& s = model->spec();
+  const int H = s.hidden_size, I = s.moe_intermediate_size;
+  const MoeWeights& moe = model->layer(0).moe;
+  cpu::CpuOptions one{3, true}, two{3, true};
+  two.one_token_run = false;
+  cpu::CpuBackend a(*model, one), b(*model, two);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> hn(H);
+  for (float& v : hn) v = nd(rng);
+  // The scalar reference of expert e's rows [r0, I), weight w.
+  auto reference = [&](int e, int r0, float w) {
+    const ExpertWeights& x = moe.experts[e];
+    std::vector<float> row(H), act(I, 0.0f), drow(I), y(H, 0.0f);
+    for (int r = r0; r < I; ++r) {
+      double g = 0, u = 0;
+      x.gate.row_f32(r, row.data());
+      for (int h = 0; h < H; ++h) g += double(row[h]) * hn[h];
+      x.up.row_f32(r, row.data());
+      for (int h = 0; h < H; ++h) u += double(row[h]) * hn[h];
+      act[r] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
+    }
+    for (int h = 0; h < H; ++h) {
+      x.down.row_f32(h, drow.data());
+      double acc = 0;
+      for (int r = r0; r < I; ++r) acc += double(drow[r]) * act[r];
+      y[h] = static_cast<float>(w * acc);
+    }
+    return y;
+  };
+  for (int first : {0, 32, 64, 96}) {
+    const ExpertPair p{0, 5, 0.7f, first};
+    const std::vector<float> ref = reference(5, first, 0.7f);
+    float mx = 0, err = 0;
+    std::vector<float> ya(H), yb(H);
+    a.routed_experts(0, &p, 1, hn.data(), ya.data());
+    b.routed_experts(0, &p, 1, hn.data(), yb.data());
+    for (int h = 0; h < H; ++h) mx = std::max(mx, std::fabs(ref[h])), err = std::max({err, std::fabs(ya[h] - ref[h]), std::fabs(yb[h] - ref[h])});
+    EXPECT_GT(mx, 0.0f);
+    EXPECT_LT(err, 0.02f * mx + 1e-6f) << "first row " << first;
+  }
+  // A step's experts, some split: the two paths bit for bit.
+  for (int trial = 0; trial < 6; ++trial) {
+    std::vector<int> ids(s.num_experts);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<ExpertPair> pairs;
+    for (int i = 0; i < 5; ++i) pairs.push_back(ExpertPair{0, ids[i], 0.2f + 0.1f * i, i % 2 ? 32 * (1 + trial % 3) : 0});
+    std::vector<float> ya(H, 1.0f), yb(H, 2.0f);
+    a.routed_experts(0, pairs.data(), 5, hn.data(), ya.data());
+    b.routed_experts(0, pairs.data(), 5, hn.data(), yb.data());
+    if (cpu::vnni_applies(moe.experts[0].gate, 1)) {
+      ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float))) << "trial " << trial;
+    }
+  }
+  // The reference path does not split: a clear internal error.
+  cpu::CpuBackend ref(*model);
+  const ExpertPair p{0, 1, 1.0f, 32};
+  std::vector<float> y(H);
+  EXPECT_THROW(ref.routed_experts(0, &p, 1, hn.data(), y.data()), Error);
+}

@@ -50,6 +50,11 @@ struct ExpertPair {
   int token;
   int expert;
   float weight;
+  // > 0: only the expert's intermediate rows [first_row, moe_intermediate)
+  // (gate and up rows, down columns): a decode expert split between a
+  // device, which computes the rows before it, and the host. A multiple
+  // of 32; 0: the whole expert.
+  int first_row = 0;
 };
 
 // What a backend with an expert tier reports (coli-run's stats line,
