@@ -11,6 +11,7 @@
 #include <future>
 #include <thread>
 
+#include "convert/synth.h"
 #include "cpu_backend.h"
 #include "common/run_options.h"
 #include "cpu_expert_host.h"
@@ -58,6 +59,16 @@ struct MirroredModel {
   LoadedModel loaded;  // after mirror: detaches before the segment goes
   MirroredModel(QuantFormat f, const std::string& tag) {
     test::convert_all(test::data_dir() + "/tiny-qwen35moe-text", path(), f);
+    mirror_it(tag);
+  }
+  // A synthetic container at so's shapes (int4-g32 experts) instead.
+  MirroredModel(const SynthOptions& so, const std::string& tag) {
+    ConvertOptions co;
+    co.experts = co.down = QuantFormat::I4_G32, co.verify = false;
+    write_synthetic_container(path(), so, co);
+    mirror_it(tag);
+  }
+  void mirror_it(const std::string& tag) {
     container = std::make_unique<Container>(path());
     MirrorBuildOptions mo;
     mo.name = "coli-test-" + tag + "-" + std::to_string(::getpid());
@@ -391,6 +402,60 @@ TEST(CudaTier, PcieReadsKeepTokens) {
     if (share == 1.0) EXPECT_LT(e, 1e-3f) << "every decode pair on the device: the whole model's kernels";
     else EXPECT_LT(e, tol);
   }
+}
+
+// The PCIe split with an expert split by rows (CudaOptions::split_experts):
+// a synthetic model whose experts have 256 intermediate rows, no slots
+// (every routed pair misses), share 0.45 and offset 0: of a layer's 4
+// misses the device takes 1.8, one whole expert and rows [0, 192) of the
+// next, whose rows [192, 256) the host computes. Decode logits stay as
+// close to the whole model's as the rounded split's (both are the GPU's
+// and the CPU's kernels on different parts of the same sums), and the
+// counts are the hand-computed ones.
+TEST(CudaTier, SplitExpertsKeepTheWholeModelsLogits) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SynthOptions so;
+  so.layers = 4, so.vocab = 300, so.hidden = 256, so.experts = 16, so.top_k = 4, so.moe_inter = 256, so.shared_inter = 64;
+  so.heads = 2, so.kv_heads = 1, so.head_dim = 32, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 16, so.lin_v_dim = 16;
+  MirroredModel mm(so, "split");
+  ASSERT_NE(mm.loaded.mirror, nullptr);
+  const Model& m = mm.model();
+  const ModelSpec& s = m.spec();
+  auto whole = cuda::make_cuda_backend(m);
+  Engine ew(s, *whole, 64);
+  const std::vector<int> ids = {11, 57, 203, 4, 98};
+  const std::vector<int> cont = test::greedy_tokens(ew, ids, 12);
+  float err[2] = {};
+  for (const bool split : {false, true}) {
+    cuda::CudaOptions o = tier_options(m, 0);
+    o.pcie_read_share = 0.45, o.pcie_read_offset = 0, o.split_experts = split;
+    o.host_regions.push_back(mm.region());
+    auto b = cuda::make_cuda_backend(m, o);
+    Engine eb(s, *b, 64);
+    Session sw = ew.new_session(), sb = eb.new_session();
+    ew.forward(sw, ids), eb.forward(sb, ids);
+    const TierStats b0 = b->tier_stats();
+    float e = 0, range = 0;
+    for (int tok : cont) {
+      const std::vector<float> lw = ew.forward(sw, std::vector<int>{tok}), lb = eb.forward(sb, std::vector<int>{tok});
+      e = std::max(e, max_abs_diff(lw, lb));
+      for (float v : lw) range = std::max(range, std::fabs(v));
+    }
+    const TierStats b1 = b->tier_stats();
+    const long long steps = static_cast<long long>(cont.size()) * s.num_layers;
+    const long long pcie = b1.pcie_misses - b0.pcie_misses, host = b1.misses - b0.misses, parts = b1.split_misses - b0.split_misses;
+    std::printf("[ info     ] split %d: %lld layer steps, %lld whole over PCIe, %lld on the host, %lld split, max |dlogit| %.2e of %.2e\n", split, steps,
+                pcie, host, parts, e, range);
+    // 0.45 x 4 = 1.8: rounded 2 whole on the device; split 1 whole and 0.8 x 256 = 204.8 -> 192 rows of one more.
+    EXPECT_EQ(pcie, steps * (split ? 1 : 2));
+    EXPECT_EQ(host, steps * (split ? 3 : 2)) << "the split expert is a host miss too";
+    EXPECT_EQ(parts, split ? steps : 0);
+    EXPECT_GT(range, 0.0f);
+    EXPECT_LT(e, 0.05f * range);
+    err[split] = e;
+  }
+  EXPECT_LT(err[1], 2 * err[0] + 1e-6f) << "the split adds no error of its own";
 }
 
 // Hybrid prefill (CudaOptions::prefill_upload): a prompt chunk's experts

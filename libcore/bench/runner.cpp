@@ -160,7 +160,7 @@ struct Samples {
   double expert_bytes = 0, tokens = 0;  // routed experts' bytes read, over these tokens
   StageTimes stages{};
   // The expert tier's counters over the timed parts only (not depth, not warm-up).
-  long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0;
+  long long tier_pairs = 0, tier_misses = 0, tier_pcie = 0, tier_split = 0;
   double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0, tier_upload_wait_ms = 0;
   double placed[3] = {};  // prompt chunks' experts in uploading layers: resident, uploaded, host
   double tier_pcie_bytes = 0, secs = 0;  // decode steps' expert bytes over PCIe (TierStats::pcie_expert_bytes); the timed seconds
@@ -171,7 +171,7 @@ struct Samples {
   }
   void add_tier(const TierStats& tier0, const TierStats& tier1) {
     tier_pairs += tier1.pairs - tier0.pairs, tier_misses += tier1.misses - tier0.misses;
-    tier_pcie += tier1.pcie_misses - tier0.pcie_misses;
+    tier_pcie += tier1.pcie_misses - tier0.pcie_misses, tier_split += tier1.split_misses - tier0.split_misses;
     tier_host_ms += tier1.host_experts_ms - tier0.host_experts_ms, tier_wait_ms += tier1.device_wait_ms - tier0.device_wait_ms;
     tier_host_bytes += double(tier1.host_expert_bytes - tier0.host_expert_bytes);
     tier_pcie_bytes += double(tier1.pcie_expert_bytes - tier0.pcie_expert_bytes);
@@ -305,6 +305,7 @@ void write_tier(json& rec, const Samples& sm, const TierStats& ts, double reps) 
   rec["tier_hit_rate"] = sm.tier_pairs ? 1.0 - double(sm.tier_misses) / double(sm.tier_pairs) : 1.0;
   rec["tier_pcie_read"] = ts.pcie_read_share;
   rec["tier_pcie_pairs"] = sm.tier_pairs ? double(sm.tier_pcie) / double(sm.tier_pairs) : 0.0;
+  rec["tier_split_pairs"] = sm.tier_pairs ? double(sm.tier_split) / double(sm.tier_pairs) : 0.0;  // experts split by rows with the host (of the misses)
   rec["host_bytes_per_token"] = sm.tier_host_bytes / sm.tokens;
   rec["bytes_uploaded_per_token"] = sm.tier_swap_bytes / sm.tokens;  // the tier's swaps and prompt uploads
   rec["t_cpu_experts_ms"] = sm.tier_host_ms / reps;

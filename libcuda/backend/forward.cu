@@ -92,8 +92,8 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   const DevMatrix& eg = X.table.gate;
   if (fold) {
     step("experts", [&] {
-      moe_gate_up(table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q);
-      moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_);
+      moe_gate_up(table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q, x.lim);
+      moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_, x.lim);
     });
     if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });
     return;  // a decode step: no uploads
@@ -128,12 +128,12 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
       moe_grouped_end(table, rw_.get(), T, K, sc, routed_.get(), stream_);
     } else {
       tier_->wait_group(x, 0);  // one unit: the whole layer
-      moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q);
+      moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q, x.lim);
     }
   });
   step("shared expert", [&] { shared_down(L, T); });
   if (!grouped) {
-    step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_); });
+    step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_, x.lim); });
     tier_->group_done(x, 0);
   }
   if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });

@@ -155,6 +155,13 @@ struct CudaOptions {
   // as for any placement (a split is a fixed function of the routing).
   double pcie_read_share = 0;
   double pcie_read_offset = 2;
+  // With the PCIe split: share x (misses + offset) experts a layer for the
+  // device as whole experts and a fraction of one more, split by its
+  // intermediate rows (32 at a time) with the host, so the two sides end
+  // together (a whole expert is a quarter of a layer's misses at 40
+  // layers); off: the count rounded, as before. Needs intermediate rows
+  // in 32s, at least 64.
+  bool split_experts = true;
   // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
   // tier are uploaded, a whole layer at a time, into one of two staging
   // areas on a copy stream of their own, the next tiered layer's while the

@@ -384,16 +384,19 @@ __device__ __forceinline__ void warp_row_dot_q_n(const DevMatrix& W, int r, cons
 // and all their weight loads are issued before the first dp4a, so a group
 // has NM x R x 16-32 bytes per lane in flight instead of one row's. Every
 // lane of the group gets out[m][i]; every lane of the warp must call.
+// blocks_used < cols / 32: only the first blocks_used 32-column blocks
+// (the rest of x is 0: a split expert's columns, moe_down).
 template <Kind K, int NM, int R, int L>
-__device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const int (&rows)[R], const QuantX& q, long long qrow, float (&out)[NM][R]) {
+__device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const int (&rows)[R], const QuantX& q, long long qrow, float (&out)[NM][R],
+                                                 int blocks_used = 1 << 30) {
   static_assert(L == 8 || L == 16 || L == 32, "lanes per row group");
-  const int sub = threadIdx.x & (L - 1), nb = M[0].cols / 32;
+  const int sub = threadIdx.x & (L - 1), nb = M[0].cols / 32, nbu = min(nb, blocks_used);
 #pragma unroll
   for (int m = 0; m < NM; ++m)
 #pragma unroll
     for (int i = 0; i < R; ++i) out[m][i] = 0.0f;
 #pragma unroll 2
-  for (int b = sub; b < nb; b += L) {
+  for (int b = sub; b < nbu; b += L) {
     const long long qb = qrow * nb + b;
     const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
     const int4 xa = xp[0], xb = xp[1];

@@ -152,11 +152,16 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
                 const float* hn = nullptr, float* gate_out = nullptr, bool with_shared = false, unsigned long long* counts = nullptr);
 // act[p, :] = silu(gate_e . x_t) * (up_e . x_t) for every pair p = t*K + k.
 // With q (scratch), int4 / int8 experts take int8 activations and dp4a.
+// With lim [T*K] (device; a decode expert split with the host), pair p's
+// rows from lim[p] on are 0 and their weights not read (lim[p]: a multiple
+// of 32, the expert's rows for the whole one).
 void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q = nullptr,
-                 bool hn_in_q = false);
-// out[t, :] = sum_k w[t, k] * down_e(act[t*K + k]).
+                 bool hn_in_q = false, const int* lim = nullptr);
+// out[t, :] = sum_k w[t, k] * down_e(act[t*K + k]). With lim (moe_gate_up's),
+// pair p's columns from lim[p] on, whose activations are 0, are skipped
+// where the kernel reads 32-column blocks (the same sum, fewer bytes).
 void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s,
-              const QuantX* q = nullptr);
+              const QuantX* q = nullptr, const int* lim = nullptr);
 
 // Prefill: the T * K pairs grouped by expert on the device, each expert's
 // weight rows read once per tile of its tokens (tensor cores on sm_80+,

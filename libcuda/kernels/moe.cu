@@ -158,11 +158,15 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_warp_kernel(const floa
 
 // Warp per (pair, row of the expert's intermediate).
 template <Kind KG, Kind KU>
-__global__ void gate_up_kernel(ExpertTable tab, const float* hn, const int* idx, int K, float* act) {
+__global__ void gate_up_kernel(ExpertTable tab, const float* hn, const int* idx, int K, float* act, const int* lim) {
   griddep_wait();
   const int p = blockIdx.y, I = tab.gate.rows, H = tab.gate.cols;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
   if (r >= I) return;
+  if (lim && r >= lim[p]) {  // the host's rows of a split expert
+    if ((threadIdx.x & 31) == 0) act[static_cast<long long>(p) * I + r] = 0.0f;
+    return;
+  }
   const int e = idx[p], t = p / K;
   DevMatrix g = tab.gate, u = tab.up;
   g.data = tab.gate_ptrs[e];
@@ -216,18 +220,26 @@ constexpr int kUpRowsDefault = 2;
 static_assert(CudaTuning{}.up_rows == kUpRowsDefault, "CudaTuning's default is this");
 
 template <Kind KG, int L, int kUpRows>
-__global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act) {
+__global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act, const int* lim) {
   griddep_wait();
   constexpr int G = 32 / L;
   const int p = blockIdx.y, I = tab.gate.rows;
-  const int e = idx[p], t = p / K;
-  // The pair's down matrix into L2 for moe_down (next but one), a slice per block.
+  const int e = idx[p], t = p / K, rows_used = lim ? min(I, lim[p]) : I;
+  // The pair's down matrix into L2 for moe_down (next but one), a slice per
+  // block; not a split expert's (over PCIe: moe_down reads only its part).
   DevMatrix d = tab.down;
   d.data = tab.down_ptrs[e];
-  prefetch_matrix_part_l2(d, blockIdx.x, gridDim.x);
+  if (rows_used == I) prefetch_matrix_part_l2(d, blockIdx.x, gridDim.x);
   const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kUpRows;
   if (warp_r0 >= I) return;  // whole warps only
   const int r0 = warp_r0 + (threadIdx.x & 31) / L * kUpRows;
+  if (warp_r0 >= rows_used) {  // the host's rows of a split expert (a multiple of 32: whole warps)
+    if ((threadIdx.x & (L - 1)) == 0)
+#pragma unroll
+      for (int i = 0; i < kUpRows; ++i)
+        if (r0 + i < I) act[static_cast<long long>(p) * I + r0 + i] = 0.0f;
+    return;
+  }
   int rows[kUpRows];
 #pragma unroll
   for (int i = 0; i < kUpRows; ++i) rows[i] = min(r0 + i, I - 1);
@@ -251,7 +263,7 @@ constexpr int kDownRowsDefault = 4;
 static_assert(CudaTuning{}.down_rows == kDownRowsDefault, "CudaTuning's default is this");
 
 template <Kind KD, int L, int kDownRows>
-__global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out) {
+__global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float* w, int K, QuantX qa, float* out, const int* lim) {
   griddep_wait();
   constexpr int G = 32 / L, kRows = G * kDownRows;  // rows per block
   __shared__ float part[32][kRows];
@@ -263,7 +275,7 @@ __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float
   DevMatrix W[1] = {tab.down};
   W[0].data = tab.down_ptrs[idx[p]];
   float y[1][kDownRows];
-  group_rows_dot_q<KD, 1, kDownRows, L>(W, rows, qa, p, y);
+  group_rows_dot_q<KD, 1, kDownRows, L>(W, rows, qa, p, y, lim ? lim[p] / 32 : 1 << 30);
   if ((threadIdx.x & (L - 1)) == 0)
 #pragma unroll
     for (int i = 0; i < kDownRows; ++i) part[k][g * kDownRows + i] = y[0][i];
@@ -514,7 +526,8 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
   if (gate) matmul(*gate, hn, T, gate_out, 1, s);
 }
 
-void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q, bool hn_in_q) {
+void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q, bool hn_in_q,
+                 const int* lim) {
   const dim3 grid((tab.gate.rows + kWarps - 1) / kWarps, T * K), block(kWarps * 32);
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
   if (q && takes_int8_x(tab.gate)) {
@@ -523,8 +536,8 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
     dispatch_lanes(tab.gate.cols, [&]<int L>() {
       auto go = [&]<int kUpRows>() {
         const dim3 rgrid((tab.gate.rows + kWarps * (32 / L) * kUpRows - 1) / (kWarps * (32 / L) * kUpRows), T * K);
-        if (tab.gate.kind == Kind::kI4) launch(gate_up_rows_kernel<Kind::kI4, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act);
-        else launch(gate_up_rows_kernel<Kind::kI8, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act);
+        if (tab.gate.kind == Kind::kI4) launch(gate_up_rows_kernel<Kind::kI4, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
+        else launch(gate_up_rows_kernel<Kind::kI8, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
       };
       if (up_rows == 1) go.template operator()<1>();
       else go.template operator()<2>();
@@ -532,10 +545,11 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
     check(cudaGetLastError(), "moe gate_up launch");
     return;
   }
-  dispatch_kind(tab.gate.kind, [&]<Kind K_>() { launch(gate_up_kernel<K_, K_>, grid, block, 0, s, tab, hn, idx, K, act); });
+  dispatch_kind(tab.gate.kind, [&]<Kind K_>() { launch(gate_up_kernel<K_, K_>, grid, block, 0, s, tab, hn, idx, K, act, lim); });
 }
 
-void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s, const QuantX* q) {
+void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s, const QuantX* q,
+              const int* lim) {
   const dim3 grid((tab.down.rows + kWarps - 1) / kWarps, T), block(kWarps * 32);
   if (q && takes_int8_x(tab.down)) {
     quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
@@ -546,8 +560,8 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
           const int rows = (32 / L) * kDownRows;
           const dim3 sgrid((tab.down.rows + rows - 1) / rows, T);
           const int threads = 32 * K;  // >= the block's rows (at most 32), which its first threads sum
-          if (tab.down.kind == Kind::kI4) launch(down_q_split_kernel<Kind::kI4, L, kDownRows>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
-          else launch(down_q_split_kernel<Kind::kI8, L, kDownRows>, sgrid, threads, 0, s, tab, idx, w, K, *q, out);
+          if (tab.down.kind == Kind::kI4) launch(down_q_split_kernel<Kind::kI4, L, kDownRows>, sgrid, threads, 0, s, tab, idx, w, K, *q, out, lim);
+          else launch(down_q_split_kernel<Kind::kI8, L, kDownRows>, sgrid, threads, 0, s, tab, idx, w, K, *q, out, lim);
         };
         if (down_rows == 2) go.template operator()<2>();
         else if (down_rows == 8) go.template operator()<8>();

@@ -30,6 +30,7 @@ struct HandoffCounters {
   unsigned long long wait_ns, post_ns, work_ns;
   unsigned long long prompt_wait_ns;  // of wait_ns, prompt chunks' joins (T > 1)
   unsigned long long pairs, pcie;  // routed pairs posted; of the misses, read over PCIe by the device
+  unsigned long long split, split_rows;  // split posts' experts split with the host, the device's rows of them
 };
 
 namespace {
@@ -52,8 +53,8 @@ __device__ __forceinline__ unsigned long long global_ns() {
 // leaves their ids, and points the host's ones at the zero entry. With no miss for the
 // host nothing is posted and the join does not wait.
 __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx, const float* w, int ks, int K, int T, const uint8_t* resident, int E,
-                                                           float share, float offset, int zero_entry, const float* hn, int H, HandoffBox* box, ExpertPair* pairs,
-                                                           float* rows, HandoffCounters* c) {
+                                                           float share, float offset, int zero_entry, int inter, int* lim, const float* hn, int H,
+                                                           HandoffBox* box, ExpertPair* pairs, float* rows, HandoffCounters* c) {
   griddep_wait();
   __shared__ int start[kPostThreads + 1];
   const int n = T * K, tid = threadIdx.x;
@@ -64,13 +65,33 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx,
         const int e = idx[k];
         if (e < E && resident[e] != 1) m += 1, cand += resident[e] == 2;
       }
-      const int g = min(cand, static_cast<int>(floorf(share * (static_cast<float>(m) + offset) + 0.5f)));
+      // x = share (misses + offset) experts for the device: whole ones,
+      // and with lim the fraction of the next one in rows (a multiple of
+      // 32; the host takes the rest of it); else x rounded.
+      const float x = fminf(share * (static_cast<float>(m) + offset), static_cast<float>(cand));
+      int g = 0, rows_dev = 0;
+      if (lim) {
+        g = static_cast<int>(floorf(x));
+        rows_dev = static_cast<int>(floorf((x - static_cast<float>(g)) * static_cast<float>(inter / 32) + 0.5f)) * 32;
+        if (rows_dev >= inter) ++g, rows_dev = 0;
+        if (g >= cand) g = cand, rows_dev = 0;
+      } else {
+        g = min(cand, static_cast<int>(floorf(x + 0.5f)));
+      }
       int taken = 0, o = 0;
-      for (int k = 0; k < K; ++k) {
+      bool split = false;
+      for (int k = 0; k < ks; ++k) {
         const int e = idx[k];
-        if (e >= E || resident[e] == 1) continue;
+        if (lim) lim[k] = inter;
+        if (k >= K || e >= E || resident[e] == 1) continue;
         if (resident[e] == 2 && taken < g) {
           ++taken;
+          continue;
+        }
+        if (resident[e] == 2 && rows_dev > 0 && !split) {  // its rows [0, rows_dev) the device's, from PCIe; the rest the host's
+          split = true;
+          lim[k] = rows_dev;
+          pairs[o++] = ExpertPair{0, e, w[k], rows_dev};
           continue;
         }
         pairs[o++] = ExpertPair{0, e, w[k]};
@@ -78,6 +99,7 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx,
       }
       start[kPostThreads] = o;
       c->pcie += static_cast<unsigned long long>(taken);
+      if (split) c->split += 1, c->split_rows += static_cast<unsigned long long>(rows_dev);
     }
   } else {
     const int per = (n + kPostThreads - 1) / kPostThreads, p0 = min(n, tid * per), p1 = min(n, p0 + per);
@@ -190,6 +212,7 @@ ExpertHandoff::ExpertHandoff(ExpertHost& host, int max_T, int K, int H, int E, b
   h_ = arrays_at(box_), d_ = arrays_at(d_box_);
   check(cudaMalloc(&d_counters_, sizeof(HandoffCounters)), "cudaMalloc (expert handoff counters)");
   check(cudaMemset(d_counters_, 0, sizeof(HandoffCounters)), "cudaMemset");
+  check(cudaMalloc(&d_lim_, sizeof(int) * (K + 1)), "cudaMalloc (expert handoff row limits)");
   if (!inline_) worker_ = std::thread([this] { serve(); });
 }
 
@@ -201,6 +224,7 @@ ExpertHandoff::~ExpertHandoff() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   if (d_counters_) cudaFree(d_counters_);
+  if (d_lim_) cudaFree(d_lim_);
   if (box_) cudaFreeHost(box_);
 }
 
@@ -211,11 +235,12 @@ ExpertHandoff::Arrays ExpertHandoff::arrays_at(Box* base) const {
 }
 
 void ExpertHandoff::post(int layer, int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s, float share,
-                         float offset, int zero_entry) {
+                         float offset, int zero_entry, int split_inter) {
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
   if (share > 0 && (T != 1 || ks > K_ + 1)) throw Error("CUDA backend: a split post is for one token (internal)");
-  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, hn, H_, d_box_, d_.pairs, d_.rows,
-         d_counters_);
+  if (split_inter > 0 && (share <= 0 || split_inter % 32 != 0)) throw Error("CUDA backend: an expert split needs a split post and rows in 32s (internal)");
+  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, split_inter,
+         split_inter > 0 ? d_lim_ : static_cast<int*>(nullptr), hn, H_, d_box_, d_.pairs, d_.rows, d_counters_);
   if (!inline_) return;
   check(cudaStreamSynchronize(s), "expert handoff (inline)");
   const unsigned p = box_->posted;
@@ -315,6 +340,7 @@ ExpertHandoff::Stats ExpertHandoff::stats() const {
   if (cudaMemcpy(&c, d_counters_, sizeof c, cudaMemcpyDeviceToHost) == cudaSuccess) {
     s.device_wait_ms = c.wait_ns / 1e6, s.device_work_ms = c.work_ns / 1e6, s.prompt_wait_ms = c.prompt_wait_ns / 1e6;
     s.pairs = static_cast<long>(c.pairs), s.pcie_misses = static_cast<long>(c.pcie);
+    s.split_misses = static_cast<long>(c.split), s.split_rows = static_cast<long long>(c.split_rows);
   }
   return s;
 }

@@ -66,8 +66,17 @@ class ExpertHandoff {
   // device's (their ids untouched: its table points at their host bytes)
   // and the others' ids in idx become zero_entry (the table's zero expert)
   // and go to the host. Otherwise flags are 0 or 1 and idx is only read.
+  // split_inter > 0 (the experts' intermediate rows, a multiple of 32):
+  // the device takes x = share x (misses + offset) experts as floor(x)
+  // whole ones and the fraction of the next flagged one in rows (rounded
+  // to 32): its rows [0, r) are the device's (row_limits()[k] = r, its id
+  // kept) and the rest the host's (ExpertPair::first_row r); every other
+  // column's limit is split_inter. The kernels that read row_limits() run
+  // after this post and before the next.
   void post(int layer, int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s, float share = 0,
-            float offset = 0, int zero_entry = 0);
+            float offset = 0, int zero_entry = 0, int split_inter = 0);
+  // [K + 1] on the device: the last split post's rows per column (above).
+  const int* row_limits() const { return d_lim_; }
   // Enqueues routed[T, H] += the host's partial sum of the last post.
   void join(float* routed, int T, cudaStream_t s);
 
@@ -106,6 +115,8 @@ class ExpertHandoff {
     double prompt_host_ms = 0;
     long prompt_misses = 0, prompt_experts = 0;
     double prompt_wait_ms = 0;  // of device_wait_ms, the prompt chunks' joins (device: stats() only)
+    long split_misses = 0;      // of the misses, experts split with the device (split posts; device)
+    long long split_rows = 0;   // the device's rows of those
   };
   Stats stats() const;
   // The prompt_* fields alone (host counters: no device read).
@@ -132,6 +143,7 @@ class ExpertHandoff {
   Box* d_box_ = nullptr;      // the same memory, device address
   Arrays h_, d_;
   HandoffCounters* d_counters_ = nullptr;
+  int* d_lim_ = nullptr;  // [K + 1] row limits of the last split post (row_limits)
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;

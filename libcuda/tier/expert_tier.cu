@@ -298,6 +298,7 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
   st.table = one ? x.one_table : x.table;
   st.resident = one ? one_resident_[l].get() : st.upload && st.handoff ? pu_.flags[l].get() : st.handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
   st.share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
+  if (st.share > 0 && st.handoff && split_inter() > 0) st.lim = handoff_->row_limits();
   if (st.upload) {
     st.table.gate_ptrs = pu_.gate[l].get(), st.table.up_ptrs = pu_.up[l].get(), st.table.down_ptrs = pu_.down[l].get();
     st.unit0 = pu_.first_unit[l], st.groups = pu_.unit_count[l];
@@ -307,7 +308,8 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
 
 void ExpertTier::post(const Step& st, int l, int* idx, const float* w, int ks, int T, const float* hn) {
   post_rows_ = hn;  // the decode upload's kernels read the same rows
-  handoff_->post(l, idx, w, ks, T, st.resident, hn, stream_, st.share, static_cast<float>(opt_.pcie_read_offset), s_.num_experts + 1);
+  handoff_->post(l, idx, w, ks, T, st.resident, hn, stream_, st.share, static_cast<float>(opt_.pcie_read_offset), s_.num_experts + 1,
+                 st.lim ? split_inter() : 0);
 }
 
 std::pair<int, int> ExpertTier::group_range(const Step& st, int g) const {
@@ -357,6 +359,10 @@ void ExpertTier::fill_stats(TierStats& t) const {
     // of its experts once for all of their pairs.
     t.host_expert_bytes = static_cast<uint64_t>(h.misses - h.device_misses - h.prompt_misses + h.prompt_experts) * expert_bytes_;
     t.pcie_expert_bytes = static_cast<uint64_t>(h.pcie_misses + h.device_misses) * expert_bytes_;
+    // A split expert is a host miss; the device read its rows before the split.
+    const uint64_t split_bytes = static_cast<uint64_t>(static_cast<double>(h.split_rows) / s_.moe_intermediate_size * expert_bytes_);
+    t.pcie_expert_bytes += split_bytes, t.host_expert_bytes -= std::min(t.host_expert_bytes, split_bytes);
+    t.split_misses = h.split_misses;
   }
   t.tokens = tokens_;
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;

@@ -136,6 +136,7 @@ class ExpertTier {
     const uint8_t* resident = nullptr;  // the post's flags
     bool handoff = false, upload = false;  // both: an uploading layer with experts on the host (the third place)
     float share = 0;                   // a one-token step's PCIe split
+    const int* lim = nullptr;          // with it, the expert split's row limits (ExpertHandoff::row_limits) for the expert kernels
     int unit0 = -1, groups = 0;        // upload: the layer's first staging unit and its count
   };
   Step plan_layer(int layer, int T);
@@ -247,6 +248,11 @@ class ExpertTier {
   void refresh_prefill_tables(const std::vector<int>& cpu);
   void upload_unit(int u);
   bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && T >= kGroupedMinTokens; }
+  // The rows a decode expert splits in (CudaOptions::split_experts), 0: no split.
+  int split_inter() const {
+    const int I = s_.moe_intermediate_size;
+    return opt_.split_experts && I % 32 == 0 && I >= 64 ? I : 0;
+  }
   bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && static_cast<std::size_t>(l) < pu_.first_unit.size() && pu_.first_unit[l] >= 0; }
 
   const Model& model_;
