@@ -406,9 +406,9 @@ TEST(CudaTier, PcieReadsKeepTokens) {
 
 // The PCIe split with an expert split by rows (CudaOptions::split_experts):
 // a synthetic model whose experts have 256 intermediate rows, no slots
-// (every routed pair misses), share 0.45 and offset 0: of a layer's 4
-// misses the device takes 1.8, one whole expert and rows [0, 192) of the
-// next, whose rows [192, 256) the host computes. Decode logits stay as
+// (every routed pair misses), share 0.375 and offset 0: of a layer's 4
+// misses the device takes 1.5, one whole expert and rows [0, 128) of the
+// next, whose rows [128, 256) the host computes. Decode logits stay as
 // close to the whole model's as the rounded split's (both are the GPU's
 // and the CPU's kernels on different parts of the same sums), and the
 // counts are the hand-computed ones.
@@ -429,7 +429,7 @@ TEST(CudaTier, SplitExpertsKeepTheWholeModelsLogits) {
   float err[2] = {};
   for (const bool split : {false, true}) {
     cuda::CudaOptions o = tier_options(m, 0);
-    o.pcie_read_share = 0.45, o.pcie_read_offset = 0, o.split_experts = split;
+    o.pcie_read_share = 0.375, o.pcie_read_offset = 0, o.split_experts = split;
     o.host_regions.push_back(mm.region());
     auto b = cuda::make_cuda_backend(m, o);
     Engine eb(s, *b, 64);
@@ -447,7 +447,7 @@ TEST(CudaTier, SplitExpertsKeepTheWholeModelsLogits) {
     const long long pcie = b1.pcie_misses - b0.pcie_misses, host = b1.misses - b0.misses, parts = b1.split_misses - b0.split_misses;
     std::printf("[ info     ] split %d: %lld layer steps, %lld whole over PCIe, %lld on the host, %lld split, max |dlogit| %.2e of %.2e\n", split, steps,
                 pcie, host, parts, e, range);
-    // 0.45 x 4 = 1.8: rounded 2 whole on the device; split 1 whole and 0.8 x 256 = 204.8 -> 192 rows of one more.
+    // 0.375 x 4 = 1.5: rounded 2 whole on the device; split 1 whole and 0.5 x 256 = 128 rows of one more.
     EXPECT_EQ(pcie, steps * (split ? 1 : 2));
     EXPECT_EQ(host, steps * (split ? 3 : 2)) << "the split expert is a host miss too";
     EXPECT_EQ(parts, split ? steps : 0);

@@ -64,8 +64,8 @@ int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, 
 
 double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s) {
   if (!(wait_s >= 0 && cpu_expert_s >= 0 && upload_s >= 0 && bias <= 0)) throw Error("prefill split: the wait, the costs must be non-negative and the bias not positive");
-  if (wait_s > 20e-6) return bias - wait_s / std::max(cpu_expert_s + upload_s, 1e-9);
-  return std::min(0.0, bias + 0.25);
+  if (wait_s > 20e-6) return bias - 0.5 * wait_s / std::max(cpu_expert_s + upload_s, 1e-9);
+  return std::min(0.0, bias + 0.5);
 }
 
 }  // namespace coli

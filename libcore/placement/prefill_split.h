@@ -67,11 +67,12 @@ int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, 
 // The measured correction of prefill_cpu_count's counts (experts a layer,
 // <= 0), after a chunk that handed experts to the host: its layers' GPU
 // waited `wait_s` each on average for the host. A wait of more than 20 us
-// moves wait_s / (cpu_expert_s + upload_s) experts a layer back to the
-// GPU (each one the host gives up shortens its side by cpu_expert_s and
-// lengthens the GPU's by upload_s); a chunk with no such wait gives a
-// quarter expert back, up to 0, so that the split finds the cost model's
-// count again when the wait came from a passing disturbance.
+// moves half of wait_s / (cpu_expert_s + upload_s) experts a layer back to
+// the GPU (each one the host gives up shortens its side by cpu_expert_s
+// and lengthens the GPU's by upload_s; half: one chunk's waits are noisy);
+// a chunk with no such wait gives half an expert back, up to 0, so that
+// the split finds the cost model's count again when the wait came from a
+// passing disturbance.
 double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s);
 
 }  // namespace coli

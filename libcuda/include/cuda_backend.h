@@ -157,10 +157,10 @@ struct CudaOptions {
   double pcie_read_offset = 2;
   // With the PCIe split: share x (misses + offset) experts a layer for the
   // device as whole experts and a fraction of one more, split by its
-  // intermediate rows (32 at a time) with the host, so the two sides end
-  // together (a whole expert is a quarter of a layer's misses at 40
-  // layers); off: the count rounded, as before. Needs intermediate rows
-  // in 32s, at least 64.
+  // intermediate rows (128 at a time: the host's int4 kernels read 128
+  // columns at once) with the host, so the two sides end together (a
+  // whole expert is a quarter of a layer's misses at 40 layers); off: the
+  // count rounded, as before. Needs intermediate rows in 128s, at least 256.
   bool split_experts = true;
   // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
   // tier are uploaded, a whole layer at a time, into one of two staging

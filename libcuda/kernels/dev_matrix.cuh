@@ -471,6 +471,23 @@ __device__ __forceinline__ void prefetch_matrix_part_l2(const DevMatrix& W, int 
 #endif
 }
 
+// prefetch_matrix_part_l2 for the first cols_used columns of every row
+// (int4 / int8 codes; other kinds whole rows) and the scale rows: a split
+// expert's down matrix, of which moe_down reads only those columns.
+__device__ __forceinline__ void prefetch_matrix_cols_l2(const DevMatrix& W, int part, int parts, int cols_used) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const long long used = W.kind == Kind::kI4 ? cols_used / 2 : W.kind == Kind::kI8 ? cols_used : W.row_stride;
+  const long long lines = (min(used, static_cast<long long>(W.row_stride)) + 127) / 128;
+  const long long per = (W.rows + parts - 1) / parts, r0 = part * per, r1 = min(static_cast<long long>(W.rows), r0 + per);
+  for (long long i = threadIdx.x; i < (r1 - r0) * lines; i += blockDim.x)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(W.data + (r0 + i / lines) * W.row_stride + (i % lines) * 128));
+  if (W.scale_row_bytes) {
+    const uint8_t* base = W.data + W.scale_offset + r0 * W.scale_row_bytes;
+    for (long long l = threadIdx.x; l < ((r1 - r0) * W.scale_row_bytes + 127) / 128; l += blockDim.x) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + l * 128));
+  }
+#endif
+}
+
 // One token (row qrow of q).
 template <Kind K>
 __device__ __forceinline__ float warp_row_dot_q(const DevMatrix& W, int r, const QuantX& q, int qrow) {

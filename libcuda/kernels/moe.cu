@@ -226,10 +226,11 @@ __global__ void gate_up_rows_kernel(ExpertTable tab, const int* idx, int K, Quan
   const int p = blockIdx.y, I = tab.gate.rows;
   const int e = idx[p], t = p / K, rows_used = lim ? min(I, lim[p]) : I;
   // The pair's down matrix into L2 for moe_down (next but one), a slice per
-  // block; not a split expert's (over PCIe: moe_down reads only its part).
+  // block; of a split expert only the columns moe_down reads (over PCIe).
   DevMatrix d = tab.down;
   d.data = tab.down_ptrs[e];
   if (rows_used == I) prefetch_matrix_part_l2(d, blockIdx.x, gridDim.x);
+  else prefetch_matrix_cols_l2(d, blockIdx.x, gridDim.x, rows_used);
   const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kUpRows;
   if (warp_r0 >= I) return;  // whole warps only
   const int r0 = warp_r0 + (threadIdx.x & 31) / L * kUpRows;

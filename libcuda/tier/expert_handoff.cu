@@ -36,6 +36,9 @@ struct HandoffCounters {
 namespace {
 
 constexpr std::size_t kPairsAt = 512;
+// A split expert's rows go in 128s: the host's int4 kernels read 128-column
+// superblocks, so neither side reads columns it does not use.
+constexpr int kSplitRows = 128;
 constexpr int kPostThreads = 256;
 
 std::size_t rows_at(int max_T, int K) { return (kPairsAt + sizeof(ExpertPair) * std::size_t(max_T) * K + 255) / 256 * 256; }
@@ -67,12 +70,12 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx,
       }
       // x = share (misses + offset) experts for the device: whole ones,
       // and with lim the fraction of the next one in rows (a multiple of
-      // 32; the host takes the rest of it); else x rounded.
+      // kSplitRows; the host takes the rest of it); else x rounded.
       const float x = fminf(share * (static_cast<float>(m) + offset), static_cast<float>(cand));
       int g = 0, rows_dev = 0;
       if (lim) {
         g = static_cast<int>(floorf(x));
-        rows_dev = static_cast<int>(floorf((x - static_cast<float>(g)) * static_cast<float>(inter / 32) + 0.5f)) * 32;
+        rows_dev = static_cast<int>(floorf((x - static_cast<float>(g)) * static_cast<float>(inter / kSplitRows) + 0.5f)) * kSplitRows;
         if (rows_dev >= inter) ++g, rows_dev = 0;
         if (g >= cand) g = cand, rows_dev = 0;
       } else {
@@ -238,7 +241,7 @@ void ExpertHandoff::post(int layer, int* idx, const float* w, int ks, int T, con
                          float offset, int zero_entry, int split_inter) {
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
   if (share > 0 && (T != 1 || ks > K_ + 1)) throw Error("CUDA backend: a split post is for one token (internal)");
-  if (split_inter > 0 && (share <= 0 || split_inter % 32 != 0)) throw Error("CUDA backend: an expert split needs a split post and rows in 32s (internal)");
+  if (split_inter > 0 && (share <= 0 || split_inter % kSplitRows != 0)) throw Error("CUDA backend: an expert split needs a split post and rows in 128s (internal)");
   launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, split_inter,
          split_inter > 0 ? d_lim_ : static_cast<int*>(nullptr), hn, H_, d_box_, d_.pairs, d_.rows, d_counters_);
   if (!inline_) return;

@@ -66,10 +66,10 @@ class ExpertHandoff {
   // device's (their ids untouched: its table points at their host bytes)
   // and the others' ids in idx become zero_entry (the table's zero expert)
   // and go to the host. Otherwise flags are 0 or 1 and idx is only read.
-  // split_inter > 0 (the experts' intermediate rows, a multiple of 32):
+  // split_inter > 0 (the experts' intermediate rows, a multiple of 128):
   // the device takes x = share x (misses + offset) experts as floor(x)
   // whole ones and the fraction of the next flagged one in rows (rounded
-  // to 32): its rows [0, r) are the device's (row_limits()[k] = r, its id
+  // to 128): its rows [0, r) are the device's (row_limits()[k] = r, its id
   // kept) and the rest the host's (ExpertPair::first_row r); every other
   // column's limit is split_inter. The kernels that read row_limits() run
   // after this post and before the next.

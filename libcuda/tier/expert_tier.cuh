@@ -251,7 +251,7 @@ class ExpertTier {
   // The rows a decode expert splits in (CudaOptions::split_experts), 0: no split.
   int split_inter() const {
     const int I = s_.moe_intermediate_size;
-    return opt_.split_experts && I % 32 == 0 && I >= 64 ? I : 0;
+    return opt_.split_experts && I % 128 == 0 && I >= 256 ? I : 0;
   }
   bool uploads_layer(int l, int T) const { return prefill_uploads(T) && !layer_full_[l] && static_cast<std::size_t>(l) < pu_.first_unit.size() && pu_.first_unit[l] >= 0; }
 

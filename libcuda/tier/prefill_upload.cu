@@ -108,7 +108,14 @@ void ExpertTier::measure_prefill_cpu() {
   const double host_s = (h.prompt_host_ms - pu_.seen.prompt_host_ms) / 1e3;
   pu_.seen = h;
   const double read_s = static_cast<double>(expert_bytes_) / (std::max(opt_.host_expert_gbs, 1e-3) * 1e9);
-  if (experts >= 4 && pairs > 0) pu_.pair_s = std::max(1e-9, (host_s - experts * read_s) / static_cast<double>(pairs));
+  // Smoothed, and never faster than the multiply-adds at 1.2 TFLOP/s (a
+  // chunk whose host time hardly exceeds its reads would otherwise say the
+  // pairs cost nothing, and the next chunk hand the host far too many).
+  if (experts >= 4 && pairs > 0) {
+    const double floor_s = 6.0 * s_.hidden_size * s_.moe_intermediate_size / 1.2e12;
+    const double now = std::max(floor_s, (host_s - experts * read_s) / static_cast<double>(pairs));
+    pu_.pair_s = pu_.pair_s > 0 ? 0.5 * (pu_.pair_s + now) : now;
+  }
   // The GPU's waits for the host in a chunk that handed it experts (auto
   // counts only): the next chunks' correction. A device read, after the
   // chunk drained; decode steps do not come here.
