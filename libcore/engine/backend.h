@@ -68,6 +68,8 @@ struct TierStats {
   long long pcie_read = 0;              // experts outside the tier that one-token steps may read over PCIe in place (CudaOptions::pcie_read_share)
   long long pcie_misses = 0;            // pairs outside the tier the device read over PCIe (not in misses: the GPU computed them)
   long long split_misses = 0;           // of the misses, experts split by rows between the device (over PCIe) and the host (CudaOptions::split_experts)
+  long long prompt_misses = 0;          // of the misses, prompt chunks' (T > 1), and the distinct experts of each post they went to (host_expert_bytes counts those once)
+  long long prompt_experts = 0;
   double pcie_read_share = 0;           // the split's share in effect (CudaOptions::pcie_read_share; 0 when no expert is readable)
   long long tokens = 0;                 // tokens run through the model
   uint64_t host_expert_bytes = 0;       // expert weights the host read for the misses

@@ -154,7 +154,7 @@ struct CudaOptions {
   // once per token tile. 0: off. Same kernels as resident experts: results
   // as for any placement (a split is a fixed function of the routing).
   double pcie_read_share = 0;
-  double pcie_read_offset = 2;
+  double pcie_read_offset = 0;
   // With the PCIe split: share x (misses + offset) experts a layer for the
   // device as whole experts and a fraction of one more, split by its
   // intermediate rows (128 at a time: the host's int4 kernels read 128

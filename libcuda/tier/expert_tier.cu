@@ -362,7 +362,7 @@ void ExpertTier::fill_stats(TierStats& t) const {
     // A split expert is a host miss; the device read its rows before the split.
     const uint64_t split_bytes = static_cast<uint64_t>(static_cast<double>(h.split_rows) / s_.moe_intermediate_size * expert_bytes_);
     t.pcie_expert_bytes += split_bytes, t.host_expert_bytes -= std::min(t.host_expert_bytes, split_bytes);
-    t.split_misses = h.split_misses;
+    t.split_misses = h.split_misses, t.prompt_misses = h.prompt_misses, t.prompt_experts = h.prompt_experts;
   }
   t.tokens = tokens_;
   t.swaps = swaps_done_, t.swap_bytes = swap_bytes_;
