@@ -122,7 +122,7 @@ TEST(RunPlanAuto, PlansAsColiPlaceDoes) {
   EXPECT_NE(coli::test::read_file(m.dir / "place-auto.plan"), coli::test::read_file(m.dir / "place-off.plan"));
 }
 
-// The share --plan auto plans with: coli-place's (auto: 0.4, the mirror
+// The share --plan auto plans with: coli-place's (auto: 0.35, the mirror
 // being the RAM tier the runs read; off: 0), whether or not this run has a
 // mirror; the offset as given.
 TEST(RunPlanAuto, PlansWithColiPlacesPcieReadShare) {

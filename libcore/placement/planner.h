@@ -95,7 +95,7 @@ struct PlannerInputs {
   uint64_t prefill_table_bytes = 0;
   // The runs' PCIe reads of RAM-tier misses in decode steps (--pcie-read
   // SHARE and --pcie-read-offset; 0: off, the model above).
-  double pcie_read_share = 0, pcie_read_offset = 0;
+  double pcie_read_share = 0, pcie_read_offset = 2;
 };
 
 struct Prediction {

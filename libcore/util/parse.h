@@ -38,7 +38,7 @@ double parse_pcie_read(const std::string& s, const std::string& flag);
 // What "auto" reads over PCIe with a mirror (with the default offset of 2):
 // the best of the splits measured on the H200 machine, 8 and 40 layers at
 // 1.75-16 GiB (docs/perf/hybrid.md).
-constexpr double kPcieReadAutoShare = 0.4;
+constexpr double kPcieReadAutoShare = 0.35;
 // The share a run takes from parse_pcie_read's value: a given share as is;
 // auto (-1) kPcieReadAutoShare when its experts come from a mirror and no
 // --decode-upload takes the misses, else 0.

@@ -154,14 +154,17 @@ struct CudaOptions {
   // once per token tile. 0: off. Same kernels as resident experts: results
   // as for any placement (a split is a fixed function of the routing).
   double pcie_read_share = 0;
-  double pcie_read_offset = 0;
+  double pcie_read_offset = 2;
   // With the PCIe split: share x (misses + offset) experts a layer for the
   // device as whole experts and a fraction of one more, split by its
   // intermediate rows (128 at a time: the host's int4 kernels read 128
-  // columns at once) with the host, so the two sides end together (a
-  // whole expert is a quarter of a layer's misses at 40 layers); off: the
-  // count rounded, as before. Needs intermediate rows in 128s, at least 256.
-  bool split_experts = true;
+  // columns at once) with the host, so the two sides could end together
+  // (a whole expert is a quarter of a layer's misses at 40 layers); off
+  // (the default): the count rounded. Measured on the H200 machine it did
+  // not pay (docs/perf/hybrid.md, calls H1, H2, I: -2 to -7 % at 8 layers,
+  // -3 to +4 % at 40, run-to-run noise as large), so it is an A/B switch
+  // (COLI_CUDA_SPLIT_EXPERTS=1). Needs intermediate rows in 128s, >= 256.
+  bool split_experts = false;
   // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
   // tier are uploaded, a whole layer at a time, into one of two staging
   // areas on a copy stream of their own, the next tiered layer's while the

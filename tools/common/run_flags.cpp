@@ -37,11 +37,11 @@ Wordings wordings(Flag f) {
       return {"under a budget, with pinned weights: up to N of a decode layer's misses are uploaded and run on the GPU while the CPU runs the rest (0: off)",
               "under a budget with a mirror: up to N of a decode layer's misses uploaded and run on the GPU (0: off)"};
     case Flag::kPcieRead:
-      return {"under a budget, with pinned weights: in decode steps the GPU reads SHARE x (misses + offset) of a layer's misses (whole, and one split by rows) over PCIe in "
-              "place while the CPU computes the others (auto: 0.4 with a coli-pin mirror or the container registered, else off; off or 0: off)",
-              "under a budget, with pinned weights: in decode steps the GPU reads SHARE x (misses + offset) of a layer's misses (whole, and one split by rows) over PCIe in "
-              "place while the CPU computes the others (auto: 0.4 with a coli-pin mirror or the container registered, else off; off or 0: off)",
-              "the runs' --pcie-read: the GPU reads that share of a decode layer's RAM misses over PCIe (auto: 0.4, as coli-run with a coli-pin mirror; off)"};
+      return {"under a budget, with pinned weights: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in "
+              "place while the CPU computes the others (auto: 0.35 with a coli-pin mirror or the container registered, else off; off or 0: off)",
+              "under a budget, with pinned weights: in decode steps the GPU reads round(SHARE x (misses + offset)) of a layer's misses over PCIe in "
+              "place while the CPU computes the others (auto: 0.35 with a coli-pin mirror or the container registered, else off; off or 0: off)",
+              "the runs' --pcie-read: the GPU reads that share of a decode layer's RAM misses over PCIe (auto: 0.35, as coli-run with a coli-pin mirror; off)"};
     case Flag::kPcieReadOffset:
       return {"the CPU's fixed cost of a layer in experts, for --pcie-read's split", nullptr, "the runs' --pcie-read-offset"};
     case Flag::kPrefillUpload:
@@ -85,7 +85,7 @@ void add_flag(po::options_description& o, Tool t, Flag f) {
     case Flag::kPlan: add("plan", po::value<std::string>(), help); break;
     case Flag::kDecodeUpload: add("decode-upload", po::value<int>()->default_value(0), help); break;
     case Flag::kPcieRead: add("pcie-read", po::value<std::string>()->default_value("auto"), help); break;
-    case Flag::kPcieReadOffset: add("pcie-read-offset", po::value<double>()->default_value(0.0), help); break;
+    case Flag::kPcieReadOffset: add("pcie-read-offset", po::value<double>()->default_value(2.0), help); break;
     case Flag::kPrefillUpload: add("prefill-upload", po::bool_switch(), help); break;
     case Flag::kPrefillCpu: add("prefill-cpu", po::value<std::string>()->default_value("auto"), help); break;
     case Flag::kNoSwap: add("no-swap", po::bool_switch(), help); break;

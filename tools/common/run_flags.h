@@ -72,7 +72,7 @@ struct TierFlags {
   bool swap = true;             // !--no-swap
   int decode_upload = 0;        // >= 0
   double pcie_read = -1;        // parse_pcie_read's value: -1 auto, else the share
-  double pcie_read_offset = 0;  // 0 .. 64
+  double pcie_read_offset = 2;  // 0 .. 64
   bool prefill_upload = false;
   int prefill_cpu = -1;         // --prefill-cpu: -1 auto, else experts per layer (0: off)
 };

@@ -40,7 +40,7 @@ struct PlanRequest {
   std::vector<int> chunks;             // sizes the plan picks its chunk from: those up to chunk (none left: chunk)
   bool prefill_upload = false;
   double pcie_read = -1;               // parse_pcie_read's value (-1: auto)
-  double pcie_read_offset = 0;
+  double pcie_read_offset = 2;
   HeatFlag heat;
   std::string rates_file;                      // --rates FILE; "": this machine's cache
   const MirrorAttachment* mirror = nullptr;    // the run's mirror, for its heat (heat_flag.h)
