@@ -1,5 +1,6 @@
 #include "model/model_spec.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -14,6 +15,15 @@
 namespace coli {
 
 using nlohmann::json;
+
+const char* family_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kQwen35Moe: return "qwen3_5_moe";
+    case ModelFamily::kQwen3Moe: return "qwen3_moe";
+    case ModelFamily::kQwen3Next: return "qwen3_next";
+  }
+  return "?";
+}
 
 int ModelSpec::num_attention_layers() const {
   int n = 0;
@@ -62,7 +72,7 @@ struct Reader {
 
 }  // namespace
 
-ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
+ModelSpec parse_model_spec(const std::string& text, const std::string& path, bool any_family) {
   json root;
   try {
     root = json::parse(text);
@@ -73,12 +83,18 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
   ModelSpec s;
   if (!root.contains("model_type") || !root["model_type"].is_string()) throw Error(path + ": 'model_type' is missing");
   s.model_type = root["model_type"].get<std::string>();
-  if (s.model_type != "qwen3_5_moe" && s.model_type != "qwen3_5_moe_text")
-    throw Error(path + ": model_type '" + s.model_type + "' is not supported (expected qwen3_5_moe or qwen3_5_moe_text)");
+  if (s.model_type == "qwen3_5_moe" || s.model_type == "qwen3_5_moe_text") s.family = ModelFamily::kQwen35Moe;
+  else if (s.model_type == "qwen3_moe") s.family = ModelFamily::kQwen3Moe;
+  else if (s.model_type == "qwen3_next") s.family = ModelFamily::kQwen3Next;
+  else throw Error(path + ": model_type '" + s.model_type + "' is not supported (expected qwen3_5_moe or qwen3_5_moe_text)");
+  if (!any_family && s.family != ModelFamily::kQwen35Moe)
+    throw Error(path + ": model_type '" + s.model_type + "' is not supported yet (coli runs qwen3_5_moe and qwen3_5_moe_text)");
+  const bool q35 = s.family == ModelFamily::kQwen35Moe, moe_only = s.family == ModelFamily::kQwen3Moe;
+  s.norm_plus_one = !moe_only, s.attention_output_gate = !moe_only, s.fused_linear_projections = s.family == ModelFamily::kQwen3Next;
 
   const json* tc = &root;
   std::string where = path;
-  if (root.contains("text_config") && root["text_config"].is_object()) {
+  if (q35 && root.contains("text_config") && root["text_config"].is_object()) {
     tc = &root["text_config"];
     where = path + ": text_config";
     s.multimodal = true;
@@ -97,14 +113,16 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
   // tie_word_embeddings may sit at the top level of a multimodal config.
   s.tie_word_embeddings = r.bool_or("tie_word_embeddings", Reader{root, path}.bool_or("tie_word_embeddings", false));
   if (r.bool_or("attention_bias", false)) throw r.err("attention_bias", "= true is not supported");
+  if (r.bool_or("use_sliding_window", false)) throw r.err("use_sliding_window", "= true is not supported");
 
   s.num_heads = r.pos_int("num_attention_heads");
   s.num_kv_heads = r.pos_int("num_key_value_heads");
   s.head_dim = r.int_or("head_dim", s.hidden_size / s.num_heads);
   if (s.num_heads % s.num_kv_heads) throw r.err("num_key_value_heads", "must divide num_attention_heads");
 
-  // Rotary embedding: rope_parameters (transformers >= 5) or the older flat keys.
-  double factor = r.num_or("partial_rotary_factor", 1.0);
+  // Rotary embedding: rope_parameters (transformers >= 5) or the older flat
+  // keys. qwen3_next's config defaults the partial factor to 0.25.
+  double factor = r.num_or("partial_rotary_factor", s.family == ModelFamily::kQwen3Next ? 0.25 : 1.0);
   s.rope_theta = r.pos_num_or("rope_theta", 10000.0);
   if (tc->contains("rope_parameters") && (*tc)["rope_parameters"].is_object()) {
     Reader rp{(*tc)["rope_parameters"], where + ": rope_parameters"};
@@ -122,21 +140,46 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
   s.rotary_dim = static_cast<int>(s.head_dim * factor);
   if (s.rotary_dim % 2) throw r.err("partial_rotary_factor", "gives an odd rotary dimension");
 
-  s.linear_num_key_heads = r.pos_int("linear_num_key_heads");
-  s.linear_num_value_heads = r.pos_int("linear_num_value_heads");
-  s.linear_key_head_dim = r.pos_int("linear_key_head_dim");
-  s.linear_value_head_dim = r.pos_int("linear_value_head_dim");
-  s.linear_conv_kernel = r.pos_int("linear_conv_kernel_dim");
-  if (s.linear_num_value_heads % s.linear_num_key_heads) throw r.err("linear_num_key_heads", "must divide linear_num_value_heads");
+  if (!moe_only) {  // Gated DeltaNet (qwen3_moe has none)
+    s.linear_num_key_heads = r.pos_int("linear_num_key_heads");
+    s.linear_num_value_heads = r.pos_int("linear_num_value_heads");
+    s.linear_key_head_dim = r.pos_int("linear_key_head_dim");
+    s.linear_value_head_dim = r.pos_int("linear_value_head_dim");
+    s.linear_conv_kernel = r.pos_int("linear_conv_kernel_dim");
+    if (s.linear_num_value_heads % s.linear_num_key_heads) throw r.err("linear_num_key_heads", "must divide linear_num_value_heads");
+  }
 
   s.num_experts = r.pos_int("num_experts");
   s.num_experts_per_tok = r.pos_int("num_experts_per_tok");
   s.moe_intermediate_size = r.pos_int("moe_intermediate_size");
-  s.shared_expert_intermediate_size = r.pos_int("shared_expert_intermediate_size");
+  if (!moe_only) s.shared_expert_intermediate_size = r.pos_int("shared_expert_intermediate_size");
   if (s.num_experts_per_tok > s.num_experts) throw r.err("num_experts_per_tok", "exceeds num_experts");
-  if (tc->contains("norm_topk_prob") && !r.bool_or("norm_topk_prob", true)) throw r.err("norm_topk_prob", "= false is not supported");
+  // Renormalised top-k weights: qwen3_5_moe always; the others when
+  // norm_topk_prob says so (Qwen3MoeConfig's default is false, every
+  // released config sets true). coli renormalises.
+  if (!r.bool_or("norm_topk_prob", !moe_only)) throw r.err("norm_topk_prob", moe_only && !tc->contains("norm_topk_prob") ? "is missing (its default, false, is not supported)" : "= false is not supported");
 
-  if (tc->contains("layer_types") && !(*tc)["layer_types"].is_null()) {
+  // Dense MLP layers (qwen3_moe, qwen3_next): layer i has routed experts
+  // unless it is in mlp_only_layers or (i + 1) % decoder_sparse_step != 0.
+  s.sparse_layers.assign(s.num_layers, 1);
+  if (!q35) {
+    const int step = r.int_or("decoder_sparse_step", 1);
+    for (int i = 0; i < s.num_layers; ++i) s.sparse_layers[i] = (i + 1) % step == 0;
+    if (tc->contains("mlp_only_layers") && !(*tc)["mlp_only_layers"].is_null()) {
+      const json& ml = (*tc)["mlp_only_layers"];
+      if (!ml.is_array()) throw r.err("mlp_only_layers", "must be a list of layer indices");
+      for (const auto& i : ml) {
+        if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= s.num_layers)
+          throw r.err("mlp_only_layers", "has " + i.dump() + ", not a layer index below num_hidden_layers");
+        s.sparse_layers[i.get<int>()] = 0;
+      }
+    }
+    if (std::count(s.sparse_layers.begin(), s.sparse_layers.end(), 0) > 0) s.intermediate_size = r.pos_int("intermediate_size");
+  }
+
+  if (moe_only) {
+    s.layer_kinds.assign(s.num_layers, LayerKind::kFullAttention);
+  } else if (tc->contains("layer_types") && !(*tc)["layer_types"].is_null()) {
     const json& lt = (*tc)["layer_types"];
     if (!lt.is_array() || static_cast<int>(lt.size()) != s.num_layers) throw r.err("layer_types", "must list num_hidden_layers entries");
     for (const auto& k : lt) {

@@ -1,11 +1,16 @@
 // ModelSpec: what a Hugging Face config.json says about the network.
 //
-// Supported: qwen3_5_moe in both layouts real checkpoints use:
+// Run: qwen3_5_moe in both layouts real checkpoints use:
 //   - text-only Qwen3_5MoeForCausalLM: flat config (model_type
 //     "qwen3_5_moe_text" or "qwen3_5_moe"), tensors under "model.";
 //   - multimodal Qwen3_5MoeForConditionalGeneration: model_type
 //     "qwen3_5_moe" with a nested text_config, tensors under
 //     "model.language_model." (model.visual.* and mtp.* are ignored).
+// Read but not run yet (issue 31; docs/design/qwen3-families.md): qwen3_moe
+// (attention only, y w norms, no output gate, no shared expert) and
+// qwen3_next (qwen3_5_moe's layers with fused DeltaNet projections), both
+// with dense MLP layers where mlp_only_layers / decoder_sparse_step say.
+// parse_model_spec() refuses them unless asked for every family it reads.
 // Anything else throws coli::Error naming config.json and the key.
 #pragma once
 #include <string>
@@ -14,9 +19,12 @@
 namespace coli {
 
 enum class LayerKind { kLinearAttention, kFullAttention };
+enum class ModelFamily { kQwen35Moe, kQwen3Moe, kQwen3Next };
+const char* family_name(ModelFamily f);  // "qwen3_5_moe", "qwen3_moe", "qwen3_next"
 
 struct ModelSpec {
   std::string model_type;     // as written in config.json (top level)
+  ModelFamily family = ModelFamily::kQwen35Moe;
   std::string tensor_prefix;  // "model." or "model.language_model."
   bool multimodal = false;    // nested text_config layout
 
@@ -47,7 +55,14 @@ struct ModelSpec {
   int num_experts = 0;
   int num_experts_per_tok = 0;
   int moe_intermediate_size = 0;
-  int shared_expert_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;  // 0: no shared expert (qwen3_moe)
+
+  // What differs between the families (the qwen3_5_moe values by default).
+  bool norm_plus_one = true;          // RMSNorms scale by (1 + w); qwen3_moe's by w
+  bool attention_output_gate = true;  // q_proj rows per head [q; gate], sigmoid(gate) on the output; qwen3_moe: q only
+  bool fused_linear_projections = false;  // qwen3_next: in_proj_qkvz / in_proj_ba, grouped per key head
+  std::vector<uint8_t> sparse_layers;     // [num_layers] 1: routed experts; 0: a dense MLP of intermediate_size
+  int intermediate_size = 0;              // the dense MLP layers' width (0: no dense layer)
 
   int linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
   int linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
@@ -55,8 +70,10 @@ struct ModelSpec {
   int num_attention_layers() const;
 };
 
-// Parses config.json text; `path` is used in messages.
-ModelSpec parse_model_spec(const std::string& json_text, const std::string& path);
+// Parses config.json text; `path` is used in messages. Every family it
+// reads with any_family; else the ones coli runs (the others: an Error
+// naming the model_type).
+ModelSpec parse_model_spec(const std::string& json_text, const std::string& path, bool any_family = false);
 // Reads DIR/config.json.
 ModelSpec load_model_spec(const std::string& dir);
 
