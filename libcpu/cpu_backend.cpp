@@ -11,9 +11,9 @@
 #include "kernels_amx_bf16.h"
 #include "kernels_vnni.h"
 #include "ref_kernels.h"
-#include "util/error.h"
 #include "thread_pool.h"
 #include "util/buffer.h"
+#include "util/error.h"
 
 namespace coli::cpu {
 

@@ -53,11 +53,11 @@ bool CpuBackend::one_token_applies(const MoeWeights& moe, const ExpertPair* pair
     const ExpertWeights& e = moe.experts[pairs[i].expert];
     if (!vnni_applies(e.gate, 1) || !vnni_applies(e.up, 1) || !vnni_applies(e.down, 1) || amx_applies(e.gate, 1)) return false;
   }
-  for (int i = 0; i < n; ++i)  // distinct experts (top-k routing gives them)
+  for (int i = 0; i < n; ++i) {  // distinct experts (top-k routing gives them), splits in whole units
+    if (pairs[i].first_row % kGateUpRows != 0) return false;
     for (int j = 0; j < i; ++j)
       if (pairs[i].expert == pairs[j].expert) return false;
-  for (int i = 0; i < n; ++i)
-    if (pairs[i].first_row % kGateUpRows != 0) return false;
+  }
   return s_.moe_intermediate_size % kGateUpRows == 0 && s_.hidden_size % 64 == 0;
 }
 

@@ -64,15 +64,23 @@ TEST(FastBackend, Int8ContainerGivesTheGoldenTokens) {
 // the experts summed in the same order. A synthetic container at shapes
 // the VNNI kernel takes (hidden 256, intermediate 128), int4-g32 experts;
 // every count of distinct experts, in routing (not id) order.
-TEST(FastBackend, OneTokenRunIsBitIdenticalToTwoRuns) {
-  test::TempDir d;
+namespace {
+// A synthetic container of `layers` layers at shapes the VNNI kernel takes
+// (hidden 256, intermediate 128; 16 experts top-8), int4-g32 experts.
+std::unique_ptr<Model> vnni_shaped_model(const std::string& path, int layers) {
   SynthOptions so;
-  so.layers = 2, so.vocab = 300, so.hidden = 256, so.experts = 16, so.top_k = 8, so.moe_inter = 128, so.shared_inter = 64;
+  so.layers = layers, so.vocab = 300, so.hidden = 256, so.experts = 16, so.top_k = 8, so.moe_inter = 128, so.shared_inter = 64;
   so.heads = 2, so.kv_heads = 1, so.head_dim = 32, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 16, so.lin_v_dim = 16;
   ConvertOptions co;
   co.experts = co.down = QuantFormat::I4_G32, co.verify = false;
-  write_synthetic_container(d / "m.coli", so, co);
-  auto model = Model::load(d / "m.coli");
+  write_synthetic_container(path, so, co);
+  return Model::load(path);
+}
+}  // namespace
+
+TEST(FastBackend, OneTokenRunIsBitIdenticalToTwoRuns) {
+  test::TempDir d;
+  auto model = vnni_shaped_model(d / "m.coli", 2);
   const ModelSpec& s = model->spec();
   const MoeWeights& moe = model->layer(1).moe;
   if (!cpu::vnni_applies(moe.experts[0].gate, 1) || !cpu::vnni_applies(moe.experts[0].down, 1))
@@ -108,13 +116,7 @@ TEST(FastBackend, OneTokenRunIsBitIdenticalToTwoRuns) {
 // with some of a step's experts split.
 TEST(FastBackend, SplitExpertsComputeTheirRowsFromTheFirstRow) {
   test::TempDir d;
-  SynthOptions so;
-  so.layers = 1, so.vocab = 300, so.hidden = 256, so.experts = 16, so.top_k = 8, so.moe_inter = 128, so.shared_inter = 64;
-  so.heads = 2, so.kv_heads = 1, so.head_dim = 32, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 16, so.lin_v_dim = 16;
-  ConvertOptions co;
-  co.experts = co.down = QuantFormat::I4_G32, co.verify = false;
-  write_synthetic_container(d / "m.coli", so, co);
-  auto model = Model::load(d / "m.coli");
+  auto model = vnni_shaped_model(d / "m.coli", 1);
   const ModelSpec& s = model->spec();
   const int H = s.hidden_size, I = s.moe_intermediate_size;
   const MoeWeights& moe = model->layer(0).moe;

@@ -248,6 +248,14 @@ class ExpertTier {
   void refresh_prefill_tables(const std::vector<int>& cpu);
   void upload_unit(int u);
   bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && T >= kGroupedMinTokens; }
+  // The third place's rates (prefill_cpu_counts, measure_prefill_cpu): an
+  // expert over PCIe, an expert read by the host, and the host's time per
+  // pair before a measurement: the multiply-adds at 1.2 TFLOP/s, what the
+  // H200 machine's 16 cores reached on int4 experts at 16 pairs each
+  // (issue 18: 1.75G, prompts' misses on the host).
+  double expert_upload_s() const { return static_cast<double>(expert_bytes_) / (std::max(opt_.pcie_gbs, 1e-3) * 1e9); }
+  double expert_host_read_s() const { return static_cast<double>(expert_bytes_) / (std::max(opt_.host_expert_gbs, 1e-3) * 1e9); }
+  double host_pair_floor_s() const { return 6.0 * s_.hidden_size * s_.moe_intermediate_size / 1.2e12; }
   // The rows a decode expert splits in (CudaOptions::split_experts), 0: no split.
   int split_inter() const {
     const int I = s_.moe_intermediate_size;

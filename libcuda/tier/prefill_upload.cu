@@ -72,13 +72,9 @@ std::vector<int> ExpertTier::prefill_cpu_counts(int T) const {
   // the stager's host threads fill the copies (the auto split stays off).
   if (!pu_.ring || want == 0 || !handoff_ || (want < 0 && pinned_.empty())) return counts;
   PrefillCosts c;
-  c.upload_s = static_cast<double>(expert_bytes_) / (std::max(opt_.pcie_gbs, 1e-3) * 1e9);
-  c.cpu_read_s = static_cast<double>(expert_bytes_) / (std::max(opt_.host_expert_gbs, 1e-3) * 1e9);
-  // Before a measurement: the multiply-adds of a pair at 1.2 TFLOP/s, what
-  // the H200 machine's 16 cores reached on int4 experts at 16 pairs each
-  // (issue 18: 1.75G, prompts' misses on the host).
-  const double flops = 6.0 * s_.hidden_size * s_.moe_intermediate_size;
-  c.cpu_token_s = pu_.pair_s > 0 ? pu_.pair_s : flops / 1.2e12;
+  c.upload_s = expert_upload_s();
+  c.cpu_read_s = expert_host_read_s();
+  c.cpu_token_s = pu_.pair_s > 0 ? pu_.pair_s : host_pair_floor_s();
   c.cpu_fixed_s = 40e-6;  // the handoff's round trip (MachineRates::handoff_s)
   // The GPU's expert work per pair: the measured prompt rate with every
   // expert resident per (token, layer) over its k pairs; and the
@@ -107,13 +103,12 @@ void ExpertTier::measure_prefill_cpu() {
   const long experts = h.prompt_experts - pu_.seen.prompt_experts, pairs = h.prompt_misses - pu_.seen.prompt_misses;
   const double host_s = (h.prompt_host_ms - pu_.seen.prompt_host_ms) / 1e3;
   pu_.seen = h;
-  const double read_s = static_cast<double>(expert_bytes_) / (std::max(opt_.host_expert_gbs, 1e-3) * 1e9);
-  // Smoothed, and never faster than the multiply-adds at 1.2 TFLOP/s (a
-  // chunk whose host time hardly exceeds its reads would otherwise say the
-  // pairs cost nothing, and the next chunk hand the host far too many).
+  const double read_s = expert_host_read_s();
+  // Smoothed, and never below the unmeasured estimate (a chunk whose host
+  // time hardly exceeds its reads would otherwise say the pairs cost
+  // nothing, and the next chunk hand the host far too many).
   if (experts >= 4 && pairs > 0) {
-    const double floor_s = 6.0 * s_.hidden_size * s_.moe_intermediate_size / 1.2e12;
-    const double now = std::max(floor_s, (host_s - experts * read_s) / static_cast<double>(pairs));
+    const double now = std::max(host_pair_floor_s(), (host_s - experts * read_s) / static_cast<double>(pairs));
     pu_.pair_s = pu_.pair_s > 0 ? 0.5 * (pu_.pair_s + now) : now;
   }
   // The GPU's waits for the host in a chunk that handed it experts (auto
@@ -124,9 +119,8 @@ void ExpertTier::measure_prefill_cpu() {
   if (layers == 0 || opt_.prefill_cpu_experts >= 0) return;
   const double wait_ms = handoff_->stats().prompt_wait_ms, waited_s = (wait_ms - pu_.seen_wait_ms) / 1e3 / layers;
   pu_.seen_wait_ms = wait_ms;
-  const double upload_s = static_cast<double>(expert_bytes_) / (std::max(opt_.pcie_gbs, 1e-3) * 1e9);
   const double cpu_expert_s = read_s + pu_.pairs_per_expert * (pu_.pair_s > 0 ? pu_.pair_s : 0.0);
-  pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, std::max(0.0, waited_s), cpu_expert_s, upload_s);
+  pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, std::max(0.0, waited_s), cpu_expert_s, expert_upload_s());
 }
 
 void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
