@@ -765,6 +765,60 @@ TEST(CudaTier, InlineHandoffMatchesTheThreadedOne) {
   }
 }
 
+// CudaOptions::fuse_decode: a decode step's router, routing and post in one
+// kernel and the join inside the norm after it compute exactly what the
+// separate kernels do. Bit for bit the same decode logits and the same
+// tier counts, fused or not, for the whole model and under budgets that
+// hand misses to the host (slots for a quarter of the experts, none) and
+// split them with PCIe reads; at 16 experts (the fixture: a router of two
+// blocks) and at 256 (the real count: 32 blocks, the 8-wide routing).
+TEST(CudaTier, FusedDecodeKernelsKeepEveryLogit) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SynthOptions so;
+  so.layers = 4, so.vocab = 300, so.hidden = 256, so.experts = 256, so.top_k = 8, so.moe_inter = 64, so.shared_inter = 64;
+  so.heads = 2, so.kv_heads = 1, so.head_dim = 32, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 16, so.lin_v_dim = 16;
+  MirroredModel fixture(QuantFormat::I4_G32, "fuse"), wide(so, "fuse-wide");
+  for (const MirroredModel* mm : {&fixture, &wide}) {
+    const Model& m = mm->model();
+    const ModelSpec& s = m.spec();
+    const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+    const std::vector<int> ids = {11, 57, 203, 4, 98};
+    struct Case {
+      long long slots;  // -1: the whole model
+      double pcie;
+    };
+    for (const Case c : {Case{-1, 0}, Case{all / 4, 0}, Case{0, 0}, Case{all / 4, 0.5}}) {
+      std::vector<std::vector<float>> logits[2];
+      TierStats st[2];
+      for (const bool fuse : {false, true}) {
+        cuda::CudaOptions o = c.slots < 0 ? cuda::CudaOptions{} : tier_options(m, c.slots);
+        o.fuse_decode = fuse;
+        if (c.pcie > 0) o.pcie_read_share = c.pcie, o.host_regions.push_back(mm->region());
+        auto b = cuda::make_cuda_backend(m, o);
+        Engine e(s, *b, 64);
+        Session ss = e.new_session();
+        std::vector<float> l = e.forward(ss, ids);
+        for (int i = 0; i < 10; ++i) {
+          const int tok = static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin());
+          l = e.forward(ss, std::vector<int>{tok});
+          logits[fuse].push_back(l);
+        }
+        st[fuse] = b->tier_stats();
+      }
+      SCOPED_TRACE("experts " + std::to_string(s.num_experts) + " slots " + std::to_string(c.slots) + " pcie " + std::to_string(c.pcie));
+      ASSERT_EQ(logits[0].size(), logits[1].size());
+      for (std::size_t i = 0; i < logits[0].size(); ++i) EXPECT_EQ(logits[0][i], logits[1][i]) << "decode step " << i;
+      EXPECT_EQ(st[0].pairs, st[1].pairs);
+      EXPECT_EQ(st[0].misses, st[1].misses);
+      EXPECT_EQ(st[0].handoffs, st[1].handoffs);
+      EXPECT_EQ(st[0].pcie_misses, st[1].pcie_misses);
+      if (c.slots >= 0) EXPECT_GT(st[1].handoffs, 0) << "the host took misses";
+      if (c.pcie > 0) EXPECT_GT(st[1].pcie_misses, 0) << "the device read misses over PCIe";
+    }
+  }
+}
+
 // Host registrations are the process's, counted: two backends over one
 // mirror register its pages once (the driver refuses a second
 // registration, and every sanitizer reports the refusal), the last one to

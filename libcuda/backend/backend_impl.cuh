@@ -21,6 +21,8 @@
 #include "expert_tier.cuh"
 #include "host_registry.cuh"
 #include "kernels.cuh"
+#include "norm.cuh"
+#include "route.cuh"
 #include "staged_upload.cuh"
 
 namespace coli::cuda::detail {
@@ -170,7 +172,10 @@ class CudaBackend : public Backend {
   // hn_q: the norm before left hn quantized for this step's int8 readers.
   void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap);
   void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
-  void moe_layer(const DevLayer& L, int l, int T, bool hn_q);
+  // Returns whether the host's part is still to be joined: a one-token
+  // step's join goes into the residual add and norm after the block
+  // (CudaOptions::fuse_decode; ExpertTier::join_norm).
+  bool moe_layer(const DevLayer& L, int l, int T, bool hn_q);
   // rlogits_ = router(hn_); hn_q: hn_ is also in qx_ in the router's order.
   void router_logits(const DevLayer& L, int T, bool hn_q);
   // sh_ = shared down(silu(sg_) * su_).
@@ -228,6 +233,7 @@ class CudaBackend : public Backend {
   DeviceView<float> ey_;  // grouped experts: per-pair down outputs [T K, H]
   DeviceArray<float> x_, hn_, mix_, sh_, sgate_, routed_, logits_, scores_, part_;
   DeviceArray<unsigned long long> heat_;  // [layers, experts] routing counts since read_heat
+  DeviceArray<unsigned> route_ticket_;    // router_route's (route.cuh): 0 between launches
   // x in int8 for the dp4a kernels (largest input: T x widest matrix, or
   // the T * K experts' activations).
   DeviceArray<int8_t> qx_codes_;

@@ -283,6 +283,8 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   heat_.resize(std::size_t(s_.num_layers) * std::max(1, s_.num_experts));
   check(cudaMemsetAsync(heat_.get(), 0, heat_.size() * sizeof(unsigned long long), stream_), "cudaMemset");
   tier_->attach_heat(heat_.get());  // the swaps' windows read it
+  route_ticket_.resize(1);
+  check(cudaMemsetAsync(route_ticket_.get(), 0, sizeof(unsigned), stream_), "cudaMemset");
   const int parts = std::clamp(opt_.tuning.logit_parts, 1, kMaxLogitParts);
   logit_parts_ = s_.vocab_size >= 4096 * parts ? parts : 1;
   phase("rest");

@@ -70,33 +70,44 @@ void CudaBackend::shared_down(const DevLayer& L, int T) {
   }
 }
 
-void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
+bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
   const DevExperts& X = tier_->experts(l);
   // A 1-row float shared-expert gate is computed by the routing kernel; in a
   // decode step the shared expert then runs as pair K of the routed ones.
   const bool gate_in_route = L.sh_gate_proj.rows == 1 && !takes_int8_x(L.sh_gate_proj);
   const bool fold = T < kGroupedMinTokens && X.shared_at_E;
-  step("router", [&] {
-    router_logits(L, T, hn_q);
-    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate_in_route ? &L.sh_gate_proj : nullptr, hn_.get(), sgate_.get(), fold,
-               heat_.get() + std::size_t(l) * E);
-  });
   // Hybrid: the misses go to the host now and come back as a partial sum
   // just before the combine; the device meanwhile computes everything else
   // (a miss reads the zero expert: exactly 0). The tier says which table
   // the experts read and whether the layer hands off or uploads.
   const ExpertTier::Step x = tier_->plan_layer(l, T);
   const ExpertTable& table = x.table;
-  if (x.handoff) step("handoff", [&] { tier_->post(x, l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, hn_.get()); });
+  // A decode step's router, routing and post: one launch (route.cuh).
+  const DevMatrix* gate = gate_in_route ? &L.sh_gate_proj : nullptr;
+  const bool fused = opt_.fuse_decode && router_route_supported(L.router, T, E, gate);
+  unsigned long long* heat = heat_.get() + std::size_t(l) * E;
+  step("router", [&] {
+    if (fused) {
+      const RouteArgs r{rlogits_.get(), E, K, ridx_.get(), rw_.get(), gate ? *gate : DevMatrix{}, hn_.get(), gate ? sgate_.get() : nullptr, fold, heat};
+      if (x.handoff) tier_->route_post(x, l, L.router, r, route_ticket_.get());
+      else router_route_topk(L.router, r, route_ticket_.get(), stream_);
+      return;
+    }
+    router_logits(L, T, hn_q);
+    route_topk(rlogits_.get(), T, E, K, ridx_.get(), rw_.get(), stream_, gate, hn_.get(), sgate_.get(), fold, heat);
+  });
+  if (x.handoff && !fused) step("handoff", [&] { tier_->post(x, l, ridx_.get(), rw_.get(), fold ? K + 1 : K, T, hn_.get()); });
+  // A one-token join waits inside the norm that follows (run()).
+  const bool join_later = x.handoff && opt_.fuse_decode && T == 1;
   const DevMatrix& eg = X.table.gate;
   if (fold) {
     step("experts", [&] {
       moe_gate_up(table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q, x.lim);
       moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_, x.lim);
     });
-    if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });
-    return;  // a decode step: no uploads
+    if (x.handoff && !join_later) step("handoff", [&] { tier_->join(routed_.get(), T); });
+    return join_later;  // a decode step: no uploads
   }
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn));
   // the sigmoid gate is applied where the output joins the residual.
@@ -136,7 +147,8 @@ void CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
     step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_, x.lim); });
     tier_->group_done(x, 0);
   }
-  if (x.handoff) step("handoff", [&] { tier_->join(routed_.get(), T); });
+  if (x.handoff && !join_later) step("handoff", [&] { tier_->join(routed_.get(), T); });
+  return join_later;
 }
 
 void CudaBackend::run(CudaState& st, int T, int logit_rows) {
@@ -159,14 +171,16 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
     step("norms+adds", [&] {
       add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
     });
-    moe_layer(L, l, T, hn_q);
+    const bool join_in_norm = moe_layer(L, l, T, hn_q);
     const bool last = l + 1 == s_.num_layers;
     hn_q = !last && mixer_quant(l + 1, &nibble);
     const bool folded = T < kGroupedMinTokens && tier_->experts(l).shared_at_E;  // routed_ holds the shared expert too
     step("norms+adds", [&] {
-      // x += routed + sigmoid(shared gate) * shared, then the next layer's input norm.
-      add_rms_norm(x_.get(), routed_.get(), folded ? nullptr : sh_.get(), folded ? nullptr : sgate_.get(),
-                   last ? nullptr : layers_[l + 1].input_norm, T, H, eps, last ? nullptr : hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+      // x += routed (+ the host's part) + sigmoid(shared gate) * shared, then the next layer's input norm.
+      const NormArgs a = add_norm_args(x_.get(), routed_.get(), folded ? nullptr : sh_.get(), folded ? nullptr : sgate_.get(),
+                                       last ? nullptr : layers_[l + 1].input_norm, H, eps, last ? nullptr : hn_.get(), hn_q ? &qx_ : nullptr, nibble);
+      if (join_in_norm) tier_->join_norm(a);
+      else launch_norm(a, T, stream_);
     });
   }
   if (logit_rows == 0) return;

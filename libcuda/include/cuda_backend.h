@@ -165,6 +165,12 @@ struct CudaOptions {
   // -3 to +4 % at 40, run-to-run noise as large), so it is an A/B switch
   // (COLI_CUDA_SPLIT_EXPERTS=1). Needs intermediate rows in 128s, >= 256.
   bool split_experts = false;
+  // A decode step's router, routing and handoff post as one kernel, and
+  // the handoff's join inside the residual add and norm after it (route.cuh,
+  // norm.cuh): the same arithmetic in two or three fewer launches a layer
+  // on the path each token waits on. false (COLI_CUDA_FUSE=0): the separate
+  // kernels, for A/B runs.
+  bool fuse_decode = true;
   // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
   // tier are uploaded, a whole layer at a time, into one of two staging
   // areas on a copy stream of their own, the next tiered layer's while the

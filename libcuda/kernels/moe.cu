@@ -7,6 +7,7 @@
 #include "device_math.cuh"
 #include "kernels.cuh"
 #include "mma_tile.cuh"
+#include "route.cuh"
 
 namespace coli::cuda {
 
@@ -72,88 +73,11 @@ __global__ void route_kernel(const float* logits, int E, int K, int* idx, float*
     for (int k = 0; k < K; ++k) w[t * K + k] /= picked_sum;
 }
 
-// Softmax over E logits of token t and top-K, on one warp (E <= 32 PER).
-template <int PER>
-__device__ __forceinline__ void route_one(const float* logits, int E, int K, int ks, int t, int* idx, float* w, unsigned long long* counts) {
-  const int lane = threadIdx.x & 31;
-  const float* lt = logits + static_cast<long long>(t) * E;
-  float p[PER];
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int e = lane + 32 * k;
-    p[k] = e < E ? lt[e] : -INFINITY;
-    m = fmaxf(m, p[k]);
-  }
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  double sum = 0;
-#pragma unroll
-  for (int k = 0; k < PER; ++k)
-    if (lane + 32 * k < E) p[k] = expf(p[k] - m), sum += p[k];
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float inv = static_cast<float>(1.0 / sum);
-#pragma unroll
-  for (int k = 0; k < PER; ++k) p[k] = lane + 32 * k < E ? p[k] * inv : -3.0f;
-  float picked_sum = 0;
-  for (int kk = 0; kk < K; ++kk) {
-    float v = -1.0f;
-    int bi = E;
-#pragma unroll
-    for (int k = 0; k < PER; ++k)
-      if (p[k] > v) v = p[k], bi = lane + 32 * k;  // ascending e: ties keep the lower index
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > v || (ov == v && oi < bi)) v = ov, bi = oi;
-    }
-#pragma unroll
-    for (int k = 0; k < PER; ++k)
-      if (lane + 32 * k == bi) p[k] = -2.0f;  // taken
-    if (lane == 0) {
-      idx[t * ks + kk] = bi, w[t * ks + kk] = v;
-      if (counts) atomicAdd(counts + bi, 1ull);  // routing heat
-    }
-    picked_sum += v;
-  }
-  __syncwarp();
-  if (lane == 0)
-    for (int kk = 0; kk < K; ++kk) w[t * ks + kk] /= picked_sum;
-}
-
-// Block per token: warp 0 does the softmax and top-K of route_kernel with
-// no block barriers (E <= 32 PER); with gate, the other kRouteWarps - 1
-// warps meanwhile compute gate_out[t] = gate row 0 . hn[t] (the shared
-// expert's 1-row gate, folded in to save a launch).
-constexpr int kRouteWarps = 8;
-
+// Block per token: route_block (route.cuh), 32 threads without a gate.
 template <int PER, Kind KG>
-__global__ void __launch_bounds__(kRouteWarps * 32) route_warp_kernel(const float* logits, int E, int K, int* idx, float* w, DevMatrix gate,
-                                                                      const float* hn, float* gate_out, bool with_shared,
-                                                                      unsigned long long* counts) {
+__global__ void __launch_bounds__(kRouteWarps * 32) route_warp_kernel(RouteArgs a) {
   griddep_wait();
-  __shared__ float gate_part[kRouteWarps];
-  const int ks = K + with_shared;  // idx / w row stride
-  const int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
-  if (wid > 0) {  // (launched only with a gate)
-    constexpr int per = KG == Kind::kF32 ? 4 : KG == Kind::kI8 ? 16 : KG == Kind::kI4 ? 32 : 8;
-    const int chunks = (gate.cols + per - 1) / per;
-    float acc[1] = {0.0f};
-    const float* x = hn + static_cast<long long>(t) * gate.cols;
-#pragma unroll 4
-    for (int ch = (wid - 1) * 32 + lane; ch < chunks; ch += (kRouteWarps - 1) * 32) chunk_dot<KG, 1>(gate, 0, ch, x, gate.cols, acc);
-    const float part = warp_sum(acc[0]);
-    if (lane == 0) gate_part[wid] = part;
-  } else {
-    route_one<PER>(logits, E, K, ks, t, idx, w, counts);
-  }
-  if (!gate_out) return;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float g = 0;
-    for (int i = 1; i < kRouteWarps; ++i) g += gate_part[i];
-    gate_out[t] = g;
-    if (with_shared) idx[t * ks + K] = E, w[t * ks + K] = sigmoidf(g);  // the shared expert as pair K
-  }
+  route_block<PER, KG>(a, blockIdx.x);
 }
 
 // Warp per (pair, row of the expert's intermediate).
@@ -511,9 +435,9 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
   if (E <= 32 * 16) {
     const DevMatrix g = gate ? *gate : DevMatrix{};
     float* go = gate ? gate_out : nullptr;
+    const RouteArgs a{const_cast<float*>(logits), E, K, idx, w, g, hn, go, with_shared, counts};
     auto run = [&]<int PER>() {
-      dispatch_kind(g.kind, [&]<Kind KG>() { launch(route_warp_kernel<PER, KG>, T, gate ? kRouteWarps * 32 : 32, 0, s, logits, E, K, idx, w, g, hn, go, with_shared, counts);
-      });
+      dispatch_kind(g.kind, [&]<Kind KG>() { launch(route_warp_kernel<PER, KG>, T, gate ? kRouteWarps * 32 : 32, 0, s, a); });
     };
     if (E <= 64) run.template operator()<2>();
     else if (E <= 128) run.template operator()<4>();
@@ -525,6 +449,10 @@ void route_topk(const float* logits, int T, int E, int K, int* idx, float* w, cu
   launch(route_kernel, T, 256, E * sizeof(float), s, logits, E, K, idx, w, counts);
   check(cudaGetLastError(), "route launch");
   if (gate) matmul(*gate, hn, T, gate_out, 1, s);
+}
+
+void router_route_topk(const DevMatrix& router, const RouteArgs& a, unsigned* ticket, cudaStream_t s) {
+  router_route(router, a, ticket, NoRouteTail{}, s);
 }
 
 void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, float* act, cudaStream_t s, const QuantX* q, bool hn_in_q,

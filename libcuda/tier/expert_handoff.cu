@@ -55,10 +55,37 @@ __device__ __forceinline__ unsigned long long global_ns() {
 // first round(share x (misses + offset)) misses flagged 2 for the device,
 // leaves their ids, and points the host's ones at the zero entry. With no miss for the
 // host nothing is posted and the join does not wait.
-__global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx, const float* w, int ks, int K, int T, const uint8_t* resident, int E,
-                                                           float share, float offset, int zero_entry, int inter, int* lim, const float* hn, int H,
-                                                           HandoffBox* box, ExpertPair* pairs, float* rows, HandoffCounters* c) {
-  griddep_wait();
+struct PostArgs {
+  int layer;
+  int* idx;
+  const float* w;
+  int ks, K, T;
+  const uint8_t* resident;
+  int E;
+  float share, offset;
+  int zero_entry, inter;
+  int* lim;
+  const float* hn;
+  int H;
+  HandoffBox* box;
+  ExpertPair* pairs;
+  float* rows;
+  HandoffCounters* c;
+};
+
+// The post, by a block of kPostThreads threads.
+__device__ void post_block(const PostArgs& a) {
+  const int layer = a.layer, ks = a.ks, K = a.K, T = a.T, E = a.E, zero_entry = a.zero_entry, inter = a.inter, H = a.H;
+  int* idx = a.idx;
+  int* lim = a.lim;
+  const float* w = a.w;
+  const uint8_t* resident = a.resident;
+  const float share = a.share, offset = a.offset;
+  const float* hn = a.hn;
+  HandoffBox* box = a.box;
+  ExpertPair* pairs = a.pairs;
+  float* rows = a.rows;
+  HandoffCounters* c = a.c;
   __shared__ int start[kPostThreads + 1];
   const int n = T * K, tid = threadIdx.x;
   if (share > 0 && T == 1) {
@@ -146,6 +173,47 @@ __global__ void __launch_bounds__(kPostThreads) post_kernel(int layer, int* idx,
     }
   }
 }
+
+__global__ void __launch_bounds__(kPostThreads) post_kernel(PostArgs a) {
+  griddep_wait();
+  post_block(a);
+}
+
+// router_route_kernel's tail in route_post: the routing's last block posts.
+struct PostTail {
+  PostArgs a;
+  __device__ void operator()() const { post_block(a); }
+};
+static_assert(kPostThreads == kRouteWarps * 32, "the routing block posts: one block size");
+
+// The join's wait as norm_kernel's hook (join_norm): every block's thread 0
+// waits for the host (block (0, 0) keeps the counts, as the join kernel's
+// block 0); mode 0 nothing posted, 1 the host's part, 2 and the device part.
+struct JoinHook {
+  HandoffBox* box;
+  const float* part;
+  HandoffCounters* c;
+  const float* dpart;
+  __device__ int wait() const {
+    __shared__ int mode;
+    if (threadIdx.x == 0) {
+      mode = 0;
+      if (c->n > 0) {
+        const unsigned s = c->seq;
+        const bool first = blockIdx.x == 0 && blockIdx.y == 0;
+        const unsigned long long t0 = global_ns();
+        if (first) atomicAdd(&c->work_ns, t0 - c->post_ns);
+        while (box->done != s) {
+        }
+        if (first) atomicAdd(&c->wait_ns, global_ns() - t0);
+        mode = dpart && box->n_dev > 0 ? 2 : 1;
+      }
+    }
+    __syncthreads();
+    return mode;
+  }
+  __device__ float add(long long i, int mode) const { return __ldcv(part + i) + (mode == 2 ? __ldcv(dpart + i) : 0.0f); }
+};
 
 // Waits for the host's done flag to reach the last posted number, then adds
 // the host's partial sums (read past every cache: the same addresses carry
@@ -242,12 +310,31 @@ void ExpertHandoff::post(int layer, int* idx, const float* w, int ks, int T, con
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
   if (share > 0 && (T != 1 || ks > K_ + 1)) throw Error("CUDA backend: a split post is for one token (internal)");
   if (split_inter > 0 && (share <= 0 || split_inter % kSplitRows != 0)) throw Error("CUDA backend: an expert split needs a split post and rows in 128s (internal)");
-  launch(post_kernel, 1, kPostThreads, 0, s, layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, split_inter,
-         split_inter > 0 ? d_lim_ : static_cast<int*>(nullptr), hn, H_, d_box_, d_.pairs, d_.rows, d_counters_);
+  const PostArgs a{layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, split_inter, split_inter > 0 ? d_lim_ : nullptr,
+                   hn, H_, d_box_, d_.pairs, d_.rows, d_counters_};
+  launch(post_kernel, 1, kPostThreads, 0, s, a);
   if (!inline_) return;
   check(cudaStreamSynchronize(s), "expert handoff (inline)");
   const unsigned p = box_->posted;
   if (p != inline_last_) inline_last_ = p, serve_one(p);  // a post with no host miss posted nothing
+}
+
+void ExpertHandoff::route_post(const DevMatrix& router, const RouteArgs& r, unsigned* ticket, int layer, const uint8_t* resident, cudaStream_t s,
+                               float share, float offset, int zero_entry, int split_inter) {
+  const int ks = r.K + (r.with_shared ? 1 : 0);
+  if (ks > K_ + 1 || r.K != K_) throw Error("CUDA backend: route_post's pairs do not match the handoff's (internal)");
+  if (split_inter > 0 && (share <= 0 || split_inter % kSplitRows != 0)) throw Error("CUDA backend: an expert split needs a split post and rows in 128s (internal)");
+  const PostArgs a{layer, r.idx, r.w, ks, K_, 1, resident, E_, share, offset, zero_entry, split_inter, split_inter > 0 ? d_lim_ : nullptr,
+                   r.hn, H_, d_box_, d_.pairs, d_.rows, d_counters_};
+  router_route(router, r, ticket, PostTail{a}, s);
+  if (!inline_) return;
+  check(cudaStreamSynchronize(s), "expert handoff (inline)");
+  const unsigned p = box_->posted;
+  if (p != inline_last_) inline_last_ = p, serve_one(p);
+}
+
+void ExpertHandoff::join_norm(const NormArgs& a, cudaStream_t s) {
+  launch_norm(a, 1, s, JoinHook{d_box_, d_.part, d_counters_, dpart_});
 }
 
 void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {

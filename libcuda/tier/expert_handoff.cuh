@@ -40,6 +40,8 @@
 #include <vector>
 
 #include "engine/expert_host.h"
+#include "norm.cuh"
+#include "route.cuh"
 
 namespace coli::cuda::detail {
 
@@ -75,10 +77,21 @@ class ExpertHandoff {
   // after this post and before the next.
   void post(int layer, int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s, float share = 0,
             float offset = 0, int zero_entry = 0, int split_inter = 0);
+  // A decode step's router, routing and post in one launch (route.cuh's
+  // router_route_kernel, its last block posting; router_route_supported
+  // must hold): what matmul(router) + route_topk + post() enqueue, with
+  // r.idx, r.w, r.hn as post's idx, w, hn (ks = r.K + r.with_shared).
+  // ticket: router_route's word.
+  void route_post(const DevMatrix& router, const RouteArgs& r, unsigned* ticket, int layer, const uint8_t* resident, cudaStream_t s, float share = 0,
+                  float offset = 0, int zero_entry = 0, int split_inter = 0);
   // [K + 1] on the device: the last split post's rows per column (above).
   const int* row_limits() const { return d_lim_; }
   // Enqueues routed[T, H] += the host's partial sum of the last post.
   void join(float* routed, int T, cudaStream_t s);
+  // One token: the join inside the residual add and norm that follow it
+  // (norm.cuh's kernel with the join's wait as its hook; a.a is the routed
+  // row, which is not written back): one launch instead of two.
+  void join_norm(const NormArgs& a, cudaStream_t s);
 
   // A chunk that may post is in flight / has completed on the device.
   // end() rethrows what the ExpertHost threw during the chunk (the device

@@ -312,6 +312,12 @@ void ExpertTier::post(const Step& st, int l, int* idx, const float* w, int ks, i
                  st.lim ? split_inter() : 0);
 }
 
+void ExpertTier::route_post(const Step& st, int l, const DevMatrix& router, const RouteArgs& r, unsigned* ticket) {
+  post_rows_ = r.hn;
+  handoff_->route_post(router, r, ticket, l, st.resident, stream_, st.share, static_cast<float>(opt_.pcie_read_offset), s_.num_experts + 1,
+                       st.lim ? split_inter() : 0);
+}
+
 std::pair<int, int> ExpertTier::group_range(const Step& st, int g) const {
   if (!st.upload) return {0, s_.num_experts};
   const PrefillUpload::Unit& u = pu_.units.at(static_cast<std::size_t>(st.unit0 + g));
@@ -345,6 +351,8 @@ void ExpertTier::group_done(const Step& st, int g) {
 }
 
 void ExpertTier::join(float* routed, int T) { handoff_->join(routed, T, stream_); }
+
+void ExpertTier::join_norm(const NormArgs& a) { handoff_->join_norm(a, stream_); }
 
 void ExpertTier::fill_stats(TierStats& t) const {
   t.tiered = tiered_;

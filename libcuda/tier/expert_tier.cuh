@@ -141,10 +141,18 @@ class ExpertTier {
   };
   Step plan_layer(int layer, int T);
   void post(const Step& st, int layer, int* idx, const float* w, int ks, int T, const float* hn);
+  // A one-token step's router, routing and post in one launch
+  // (ExpertHandoff::route_post; router_route_supported must hold): in place
+  // of the router's matmul, route_topk and post.
+  void route_post(const Step& st, int layer, const DevMatrix& router, const RouteArgs& r, unsigned* ticket);
   std::pair<int, int> group_range(const Step& st, int g) const;  // experts [first, second) of group g ([0, E) when not uploading)
   void wait_group(const Step& st, int g);
   void group_done(const Step& st, int g);
   void join(float* routed, int T);
+  // A one-token step's join inside the residual add and norm after it
+  // (ExpertHandoff::join_norm; a.a: the routed row): in place of join and
+  // add_rms_norm.
+  void join_norm(const NormArgs& a);
 
   // A background pin: whether a chunk of T tokens would upload experts
   // once pinned (so it is worth waiting for), and, between two chunks,
