@@ -1,4 +1,5 @@
-// Gated full attention (Qwen3.5): q_proj yields query and output gate per
+// Full attention: q_proj yields the query and, with an output gate
+// (qwen3_5_moe, qwen3_next: ModelSpec::attention_output_gate), the gate per
 // head; per-head RMSNorm on q and k; rotary embedding on the first
 // rotary_dim dims; GQA over the KV cache; sigmoid(gate) on the output.
 #include <cmath>
@@ -13,7 +14,8 @@ namespace coli::cpu {
 void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out) {
   const AttentionWeights& a = lw.attn;
   const int hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
-  const int qg_w = nh * hd * 2, kv_w = nkv * hd, group = nh / nkv;
+  const bool gated_out = s_.attention_output_gate;
+  const int per_head = gated_out ? 2 * hd : hd, qg_w = nh * per_head, kv_w = nkv * hd, group = nh / nkv;
   Buffer<float> qg(static_cast<std::size_t>(T) * qg_w), k(static_cast<std::size_t>(T) * kv_w), v(k.size());
   mm_many({{&a.q_proj, qg.data()}, {&a.k_proj, k.data()}, {&a.v_proj, v.data()}}, hn, T);
 
@@ -21,7 +23,7 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < nkv; ++h) {
       float* kh = k.data() + t * kv_w + h * hd;
-      rms_norm_1p(kh, a.k_norm.data(), hd, s_.rms_norm_eps, kh);
+      norm_row(kh, a.k_norm.data(), hd, kh);
       rope(kh, s_.rotary_dim, pos0 + t, s_.rope_theta);
     }
   st.k.insert(st.k.end(), k.begin(), k.end());
@@ -37,8 +39,8 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
     o.assign(hd, 0.0f);
     const int n_ctx = pos0 + t + 1;  // causal: positions 0 .. pos0+t
     scores.resize(n_ctx);
-    const float* qsrc = qg.data() + t * qg_w + h * 2 * hd;  // query, then gate
-    rms_norm_1p(qsrc, a.q_norm.data(), hd, s_.rms_norm_eps, q.data());
+    const float* qsrc = qg.data() + t * qg_w + h * per_head;  // query, then gate
+    norm_row(qsrc, a.q_norm.data(), hd, q.data());
     rope(q.data(), s_.rotary_dim, pos0 + t, s_.rope_theta);
     const int kvh = h / group;
     const float* K = st.k.data() + kvh * hd;
@@ -55,8 +57,13 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
         for (int d = 0; d < hd; ++d) o[d] += scores[j] * vj[d];
       }
     }
-    const float* gate = qsrc + hd;
-    for (int d = 0; d < hd; ++d) gated[static_cast<std::size_t>(t) * nh * hd + h * hd + d] = o[d] * sigmoid(gate[d]);
+    float* dst = gated.data() + static_cast<std::size_t>(t) * nh * hd + h * hd;
+    if (gated_out) {
+      const float* gate = qsrc + hd;
+      for (int d = 0; d < hd; ++d) dst[d] = o[d] * sigmoid(gate[d]);
+    } else {
+      for (int d = 0; d < hd; ++d) dst[d] = o[d];
+    }
   });
   mm(a.o_proj, gated.data(), T, out);
 }

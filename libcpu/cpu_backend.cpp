@@ -164,7 +164,7 @@ void CpuBackend::trunk_step(int layer, BackendState& state, int pos0, int T, flo
   const int H = s_.hidden_size;
   Buffer<float> hn(static_cast<std::size_t>(T) * H), out(hn.size());
   parallel_ranges(T, [&](int t0, int t1) {
-    for (int t = t0; t < t1; ++t) rms_norm_1p(x + t * H, lw.input_norm.data(), H, s_.rms_norm_eps, hn.data() + t * H);
+    for (int t = t0; t < t1; ++t) norm_row(x + t * H, lw.input_norm.data(), H, hn.data() + t * H);
   });
   if (lw.kind == LayerKind::kFullAttention) attention(lw, st, pos0, T, hn.data(), out.data());
   else deltanet(lw, st, T, hn.data(), out.data());
@@ -176,7 +176,7 @@ void CpuBackend::trunk_step(int layer, BackendState& state, int pos0, int T, flo
 void CpuBackend::ffn_norm(int layer, int T, const float* x, float* hn) {
   const int H = s_.hidden_size;
   parallel_ranges(T, [&](int t0, int t1) {
-    for (int t = t0; t < t1; ++t) rms_norm_1p(x + t * H, m_.layer(layer).post_norm.data(), H, s_.rms_norm_eps, hn + t * H);
+    for (int t = t0; t < t1; ++t) norm_row(x + t * H, m_.layer(layer).post_norm.data(), H, hn + t * H);
   });
 }
 
@@ -204,6 +204,14 @@ void CpuBackend::route(int layer, int T, const float* hn, int* idx, float* w) {
 void CpuBackend::shared_expert(int layer, int T, const float* hn, float* out) {
   const MoeWeights& moe = m_.layer(layer).moe;
   const int H = s_.hidden_size;
+  if (!s_.is_sparse(layer)) {  // a dense layer's MLP: no gate
+    swiglu_mm(moe.shared, hn, T, out);
+    return;
+  }
+  if (!s_.has_shared_expert()) {
+    std::fill(out, out + static_cast<std::size_t>(T) * H, 0.0f);
+    return;
+  }
   std::vector<float> gate(T);
   swiglu_mm(moe.shared, hn, T, out);
   mm(moe.shared_gate, hn, T, gate.data());
@@ -388,7 +396,7 @@ void CpuBackend::add_moe_output(std::size_t n, const float* routed, const float*
 void CpuBackend::logits(int T, const float* x, float* out) {
   const int H = s_.hidden_size;
   Buffer<float> hn(static_cast<std::size_t>(T) * H);
-  for (int t = 0; t < T; ++t) rms_norm_1p(x + t * H, m_.final_norm().data(), H, s_.rms_norm_eps, hn.data() + t * H);
+  for (int t = 0; t < T; ++t) norm_row(x + t * H, m_.final_norm().data(), H, hn.data() + t * H);
   mm(m_.lm_head(), hn.data(), T, out);
 }
 

@@ -15,6 +15,7 @@
 #include "kernels_amx.h"
 #include "kernels_amx_bf16.h"
 #include "model/weights.h"
+#include "ref_kernels.h"
 
 namespace coli::cpu {
 
@@ -68,6 +69,12 @@ class CpuBackend : public Backend {
  private:
   // out[T, H] = mixer output for normed input hn (no residual).
   void attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out);
+  // y[n] = RMSNorm(x) scaled by the family's norm weight: (1 + w), or w for
+  // qwen3_moe (ModelSpec::norm_plus_one).
+  void norm_row(const float* x, const float* w, int n, float* y) const {
+    if (s_.norm_plus_one) rms_norm_1p(x, w, n, s_.rms_norm_eps, y);
+    else rms_norm(x, w, n, s_.rms_norm_eps, y);
+  }
   void deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out);
   // y[T, W.rows] = x[T, W.cols] W^T, on the reference or the fast path.
   void mm(const Matrix& W, const float* x, int T, float* y);

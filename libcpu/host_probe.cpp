@@ -47,7 +47,8 @@ double measure_expert_gbs(const Model& model, int threads, double seconds) {
   const ModelSpec& s = model.spec();
   CpuExpertHost host(model, resolve(threads));
   const int K = s.num_experts_per_tok, H = s.hidden_size;
-  const ExpertWeights& x0 = model.layer(0).moe.experts[0];
+  const int l0 = s.first_sparse_layer();
+  const ExpertWeights& x0 = model.layer(l0).moe.experts[0];
   const double expert_bytes = double(x0.gate.bytes() + x0.up.bytes() + x0.down.bytes());
   std::vector<float> hn(H), out(H);
   std::mt19937 rng(1);
@@ -61,6 +62,7 @@ double measure_expert_gbs(const Model& model, int threads, double seconds) {
     const auto t0 = clock::now();
     long long reads = 0;
     for (int l = 0; l < s.num_layers; ++l) {
+      if (!s.is_sparse(l)) continue;
       std::vector<int> ids(s.num_experts);
       for (int e = 0; e < s.num_experts; ++e) ids[e] = e;
       std::shuffle(ids.begin(), ids.end(), rng);  // k distinct experts, not the ones the last layer warmed

@@ -107,7 +107,7 @@ std::string with(std::string text, const std::string& from, const std::string& t
 
 std::string error_of(const std::string& text) {
   try {
-    parse_model_spec(text, "m/config.json", true);
+    parse_model_spec(text, "m/config.json");
   } catch (const Error& e) {
     return e.what();
   }
@@ -116,7 +116,7 @@ std::string error_of(const std::string& text) {
 }  // namespace
 
 TEST(ModelSpec, Qwen3MoeIsReadAttentionOnlyWithPlainNorms) {
-  const ModelSpec s = parse_model_spec(kQwen3_30B_A3B, "config.json", true);
+  const ModelSpec s = parse_model_spec(kQwen3_30B_A3B, "config.json");
   EXPECT_EQ(s.family, ModelFamily::kQwen3Moe);
   EXPECT_STREQ(family_name(s.family), "qwen3_moe");
   EXPECT_EQ(s.num_layers, 48);
@@ -137,18 +137,10 @@ TEST(ModelSpec, Qwen3MoeIsReadAttentionOnlyWithPlainNorms) {
   EXPECT_EQ(s.vocab_size, 151936);
   EXPECT_DOUBLE_EQ(s.rope_theta, 1e6);
   EXPECT_EQ(s.linear_num_key_heads, 0);
-  // Not run yet: refused by default, naming the model_type.
-  try {
-    parse_model_spec(kQwen3_30B_A3B, "m/config.json");
-    FAIL();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("m/config.json: model_type 'qwen3_moe' is not supported yet"), std::string::npos) << m;
-  }
 }
 
 TEST(ModelSpec, Qwen3NextIsReadWithFusedDeltaNetProjections) {
-  const ModelSpec s = parse_model_spec(kQwen3Next80B, "config.json", true);
+  const ModelSpec s = parse_model_spec(kQwen3Next80B, "config.json");
   EXPECT_EQ(s.family, ModelFamily::kQwen3Next);
   EXPECT_EQ(s.num_layers, 48);
   EXPECT_EQ(s.num_attention_layers(), 12);
@@ -164,8 +156,7 @@ TEST(ModelSpec, Qwen3NextIsReadWithFusedDeltaNetProjections) {
   EXPECT_TRUE(s.fused_linear_projections);
   EXPECT_DOUBLE_EQ(s.rope_theta, 1e7);
   // Its config's default partial factor is 0.25.
-  EXPECT_EQ(parse_model_spec(with(kQwen3Next80B, R"("partial_rotary_factor":0.25,)", ""), "config.json", true).rotary_dim, 64);
-  EXPECT_THROW(parse_model_spec(kQwen3Next80B, "config.json"), Error);
+  EXPECT_EQ(parse_model_spec(with(kQwen3Next80B, R"("partial_rotary_factor":0.25,)", ""), "config.json").rotary_dim, 64);
 }
 
 TEST(ModelSpec, DenseLayersFollowMlpOnlyLayersAndTheSparseStep) {
@@ -174,13 +165,15 @@ TEST(ModelSpec, DenseLayersFollowMlpOnlyLayersAndTheSparseStep) {
   const std::string t = with(with(with(kQwen3_30B_A3B, R"("num_hidden_layers":48)", R"("num_hidden_layers":8)"), R"("decoder_sparse_step":1)",
                                    R"("decoder_sparse_step":2)"),
                               R"("mlp_only_layers":[])", R"("mlp_only_layers":[5])");
-  const ModelSpec s = parse_model_spec(t, "config.json", true);
+  const ModelSpec s = parse_model_spec(t, "config.json");
   EXPECT_EQ(s.sparse_layers, (std::vector<uint8_t>{0, 1, 0, 1, 0, 0, 0, 1}));
   EXPECT_EQ(s.intermediate_size, 6144);
   EXPECT_NE(error_of(with(t, R"("intermediate_size":6144,)", "")).find("'intermediate_size' is missing"), std::string::npos);
   EXPECT_NE(error_of(with(t, R"("mlp_only_layers":[5])", R"("mlp_only_layers":[8])")).find("'mlp_only_layers' has 8"), std::string::npos);
   EXPECT_NE(error_of(with(t, R"("mlp_only_layers":[5])", R"("mlp_only_layers":5)")).find("'mlp_only_layers' must be a list"), std::string::npos);
   EXPECT_NE(error_of(with(t, R"("decoder_sparse_step":2)", R"("decoder_sparse_step":0)")).find("'decoder_sparse_step' must be a positive"), std::string::npos);
+  EXPECT_NE(error_of(with(t, R"("decoder_sparse_step":2)", R"("decoder_sparse_step":9)")).find("'decoder_sparse_step' and mlp_only_layers leave no layer with routed experts"),
+            std::string::npos);
 }
 
 TEST(ModelSpec, BadFamilyConfigsNameTheField) {

@@ -127,8 +127,9 @@ void load(Loaded& cur, const std::string& model_path, const BenchOptions& opt, s
   const uint64_t fp = model_fingerprint(model_path);
   cur.fingerprint = hex64(fp);
   cur.heat = std::make_unique<HeatRecorder>(opt.heat_path ? opt.heat_path(fp) : std::string(), fp, cur.model->spec());
-  const auto& e0 = cur.model->layer(0).moe.experts[0].gate;
-  cur.type = "qwen3_5_moe " + std::to_string(cur.model->spec().num_layers) + "L " + format_name(e0.format);
+  const ModelSpec& spec = cur.model->spec();
+  const auto& e0 = cur.model->layer(spec.first_sparse_layer()).moe.experts[0].gate;
+  cur.type = std::string(family_name(spec.family)) + " " + std::to_string(spec.num_layers) + "L " + format_name(e0.format);
   if (!opt.prompt_file.empty()) {
     const std::string text = read_text_file(opt.prompt_file);  // the file's own problem first
     auto tok = Tokenizer::load(model_path);

@@ -113,8 +113,11 @@ class Backend {
   virtual void ffn_norm(int layer, int T, const float* x, float* hn) = 0;
   // Router: softmax over experts, top-k (most probable first, ties to the
   // lower index), weights renormalised to sum to 1. idx, w: [T, k].
+  // Sparse layers only (ModelSpec::is_sparse).
   virtual void route(int layer, int T, const float* hn, int* idx, float* w) = 0;
-  // out[T, H] = sigmoid(shared_gate . hn) * SwiGLU_shared(hn).
+  // out[T, H] = sigmoid(shared_gate . hn) * SwiGLU_shared(hn); 0 in a model
+  // without a shared expert (qwen3_moe); in a dense layer its MLP,
+  // SwiGLU_dense(hn), with no gate.
   virtual void shared_expert(int layer, int T, const float* hn, float* out) = 0;
   // out[t] = sum over the pairs p with p.token == t of
   // p.weight * SwiGLU_expert(hn[t]), for t = 0 .. the largest p.token

@@ -96,15 +96,22 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
   };
   step(&StageTimes::embed, [&] { backend_.embed(ids, T, x.data()); });
   for (int l = 0; l < spec_.num_layers; ++l) {
+    // A dense layer (qwen3_moe, qwen3_next where configured) has no routing:
+    // its MLP is the backend's shared_expert step, the routed part is 0.
+    const bool sparse = spec_.is_sparse(l);
     step(&StageTimes::trunk, [&] { backend_.trunk_step(l, *s.state, s.n_past, T, x.data()); });
     step(&StageTimes::router, [&] {
       backend_.ffn_norm(l, T, x.data(), hn.data());
-      backend_.route(l, T, hn.data(), idx.data(), w.data());
+      if (sparse) backend_.route(l, T, hn.data(), idx.data(), w.data());
     });
-    if (observe) observe(l, T, idx.data(), w.data());
-    if (heat_) heat_->add(l, idx.data(), idx.size());
+    if (sparse && observe) observe(l, T, idx.data(), w.data());
+    if (sparse && heat_) heat_->add(l, idx.data(), idx.size());
     step(&StageTimes::shared, [&] { backend_.shared_expert(l, T, hn.data(), shared.data()); });
     step(&StageTimes::experts, [&] {
+      if (!sparse) {
+        std::fill(routed.data(), routed.data() + routed.size(), 0.0f);
+        return;
+      }
       for (int t = 0; t < T; ++t)
         for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
       backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());

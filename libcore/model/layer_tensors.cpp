@@ -18,8 +18,11 @@ enum class Scope {
   kLayer,      // one in every layer
   kAttention,  // one in every full-attention layer
   kDeltaNet,   // one in every Gated DeltaNet layer
-  kExpert,     // one per routed expert of every layer (ExpertLayout::kPerExpert)
-  kStacked,    // one in every layer (ExpertLayout::kStacked)
+  kSparse,     // one in every layer with routed experts (ModelSpec::sparse_layers)
+  kShared,     // one in every sparse layer of a model with a shared expert
+  kDense,      // one in every dense MLP layer (qwen3_moe / qwen3_next where the config says)
+  kExpert,     // one per routed expert of every sparse layer (ExpertLayout::kPerExpert)
+  kStacked,    // one in every sparse layer (ExpertLayout::kStacked)
 };
 
 // Slots: the member path of a tensor in OuterWeights or LayerWeights.
@@ -64,8 +67,9 @@ const Row kRows[] = {
     {R::kPostNorm, Scope::kLayer, "post_attention_layernorm.weight", C::kF32, F::kVector, [](const ModelSpec& s) -> Shape { return {hidden(s)}; },
      nullptr, vector_at<&LayerWeights::post_norm>},
 
-    // per head, query then gate
-    {R::kQProj, Scope::kAttention, "self_attn.q_proj.weight", C::kTrunk, F::kMatrix, [](const ModelSpec& s) -> Shape { return {2 * q_dim(s), hidden(s)}; },
+    // per head, query then gate (ModelSpec::attention_output_gate; else query only)
+    {R::kQProj, Scope::kAttention, "self_attn.q_proj.weight", C::kTrunk, F::kMatrix,
+     [](const ModelSpec& s) -> Shape { return {(s.attention_output_gate ? 2 : 1) * q_dim(s), hidden(s)}; },
      nullptr, matrix_at<&LayerWeights::attn, &AttentionWeights::q_proj>},
     {R::kKProj, Scope::kAttention, "self_attn.k_proj.weight", C::kTrunk, F::kMatrix, [](const ModelSpec& s) -> Shape { return {kv_dim(s), hidden(s)}; },
      nullptr, matrix_at<&LayerWeights::attn, &AttentionWeights::k_proj>},
@@ -103,19 +107,27 @@ const Row kRows[] = {
     {R::kLinearNorm, Scope::kDeltaNet, "linear_attn.norm.weight", C::kF32, F::kVector,
      [](const ModelSpec& s) -> Shape { return {s.linear_value_head_dim}; }, nullptr, vector_at<&LayerWeights::gdn, &DeltaNetWeights::norm>},
 
-    {R::kRouter, Scope::kLayer, "mlp.gate.weight", C::kRouter, F::kMatrix, [](const ModelSpec& s) -> Shape { return {s.num_experts, hidden(s)}; },
+    {R::kRouter, Scope::kSparse, "mlp.gate.weight", C::kRouter, F::kMatrix, [](const ModelSpec& s) -> Shape { return {s.num_experts, hidden(s)}; },
      nullptr, matrix_at<&LayerWeights::moe, &MoeWeights::router>},
-    {R::kSharedGate, Scope::kLayer, "mlp.shared_expert.gate_proj.weight", C::kShared, F::kMatrix,
+    {R::kSharedGate, Scope::kShared, "mlp.shared_expert.gate_proj.weight", C::kShared, F::kMatrix,
      [](const ModelSpec& s) -> Shape { return {s.shared_expert_intermediate_size, hidden(s)}; }, nullptr,
      matrix_at<&LayerWeights::moe, &MoeWeights::shared, &ExpertWeights::gate>},
-    {R::kSharedUp, Scope::kLayer, "mlp.shared_expert.up_proj.weight", C::kShared, F::kMatrix,
+    {R::kSharedUp, Scope::kShared, "mlp.shared_expert.up_proj.weight", C::kShared, F::kMatrix,
      [](const ModelSpec& s) -> Shape { return {s.shared_expert_intermediate_size, hidden(s)}; }, nullptr,
      matrix_at<&LayerWeights::moe, &MoeWeights::shared, &ExpertWeights::up>},
-    {R::kSharedDown, Scope::kLayer, "mlp.shared_expert.down_proj.weight", C::kShared, F::kMatrix,
+    {R::kSharedDown, Scope::kShared, "mlp.shared_expert.down_proj.weight", C::kShared, F::kMatrix,
      [](const ModelSpec& s) -> Shape { return {hidden(s), s.shared_expert_intermediate_size}; }, nullptr,
      matrix_at<&LayerWeights::moe, &MoeWeights::shared, &ExpertWeights::down>},
-    {R::kSharedExpertGate, Scope::kLayer, "mlp.shared_expert_gate.weight", C::kF32, F::kMatrix,
+    {R::kSharedExpertGate, Scope::kShared, "mlp.shared_expert_gate.weight", C::kF32, F::kMatrix,
      [](const ModelSpec& s) -> Shape { return {1, hidden(s)}; }, nullptr, matrix_at<&LayerWeights::moe, &MoeWeights::shared_gate>},
+
+    // a dense layer's MLP, bound where a sparse layer keeps its shared expert (no sigmoid gate)
+    {R::kDenseGate, Scope::kDense, "mlp.gate_proj.weight", C::kShared, F::kMatrix,
+     [](const ModelSpec& s) -> Shape { return {s.intermediate_size, hidden(s)}; }, nullptr, matrix_at<&LayerWeights::moe, &MoeWeights::shared, &ExpertWeights::gate>},
+    {R::kDenseUp, Scope::kDense, "mlp.up_proj.weight", C::kShared, F::kMatrix,
+     [](const ModelSpec& s) -> Shape { return {s.intermediate_size, hidden(s)}; }, nullptr, matrix_at<&LayerWeights::moe, &MoeWeights::shared, &ExpertWeights::up>},
+    {R::kDenseDown, Scope::kDense, "mlp.down_proj.weight", C::kShared, F::kMatrix,
+     [](const ModelSpec& s) -> Shape { return {hidden(s), s.intermediate_size}; }, nullptr, matrix_at<&LayerWeights::moe, &MoeWeights::shared, &ExpertWeights::down>},
 
     {R::kExpertGate, Scope::kExpert, "gate_proj.weight", C::kExperts, F::kMatrix,
      [](const ModelSpec& s) -> Shape { return {s.moe_intermediate_size, hidden(s)}; }, nullptr, expert_part<&ExpertWeights::gate>},
@@ -166,14 +178,15 @@ std::vector<TensorDesc> model_tensors(const ModelSpec& spec, bool own_lm_head) {
 
 std::vector<TensorDesc> layer_tensors(const ModelSpec& spec, int layer, ExpertLayout experts) {
   const std::string L = "model.layers." + std::to_string(layer) + ".";
-  const bool attention = spec.layer_kinds.at(layer) == LayerKind::kFullAttention;
+  const bool attention = spec.layer_kinds.at(layer) == LayerKind::kFullAttention, sparse = spec.is_sparse(layer);
   std::vector<TensorDesc> out;
   for (const Row& r : kRows) {
     const bool here = r.scope == Scope::kLayer || (r.scope == Scope::kAttention && attention) || (r.scope == Scope::kDeltaNet && !attention) ||
-                      (r.scope == Scope::kStacked && experts == ExpertLayout::kStacked);
+                      (r.scope == Scope::kSparse && sparse) || (r.scope == Scope::kShared && sparse && spec.has_shared_expert()) ||
+                      (r.scope == Scope::kDense && !sparse) || (r.scope == Scope::kStacked && sparse && experts == ExpertLayout::kStacked);
     if (here) out.push_back(entry(r, spec, L + r.name, layer, -1));
   }
-  if (experts == ExpertLayout::kPerExpert)
+  if (sparse && experts == ExpertLayout::kPerExpert)
     for (int e = 0; e < spec.num_experts; ++e) {
       const std::string X = L + "mlp.experts." + std::to_string(e) + ".";
       for (const Row& r : kRows)

@@ -1,4 +1,6 @@
-// The tensor table of a qwen3_5_moe model: every tensor, in one list.
+// The tensor table of a qwen3_5_moe, qwen3_next or qwen3_moe model: every
+// tensor, in one list; the spec says which rows a layer has (its mixer,
+// sparse or dense MLP, a shared expert or none, the q_proj's gate rows).
 //
 // Binding (weights.cpp), conversion, the synthetic checkpoint writer, byte
 // accounting (bench, CUDA upload) and comparison walk this table instead of
@@ -11,7 +13,9 @@
 // Order, which is also a container's blob order: embed, final norm,
 // lm_head; then per layer its two norms, the mixer's matrices, the mixer's
 // vectors, router, shared expert (gate, up, down, then its 1-row gate) and
-// the routed experts one by one (gate, up, down), or with
+// the routed experts one by one (gate, up, down), or for a dense layer its
+// MLP (gate, up, down); qwen3_next's DeltaNet projections in the split
+// layout of qwen3_5_moe (weights.cpp permutes a checkpoint's fused ones), or with
 // ExpertLayout::kStacked the two 3-D tensors of transformers' fused layout.
 #pragma once
 #include <cstdint>
@@ -36,6 +40,7 @@ enum class TensorRole {
   kInProjQkv, kInProjZ, kInProjB, kInProjA, kOutProj, kConv1d, kDtBias, kALog, kLinearNorm,
   // MoE
   kRouter, kSharedGate, kSharedUp, kSharedDown, kSharedExpertGate,
+  kDenseGate, kDenseUp, kDenseDown,         // a dense MLP layer's (qwen3_moe, qwen3_next where configured)
   kExpertGate, kExpertUp, kExpertDown,      // one routed expert's parts
   kExpertsGateUp, kExpertsDown,             // all experts stacked (fused checkpoints)
 };
@@ -45,7 +50,7 @@ enum class TensorClass {
   kEmbed, kLmHead,
   kTrunk,    // attention and Gated DeltaNet projections
   kRouter,
-  kShared,   // the shared expert's gate, up and down
+  kShared,   // the shared expert's gate, up and down; a dense layer's MLP
   kExperts,  // routed experts' gate and up
   kDown,     // routed experts' down
   kF32,      // norms, conv taps, A_log, dt_bias, the shared-expert gate: always f32

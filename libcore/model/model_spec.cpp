@@ -72,7 +72,7 @@ struct Reader {
 
 }  // namespace
 
-ModelSpec parse_model_spec(const std::string& text, const std::string& path, bool any_family) {
+ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
   json root;
   try {
     root = json::parse(text);
@@ -87,8 +87,6 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path, boo
   else if (s.model_type == "qwen3_moe") s.family = ModelFamily::kQwen3Moe;
   else if (s.model_type == "qwen3_next") s.family = ModelFamily::kQwen3Next;
   else throw Error(path + ": model_type '" + s.model_type + "' is not supported (expected qwen3_5_moe or qwen3_5_moe_text)");
-  if (!any_family && s.family != ModelFamily::kQwen35Moe)
-    throw Error(path + ": model_type '" + s.model_type + "' is not supported yet (coli runs qwen3_5_moe and qwen3_5_moe_text)");
   const bool q35 = s.family == ModelFamily::kQwen35Moe, moe_only = s.family == ModelFamily::kQwen3Moe;
   s.norm_plus_one = !moe_only, s.attention_output_gate = !moe_only, s.fused_linear_projections = s.family == ModelFamily::kQwen3Next;
 
@@ -174,6 +172,8 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path, boo
         s.sparse_layers[i.get<int>()] = 0;
       }
     }
+    if (std::count(s.sparse_layers.begin(), s.sparse_layers.end(), 1) == 0)
+      throw r.err("decoder_sparse_step", "and mlp_only_layers leave no layer with routed experts");
     if (std::count(s.sparse_layers.begin(), s.sparse_layers.end(), 0) > 0) s.intermediate_size = r.pos_int("intermediate_size");
   }
 

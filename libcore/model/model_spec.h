@@ -6,11 +6,11 @@
 //   - multimodal Qwen3_5MoeForConditionalGeneration: model_type
 //     "qwen3_5_moe" with a nested text_config, tensors under
 //     "model.language_model." (model.visual.* and mtp.* are ignored).
-// Read but not run yet (issue 31; docs/design/qwen3-families.md): qwen3_moe
-// (attention only, y w norms, no output gate, no shared expert) and
-// qwen3_next (qwen3_5_moe's layers with fused DeltaNet projections), both
-// with dense MLP layers where mlp_only_layers / decoder_sparse_step say.
-// parse_model_spec() refuses them unless asked for every family it reads.
+// Also (issue 31; docs/design/qwen3-families.md): qwen3_moe (attention
+// only, y w norms, no output gate, no shared expert) and qwen3_next
+// (qwen3_5_moe's layers with fused DeltaNet projections), both with dense
+// MLP layers where mlp_only_layers / decoder_sparse_step say. A backend
+// that does not run a family yet says so when it is made.
 // Anything else throws coli::Error naming config.json and the key.
 #pragma once
 #include <string>
@@ -68,12 +68,19 @@ struct ModelSpec {
   int linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
   int linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
   int num_attention_layers() const;
+  // Layer l has routed experts (else a dense MLP of intermediate_size).
+  bool is_sparse(int l) const { return sparse_layers.empty() || sparse_layers.at(l) != 0; }
+  bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+  // The first layer with routed experts (every model has one).
+  int first_sparse_layer() const {
+    for (int l = 0; l < num_layers; ++l)
+      if (is_sparse(l)) return l;
+    return 0;
+  }
 };
 
-// Parses config.json text; `path` is used in messages. Every family it
-// reads with any_family; else the ones coli runs (the others: an Error
-// naming the model_type).
-ModelSpec parse_model_spec(const std::string& json_text, const std::string& path, bool any_family = false);
+// Parses config.json text; `path` is used in messages.
+ModelSpec parse_model_spec(const std::string& json_text, const std::string& path);
 // Reads DIR/config.json.
 ModelSpec load_model_spec(const std::string& dir);
 

@@ -62,6 +62,47 @@ class Binder {
     return Matrix{t.format, t.data + ((e * t.shape[1] + row0) * cols) * esz, rows, cols, nullptr};
   }
 
+  // qwen3_next's in_proj_qkvz [nk (2 dk + 2 r dv), H] and in_proj_ba
+  // [nk 2 r, H], grouped per key head (r = nv / nk value heads a group),
+  // as qwen3_5_moe's in_proj_qkv / z / b / a: a permutation of whole rows
+  // (docs/design/qwen3-families.md, section 5) into buffers of `owned`.
+  // Row-wise formats only (f32, bf16, f16: a row is its own bytes).
+  void split_fused_projections(const ModelSpec& s, const std::string& L, DeltaNetWeights& g, std::vector<std::vector<uint8_t>>& owned) {
+    const int64_t H = s.hidden_size, nk = s.linear_num_key_heads, dk = s.linear_key_head_dim, dv = s.linear_value_head_dim;
+    const int64_t r = s.linear_num_value_heads / nk, P = 2 * dk + 2 * r * dv;
+    const SourceTensor& qkvz = get(L + "linear_attn.in_proj_qkvz.weight", {nk * P, H});
+    const SourceTensor& ba = get(L + "linear_attn.in_proj_ba.weight", {nk * 2 * r, H});
+    for (const SourceTensor* t : {&qkvz, &ba})
+      if (t->format != QuantFormat::F32 && t->format != QuantFormat::BF16 && t->format != QuantFormat::F16)
+        throw Error(t->file + ": tensor '" + t->name + "' is " + format_name(t->format) + "; fused DeltaNet projections must be f32, bf16 or f16");
+    // Rows [first, first + n) of t appended to the matrix being built.
+    struct Build {
+      const SourceTensor* t;
+      std::vector<uint8_t> bytes;
+      int64_t rows = 0;
+      void take(int64_t first, int64_t n) {
+        const std::size_t rb = layout_of(t->format, 1, t->shape[1]).row_stride;
+        bytes.insert(bytes.end(), t->data + first * rb, t->data + (first + n) * rb);
+        rows += n;
+      }
+    };
+    Build q{&qkvz}, k{&qkvz}, v{&qkvz}, z{&qkvz}, b{&ba}, a{&ba};
+    for (int64_t grp = 0; grp < nk; ++grp) {
+      q.take(grp * P, dk), k.take(grp * P + dk, dk), v.take(grp * P + 2 * dk, r * dv), z.take(grp * P + 2 * dk + r * dv, r * dv);
+      b.take(grp * 2 * r, r), a.take(grp * 2 * r + r, r);
+    }
+    auto keep = [&](std::vector<uint8_t>&& bytes, QuantFormat f, int64_t rows) {
+      owned.push_back(std::move(bytes));
+      return Matrix{f, owned.back().data(), rows, H, nullptr};
+    };
+    q.bytes.insert(q.bytes.end(), k.bytes.begin(), k.bytes.end());
+    q.bytes.insert(q.bytes.end(), v.bytes.begin(), v.bytes.end());
+    g.in_proj_qkv = keep(std::move(q.bytes), qkvz.format, q.rows + k.rows + v.rows);
+    g.in_proj_z = keep(std::move(z.bytes), qkvz.format, z.rows);
+    g.in_proj_b = keep(std::move(b.bytes), ba.format, b.rows);
+    g.in_proj_a = keep(std::move(a.bytes), ba.format, a.rows);
+  }
+
   void check_no_unknown() const {
     for (const auto& n : src_.names())
       if (!used_.count(n) && !is_ignored_tensor(n)) throw Error(where_ + ": unknown tensor '" + n + "'");
@@ -114,14 +155,21 @@ std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<Tensor
   for (int i = 0; i < s.num_layers; ++i) {
     LayerWeights lw;
     lw.kind = s.layer_kinds[i];
-    lw.moe.experts.resize(s.num_experts);
+    if (s.is_sparse(i)) lw.moe.experts.resize(s.num_experts);  // a dense layer has none
     // Routed experts come one tensor per part, or stacked in transformers'
     // fused layout (recognised by its first stack).
     std::vector<TensorDesc> ts = layer_tensors(s, i, ExpertLayout::kStacked);
     const auto stack = std::find_if(ts.begin(), ts.end(), [](const TensorDesc& t) { return t.form == TensorForm::kStack; });
     lw.moe.fused_layout = stack != ts.end() && b.has(stack->name);
     if (!lw.moe.fused_layout) ts = layer_tensors(s, i, ExpertLayout::kPerExpert);
+    // qwen3_next checkpoints fuse the DeltaNet's input projections
+    // (containers store them split, as qwen3_5_moe does).
+    const std::string L = "model.layers." + std::to_string(i) + ".";
+    const bool fused_gdn = s.fused_linear_projections && lw.kind == LayerKind::kLinearAttention && b.has(L + "linear_attn.in_proj_qkvz.weight");
+    if (fused_gdn) b.split_fused_projections(s, L, lw.gdn, m->owned_);
     for (const TensorDesc& t : ts) {
+      if (fused_gdn && (t.role == TensorRole::kInProjQkv || t.role == TensorRole::kInProjZ || t.role == TensorRole::kInProjB || t.role == TensorRole::kInProjA))
+        continue;
       if (t.form != TensorForm::kStack) {
         b.bind(t, slot_of(lw, t));
         continue;

@@ -103,6 +103,9 @@ class Model {
   std::string dir_;
   ModelSpec spec_;
   std::shared_ptr<TensorSource> source_;
+  // Matrices the binder made rather than found (qwen3_next's fused DeltaNet
+  // projections split into qwen3_5_moe's layout); the matrices point in here.
+  std::vector<std::vector<uint8_t>> owned_;
   OuterWeights outer_;
   std::vector<LayerWeights> layers_;
 };

@@ -21,7 +21,7 @@ uint64_t advise_plan_ram(const Model& model, const Plan& plan) {
     if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_WILLNEED) == 0) advised += m.bytes();  // anonymous or locked memory: nothing to do
   };
   for (int l = 0; l < s.num_layers; ++l)
-    for (int e = 0; e < s.num_experts; ++e) {
+    for (int e = 0; e < (s.is_sparse(l) ? s.num_experts : 0); ++e) {
       if (plan.at(l, e) == Tier::kDisk) continue;
       const ExpertWeights& x = model.layer(l).moe.experts[e];
       advise(x.gate), advise(x.up), advise(x.down);

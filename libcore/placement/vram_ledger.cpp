@@ -78,7 +78,7 @@ bool grouped_expert_formats(QuantFormat gate, QuantFormat up, QuantFormat down, 
 }
 
 ExpertParts expert_parts_of(const Model& m) {
-  const ExpertWeights& x = m.layer(0).moe.experts.at(0);
+  const ExpertWeights& x = m.layer(m.spec().first_sparse_layer()).moe.experts.at(0);
   ExpertParts p{x.gate.bytes(), x.up.bytes(), x.down.bytes()};
   p.grouped = grouped_expert_formats(x.gate.format, x.up.format, x.down.format, x.gate.cols, x.down.cols);
   return p;
@@ -86,7 +86,7 @@ ExpertParts expert_parts_of(const Model& m) {
 
 ExpertParts expert_parts_of(const Container& c) {
   for (const Blob& b : c.manifest().blobs)
-    if (b.kind == "expert" && b.layer == 0 && b.expert == 0 && b.parts.size() == 3) {
+    if (b.kind == "expert" && b.expert == 0 && b.parts.size() == 3) {  // the first sparse layer's first expert
       ExpertParts p{matrix_bytes(b.parts[0].format, b.parts[0].shape, b.parts[0].name), matrix_bytes(b.parts[1].format, b.parts[1].shape, b.parts[1].name),
                     matrix_bytes(b.parts[2].format, b.parts[2].shape, b.parts[2].name)};
       auto cols = [](const std::vector<int64_t>& shape) { return shape.size() == 2 ? shape[1] : int64_t(0); };

@@ -125,6 +125,10 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     start_phases_.push_back({name, std::chrono::duration<double, std::milli>(now - t_phase).count()});
     t_phase = now;
   };
+  // Issue 31: the CPU backend runs qwen3_moe and qwen3_next; this one not yet.
+  if (s_.family != ModelFamily::kQwen35Moe || !s_.norm_plus_one || !s_.attention_output_gate || !s_.has_shared_expert() ||
+      std::count(s_.sparse_layers.begin(), s_.sparse_layers.end(), 0) > 0)
+    throw Error(std::string("CUDA backend: ") + family_name(s_.family) + " models do not run on the GPU yet; use --device cpu");
   split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
   chunked_gdn_ = opt_.chunked_gdn;
   stream_min_rows_ = opt_.gemv_stream_min_rows;
