@@ -132,3 +132,17 @@ TEST(SynthContainer, CommandLineFlags) {
   EXPECT_EQ(coli::test::run_command("ls -A " + d.path(), &out), 0);
   EXPECT_EQ(out, "");  // nothing left behind
 }
+
+// The other families: qwen3_moe (no DeltaNet, no shared expert) and
+// qwen3_next, whose checkpoint holds the fused DeltaNet projections the
+// container stores split (the direct path fills split rows from the fused
+// plan; the checkpoint path binds and permutes): still the same bytes.
+TEST(SynthContainer, SameBytesForTheOtherFamilies) {
+  for (const coli::ModelFamily f : {coli::ModelFamily::kQwen3Moe, coli::ModelFamily::kQwen3Next}) {
+    SCOPED_TRACE(coli::family_name(f));
+    coli::SynthOptions so = small_synth(4);
+    so.family = f;
+    if (f == coli::ModelFamily::kQwen3Moe) so.shared_inter = 0;
+    expect_same_container(so, formats(coli::QuantFormat::I4_G32, coli::QuantFormat::I8));
+  }
+}

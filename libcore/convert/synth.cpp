@@ -20,6 +20,7 @@
 #include "convert/synth_model.h"
 #include "formats/dtype.h"
 #include "formats/safetensors.h"
+#include "model/fused_projections.h"
 #include "model/model_spec.h"
 #include "util/error.h"
 #include "util/io.h"
@@ -189,13 +190,31 @@ class SynthInput : public ConvertInput {
     // the checkpoint has one; synth always writes it.
     tensors_ = tensors_of(spec_, true);
     for (const TensorDesc& t : tensors_)
-      if (!model_.find(t.name)) throw Error("synth: the plan has no '" + t.name + "' (internal)");
+      if (!source_of(t, 0).first) throw Error("synth: the plan has no '" + t.name + "' (internal)");
+  }
+  // The plan's tensor holding row r of entry t, and the row there: itself,
+  // or for qwen3_next's split DeltaNet projections a row of the fused ones
+  // the checkpoint holds (model/fused_projections.h).
+  std::pair<const SynthModel::Tensor*, int64_t> source_of(const TensorDesc& t, int64_t r) const {
+    if (!spec_.fused_linear_projections || !is_split_projection(t.role)) return {model_.find(t.name), r};
+    const FusedRow f = fused_row(spec_, t.role, r);
+    return {model_.find(t.name.substr(0, t.name.find("linear_attn.")) + (f.ba ? kFusedBa : kFusedQkvz)), f.row};
   }
   const std::string& config_text() const override { return model_.config_text(); }
   const ModelSpec& spec() const override { return spec_; }
   std::vector<TensorDesc> tensors() const override { return tensors_; }
   QuantFormat source_format(const TensorDesc&) const override { return QuantFormat::BF16; }
   void rows_f32(const TensorDesc& t, int64_t r0, int64_t r1, float* dst) const override {
+    if (spec_.fused_linear_projections && is_split_projection(t.role)) {  // row by row from the fused tensors
+      const int64_t cols = t.shape.at(1);
+      std::vector<uint16_t> buf(static_cast<std::size_t>(cols));
+      for (int64_t r = r0; r < r1; ++r) {
+        const auto [p, row] = source_of(t, r);
+        model_.fill(*p, row * cols, cols, buf.data());
+        for (int64_t i = 0; i < cols; ++i) dst[(r - r0) * cols + i] = bf16_to_f32(buf[i]);
+      }
+      return;
+    }
     const SynthModel::Tensor& p = *model_.find(t.name);
     const int64_t cols = t.form == TensorForm::kVector ? p.numel() : p.shape.back();
     const int64_t n = (r1 - r0) * cols;

@@ -41,10 +41,22 @@ struct SynthOptions {
   bool overwrite = false;
   bool progress = false;
   uint64_t shard_bytes = 4ull << 30;
+  // The family's layout (config.json, tensor names, norms): qwen3_5_moe,
+  // qwen3_moe (attention only, no shared expert) or qwen3_next (fused
+  // DeltaNet projections in the checkpoint). synth_shapes() gives its real
+  // shapes.
+  ModelFamily family = ModelFamily::kQwen35Moe;
   // Shapes (Qwen3.6-35B-A3B); tests shrink them (not on the command line).
   int vocab = 248320, hidden = 2048, experts = 256, top_k = 8, moe_inter = 512, shared_inter = 512;
   int heads = 16, kv_heads = 2, head_dim = 256, lin_k_heads = 16, lin_v_heads = 32, lin_k_dim = 128, lin_v_dim = 128, conv = 4;
 };
+
+// o with family f and that family's released shapes: Qwen3.6-35B-A3B
+// (qwen3_5_moe), Qwen3-30B-A3B (qwen3_moe: 32 / 4 heads of 128, 128
+// experts of 768, top-8, no shared expert), Qwen3-Next-80B-A3B (qwen3_next:
+// 512 experts of 512, top-10, vocabulary 151,936). Layers, seed and the
+// rest of o are kept.
+SynthOptions synth_shapes(SynthOptions o, ModelFamily f);
 
 struct SynthReport {
   uint64_t bytes = 0, params = 0;

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "formats/dtype.h"
+#include "model/fused_projections.h"
 #include "model/layer_tensors.h"
 #include "util/error.h"
 
@@ -29,6 +30,25 @@ inline uint64_t splitmix(uint64_t x) {
 inline float unit(uint64_t r) { return (static_cast<float>(r >> 40) + 0.5f) * (1.0f / 16777216.0f); }
 
 }  // namespace
+
+SynthOptions synth_shapes(SynthOptions o, ModelFamily f) {
+  o.family = f;
+  switch (f) {
+    case ModelFamily::kQwen35Moe:
+      o.vocab = 248320, o.hidden = 2048, o.experts = 256, o.top_k = 8, o.moe_inter = 512, o.shared_inter = 512;
+      o.heads = 16, o.kv_heads = 2, o.head_dim = 256, o.lin_k_heads = 16, o.lin_v_heads = 32, o.lin_k_dim = 128, o.lin_v_dim = 128, o.conv = 4;
+      break;
+    case ModelFamily::kQwen3Moe:
+      o.vocab = 151936, o.hidden = 2048, o.experts = 128, o.top_k = 8, o.moe_inter = 768, o.shared_inter = 0;
+      o.heads = 32, o.kv_heads = 4, o.head_dim = 128;
+      break;
+    case ModelFamily::kQwen3Next:
+      o.vocab = 151936, o.hidden = 2048, o.experts = 512, o.top_k = 10, o.moe_inter = 512, o.shared_inter = 512;
+      o.heads = 16, o.kv_heads = 2, o.head_dim = 256, o.lin_k_heads = 16, o.lin_v_heads = 32, o.lin_k_dim = 128, o.lin_v_dim = 128, o.conv = 4;
+      break;
+  }
+  return o;
+}
 
 int64_t SynthModel::Tensor::numel() const {
   int64_t n = 1;
@@ -71,27 +91,49 @@ SynthModel::SynthModel(const SynthOptions& o) : opt_(o) {
   // stream, and predates the table: the final norm and lm_head follow the
   // layers, a DeltaNet's out_proj follows its vectors. Kept, so a seed
   // still writes the same checkpoint.
+  const ModelFamily fam = o.family;
+  const bool moe_only = fam == ModelFamily::kQwen3Moe, next = fam == ModelFamily::kQwen3Next;
   ModelSpec spec;
+  spec.family = fam;
+  spec.norm_plus_one = !moe_only, spec.attention_output_gate = !moe_only, spec.fused_linear_projections = next;
   spec.vocab_size = o.vocab, spec.hidden_size = H, spec.num_layers = o.layers;
   spec.num_heads = o.heads, spec.num_kv_heads = o.kv_heads, spec.head_dim = o.head_dim;
-  spec.linear_num_key_heads = o.lin_k_heads, spec.linear_num_value_heads = o.lin_v_heads;
-  spec.linear_key_head_dim = o.lin_k_dim, spec.linear_value_head_dim = o.lin_v_dim, spec.linear_conv_kernel = o.conv;
-  spec.num_experts = E, spec.num_experts_per_tok = o.top_k, spec.moe_intermediate_size = I, spec.shared_expert_intermediate_size = SI;
+  if (!moe_only) {
+    spec.linear_num_key_heads = o.lin_k_heads, spec.linear_num_value_heads = o.lin_v_heads;
+    spec.linear_key_head_dim = o.lin_k_dim, spec.linear_value_head_dim = o.lin_v_dim, spec.linear_conv_kernel = o.conv;
+  }
+  spec.num_experts = E, spec.num_experts_per_tok = o.top_k, spec.moe_intermediate_size = I, spec.shared_expert_intermediate_size = moe_only ? 0 : SI;
+  spec.sparse_layers.assign(o.layers, 1);
   std::vector<std::string> layer_types;
   for (int l = 0; l < o.layers; ++l) {
-    const bool attn = (l + 1) % 4 == 0;
+    const bool attn = moe_only || (l + 1) % 4 == 0;
     spec.layer_kinds.push_back(attn ? LayerKind::kFullAttention : LayerKind::kLinearAttention);
     layer_types.push_back(attn ? "full_attention" : "linear_attention");
   }
+  // Norms: zero-centred (1 + w, init 0) or plain (w, init 1, qwen3_moe).
+  const Init norm_init = moe_only ? Init::Ones : Init::Zeros, masked_init = moe_only ? Init::OnesMasked : Init::NormMasked;
   // transformers' init of each tensor (and the routing-bias twists, synth.h).
   auto add_entry = [&](const TensorDesc& t) {
     switch (t.role) {
       case TensorRole::kEmbed: return add(t.name, t.shape, Init::Embed);
       case TensorRole::kFinalNorm:
-      case TensorRole::kInputNorm: return add(t.name, t.shape, skew ? Init::NormMasked : Init::Zeros);
+      case TensorRole::kInputNorm: return add(t.name, t.shape, skew ? masked_init : norm_init);
       case TensorRole::kPostNorm:
       case TensorRole::kQNorm:
-      case TensorRole::kKNorm: return add(t.name, t.shape, Init::Zeros);
+      case TensorRole::kKNorm: return add(t.name, t.shape, norm_init);
+      // qwen3_next's checkpoint fuses the DeltaNet input projections: the
+      // plan holds its two tensors (model/fused_projections.h), in the
+      // places of in_proj_qkv and in_proj_b.
+      case TensorRole::kInProjQkv:
+        if (next) return add(t.name.substr(0, t.name.find("linear_attn.")) + kFusedQkvz, fused_qkvz_shape(spec), Init::Normal);
+        return add(t.name, t.shape, Init::Normal);
+      case TensorRole::kInProjB:
+        if (next) return add(t.name.substr(0, t.name.find("linear_attn.")) + kFusedBa, fused_ba_shape(spec), Init::Normal);
+        return add(t.name, t.shape, Init::Normal);
+      case TensorRole::kInProjZ:
+      case TensorRole::kInProjA:
+        if (next) return;
+        return add(t.name, t.shape, Init::Normal);
       case TensorRole::kConv1d: return add(t.name, t.shape, Init::Uniform, -0.5f, 0.5f);
       case TensorRole::kDtBias:
       case TensorRole::kLinearNorm: return add(t.name, t.shape, Init::Ones);
@@ -130,44 +172,95 @@ SynthModel::SynthModel(const SynthOptions& o) : opt_(o) {
     }
   }
 
-  json cfg = {
-      {"architectures", {"Qwen3_5MoeForCausalLM"}},
-      {"model_type", "qwen3_5_moe_text"},
-      {"dtype", "bfloat16"},
-      {"vocab_size", o.vocab},
-      {"hidden_size", H},
-      {"num_hidden_layers", o.layers},
-      {"layer_types", layer_types},
-      {"num_attention_heads", o.heads},
-      {"num_key_value_heads", o.kv_heads},
-      {"head_dim", o.head_dim},
-      {"hidden_act", "silu"},
-      {"rms_norm_eps", 1e-6},
-      {"max_position_embeddings", 262144},
-      {"attention_bias", false},
-      {"attention_dropout", 0.0},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25},
-                           {"mrope_section", {11, 11, 10}}, {"mrope_interleaved", true}}},
-      {"partial_rotary_factor", 0.25},
-      {"linear_conv_kernel_dim", o.conv},
-      {"linear_key_head_dim", o.lin_k_dim},
-      {"linear_value_head_dim", o.lin_v_dim},
-      {"linear_num_key_heads", o.lin_k_heads},
-      {"linear_num_value_heads", o.lin_v_heads},
-      {"num_experts", E},
-      {"num_experts_per_tok", o.top_k},
-      {"moe_intermediate_size", I},
-      {"shared_expert_intermediate_size", SI},
-      {"initializer_range", 0.02},
-      {"tie_word_embeddings", false},
-      {"use_cache", true},
-      {"bos_token_id", nullptr},
-      {"eos_token_id", 248046},
-      {"pad_token_id", 248044},
-      {"coli_synthetic", {{"seed", o.seed}, {"routing_skew", o.routing_skew}, {"note", "random weights for benchmarks; see coli-convert(1)"}}},
-  };
+  json cfg;
+  if (fam == ModelFamily::kQwen35Moe) {
+    cfg = {
+        {"architectures", {"Qwen3_5MoeForCausalLM"}},
+        {"model_type", "qwen3_5_moe_text"},
+        {"dtype", "bfloat16"},
+        {"vocab_size", o.vocab},
+        {"hidden_size", H},
+        {"num_hidden_layers", o.layers},
+        {"layer_types", layer_types},
+        {"num_attention_heads", o.heads},
+        {"num_key_value_heads", o.kv_heads},
+        {"head_dim", o.head_dim},
+        {"hidden_act", "silu"},
+        {"rms_norm_eps", 1e-6},
+        {"max_position_embeddings", 262144},
+        {"attention_bias", false},
+        {"attention_dropout", 0.0},
+        {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25},
+                             {"mrope_section", {11, 11, 10}}, {"mrope_interleaved", true}}},
+        {"partial_rotary_factor", 0.25},
+        {"linear_conv_kernel_dim", o.conv},
+        {"linear_key_head_dim", o.lin_k_dim},
+        {"linear_value_head_dim", o.lin_v_dim},
+        {"linear_num_key_heads", o.lin_k_heads},
+        {"linear_num_value_heads", o.lin_v_heads},
+        {"num_experts", E},
+        {"num_experts_per_tok", o.top_k},
+        {"moe_intermediate_size", I},
+        {"shared_expert_intermediate_size", SI},
+        {"initializer_range", 0.02},
+        {"tie_word_embeddings", false},
+        {"use_cache", true},
+        {"bos_token_id", nullptr},
+        {"eos_token_id", 248046},
+        {"pad_token_id", 248044},
+    };
+  } else {
+    // As the released Qwen3-30B-A3B / Qwen3-Next-80B-A3B config.json files.
+    cfg = {
+        {"architectures", {moe_only ? "Qwen3MoeForCausalLM" : "Qwen3NextForCausalLM"}},
+        {"model_type", family_name(fam)},
+        {"torch_dtype", "bfloat16"},
+        {"vocab_size", o.vocab},
+        {"hidden_size", H},
+        {"num_hidden_layers", o.layers},
+        {"num_attention_heads", o.heads},
+        {"num_key_value_heads", o.kv_heads},
+        {"head_dim", o.head_dim},
+        {"hidden_act", "silu"},
+        {"rms_norm_eps", 1e-6},
+        {"max_position_embeddings", moe_only ? 40960 : 262144},
+        {"attention_bias", false},
+        {"attention_dropout", 0.0},
+        {"rope_theta", moe_only ? 1000000.0 : 10000000.0},
+        {"rope_scaling", nullptr},
+        {"use_sliding_window", false},
+        {"sliding_window", nullptr},
+        {"num_experts", E},
+        {"num_experts_per_tok", o.top_k},
+        {"moe_intermediate_size", I},
+        {"intermediate_size", moe_only ? 6144 : 5120},
+        {"norm_topk_prob", true},
+        {"decoder_sparse_step", 1},
+        {"mlp_only_layers", json::array()},
+        {"output_router_logits", false},
+        {"router_aux_loss_coef", 0.001},
+        {"initializer_range", 0.02},
+        {"tie_word_embeddings", false},
+        {"use_cache", true},
+        {"bos_token_id", 151643},
+        {"eos_token_id", 151645},
+    };
+    if (next) {
+      cfg["full_attention_interval"] = 4;
+      cfg["partial_rotary_factor"] = 0.25;
+      cfg["shared_expert_intermediate_size"] = SI;
+      cfg["linear_conv_kernel_dim"] = o.conv;
+      cfg["linear_key_head_dim"] = o.lin_k_dim;
+      cfg["linear_value_head_dim"] = o.lin_v_dim;
+      cfg["linear_num_key_heads"] = o.lin_k_heads;
+      cfg["linear_num_value_heads"] = o.lin_v_heads;
+    }
+  }
+  cfg["coli_synthetic"] = {{"seed", o.seed}, {"routing_skew", o.routing_skew}, {"note", "random weights for benchmarks; see coli-convert(1)"}};
   config_ = cfg.dump(2) + "\n";
-  generation_config_ = json{{"bos_token_id", nullptr}, {"eos_token_id", {248046, 248044}}, {"pad_token_id", 248044}}.dump(2) + "\n";
+  generation_config_ = fam == ModelFamily::kQwen35Moe
+                           ? json{{"bos_token_id", nullptr}, {"eos_token_id", {248046, 248044}}, {"pad_token_id", 248044}}.dump(2) + "\n"
+                           : json{{"bos_token_id", 151643}, {"eos_token_id", {151645, 151643}}, {"pad_token_id", 151643}}.dump(2) + "\n";
 }
 
 const SynthModel::Tensor* SynthModel::find(const std::string& name) const {
@@ -203,11 +296,13 @@ void SynthModel::fill(const Tensor& t, int64_t i0, int64_t n, uint16_t* out) con
       case Init::Uniform: v = t.a + (t.b - t.a) * unit(r); break;
       case Init::ALog: v = std::log(t.a + (t.b - t.a) * unit(r)); break;
       case Init::NormMasked: v = 0; break;
+      case Init::OnesMasked: v = 1; break;
     }
     const int64_t row = i / cols, col = i % cols;
     if (skew > 0) {
       if (t.init == Init::Embed && col == 0) v = kChannel0;
-      if (t.init == Init::NormMasked && i == 0) v = -1.0f;
+      if (t.init == Init::NormMasked && i == 0) v = -1.0f;  // 1 + w = 0
+      if (t.init == Init::OnesMasked && i == 0) v = 0.0f;
       if (t.init == Init::Router && col == 0) v = static_cast<float>(-skew * std::log(double(ranks_[t.layer][row])) / std::sqrt(double(opt_.hidden)));
       if (t.zero_row0 && row == 0) v = 0;
     }

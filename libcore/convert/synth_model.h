@@ -18,7 +18,7 @@ namespace coli {
 
 class SynthModel {
  public:
-  enum class Init { Normal, Zeros, Ones, Uniform, ALog, Router, Embed, NormMasked };
+  enum class Init { Normal, Zeros, Ones, Uniform, ALog, Router, Embed, NormMasked, OnesMasked };
   struct Tensor {
     std::string name;  // canonical
     std::vector<int64_t> shape;

@@ -1,11 +1,13 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
 #include "formats/container.h"
 #include "model/checkpoint_source.h"
+#include "model/fused_projections.h"
 #include "model/layer_tensors.h"
 
 #include "util/error.h"
@@ -62,45 +64,26 @@ class Binder {
     return Matrix{t.format, t.data + ((e * t.shape[1] + row0) * cols) * esz, rows, cols, nullptr};
   }
 
-  // qwen3_next's in_proj_qkvz [nk (2 dk + 2 r dv), H] and in_proj_ba
-  // [nk 2 r, H], grouped per key head (r = nv / nk value heads a group),
-  // as qwen3_5_moe's in_proj_qkv / z / b / a: a permutation of whole rows
-  // (docs/design/qwen3-families.md, section 5) into buffers of `owned`.
-  // Row-wise formats only (f32, bf16, f16: a row is its own bytes).
-  void split_fused_projections(const ModelSpec& s, const std::string& L, DeltaNetWeights& g, std::vector<std::vector<uint8_t>>& owned) {
-    const int64_t H = s.hidden_size, nk = s.linear_num_key_heads, dk = s.linear_key_head_dim, dv = s.linear_value_head_dim;
-    const int64_t r = s.linear_num_value_heads / nk, P = 2 * dk + 2 * r * dv;
-    const SourceTensor& qkvz = get(L + "linear_attn.in_proj_qkvz.weight", {nk * P, H});
-    const SourceTensor& ba = get(L + "linear_attn.in_proj_ba.weight", {nk * 2 * r, H});
+  // qwen3_next's fused DeltaNet projections as the split ones the table
+  // lists (model/fused_projections.h): whole rows copied into buffers of
+  // `owned`. Row-wise formats only (f32, bf16, f16: a row is its own bytes).
+  void split_fused_projections(const ModelSpec& s, const std::string& L, const std::vector<TensorDesc>& ts, LayerWeights& lw,
+                               std::vector<std::vector<uint8_t>>& owned) {
+    const SourceTensor& qkvz = get(L + kFusedQkvz, fused_qkvz_shape(s));
+    const SourceTensor& ba = get(L + kFusedBa, fused_ba_shape(s));
     for (const SourceTensor* t : {&qkvz, &ba})
       if (t->format != QuantFormat::F32 && t->format != QuantFormat::BF16 && t->format != QuantFormat::F16)
         throw Error(t->file + ": tensor '" + t->name + "' is " + format_name(t->format) + "; fused DeltaNet projections must be f32, bf16 or f16");
-    // Rows [first, first + n) of t appended to the matrix being built.
-    struct Build {
-      const SourceTensor* t;
-      std::vector<uint8_t> bytes;
-      int64_t rows = 0;
-      void take(int64_t first, int64_t n) {
-        const std::size_t rb = layout_of(t->format, 1, t->shape[1]).row_stride;
-        bytes.insert(bytes.end(), t->data + first * rb, t->data + (first + n) * rb);
-        rows += n;
-      }
-    };
-    Build q{&qkvz}, k{&qkvz}, v{&qkvz}, z{&qkvz}, b{&ba}, a{&ba};
-    for (int64_t grp = 0; grp < nk; ++grp) {
-      q.take(grp * P, dk), k.take(grp * P + dk, dk), v.take(grp * P + 2 * dk, r * dv), z.take(grp * P + 2 * dk + r * dv, r * dv);
-      b.take(grp * 2 * r, r), a.take(grp * 2 * r + r, r);
-    }
-    auto keep = [&](std::vector<uint8_t>&& bytes, QuantFormat f, int64_t rows) {
+    for (const TensorDesc& t : ts) {
+      if (!is_split_projection(t.role)) continue;
+      const int64_t rows = t.shape.at(0), cols = t.shape.at(1);
+      const SourceTensor& from = fused_row(s, t.role, 0).ba ? ba : qkvz;
+      const std::size_t rb = layout_of(from.format, 1, cols).row_stride;
+      std::vector<uint8_t> bytes(static_cast<std::size_t>(rows) * rb);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + r * rb, from.data + fused_row(s, t.role, r).row * rb, rb);
       owned.push_back(std::move(bytes));
-      return Matrix{f, owned.back().data(), rows, H, nullptr};
-    };
-    q.bytes.insert(q.bytes.end(), k.bytes.begin(), k.bytes.end());
-    q.bytes.insert(q.bytes.end(), v.bytes.begin(), v.bytes.end());
-    g.in_proj_qkv = keep(std::move(q.bytes), qkvz.format, q.rows + k.rows + v.rows);
-    g.in_proj_z = keep(std::move(z.bytes), qkvz.format, z.rows);
-    g.in_proj_b = keep(std::move(b.bytes), ba.format, b.rows);
-    g.in_proj_a = keep(std::move(a.bytes), ba.format, a.rows);
+      *slot_of(lw, t).matrix = Matrix{from.format, owned.back().data(), rows, cols, nullptr};
+    }
   }
 
   void check_no_unknown() const {
@@ -165,11 +148,10 @@ std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<Tensor
     // qwen3_next checkpoints fuse the DeltaNet's input projections
     // (containers store them split, as qwen3_5_moe does).
     const std::string L = "model.layers." + std::to_string(i) + ".";
-    const bool fused_gdn = s.fused_linear_projections && lw.kind == LayerKind::kLinearAttention && b.has(L + "linear_attn.in_proj_qkvz.weight");
-    if (fused_gdn) b.split_fused_projections(s, L, lw.gdn, m->owned_);
+    const bool fused_gdn = s.fused_linear_projections && lw.kind == LayerKind::kLinearAttention && b.has(L + kFusedQkvz);
+    if (fused_gdn) b.split_fused_projections(s, L, ts, lw, m->owned_);
     for (const TensorDesc& t : ts) {
-      if (fused_gdn && (t.role == TensorRole::kInProjQkv || t.role == TensorRole::kInProjZ || t.role == TensorRole::kInProjB || t.role == TensorRole::kInProjA))
-        continue;
+      if (fused_gdn && is_split_projection(t.role)) continue;
       if (t.form != TensorForm::kStack) {
         b.bind(t, slot_of(lw, t));
         continue;

@@ -25,7 +25,7 @@ namespace {
 
 const char* kUsage =
     "usage: coli-convert SRC_DIR -o OUT.coli [--experts FMT] [--down FMT] [--trunk FMT] ... [--force]\n"
-    "       coli-convert synth -o DIR [--layers N] [--seed S] [--routing-skew X] [--tokenizer DIR] [--force]\n"
+    "       coli-convert synth -o DIR [--family F] [--layers N] [--seed S] [--routing-skew X] [--tokenizer DIR] [--force]\n"
     "       coli-convert synth -o OUT.coli [--container] [--experts FMT] ... [--layers N] [--seed S] ... [--force]\n"
     "       coli-convert verify FILE.coli [--fingerprint HEX]\n"
     "       coli-convert info FILE.coli\n"
@@ -106,7 +106,8 @@ int cmd_synth(int argc, char** argv) {
   po::options_description opts("synth options");
   opts.add_options()("help,h", "show this help")("output,o", po::value<std::string>(), "output checkpoint directory, or container (a name ending in .coli, or --container)")
       ("container", po::bool_switch(), "write a coli container (as synth then convert would), not a checkpoint")
-      ("layers", po::value<int>()->default_value(8), "number of layers (every 4th is full attention)")
+      ("family", po::value<std::string>()->default_value("qwen3_5_moe"), "model family at its released shapes: qwen3_5_moe (Qwen3.6-35B-A3B), qwen3_moe (Qwen3-30B-A3B) or qwen3_next (Qwen3-Next-80B-A3B)")
+      ("layers", po::value<int>()->default_value(8), "number of layers (every 4th is full attention; qwen3_moe: all)")
       ("seed", po::value<std::string>()->default_value("0"), "random seed")
       ("routing-skew", po::value<double>()->default_value(0.0), "Zipf exponent of expert popularity per layer (0: unbiased)")
       ("tokenizer", po::value<std::string>(), "copy tokenizer.json and tokenizer_config.json from this directory")
@@ -132,6 +133,11 @@ int cmd_synth(int argc, char** argv) {
       if (vm.count(f->long_name()) && !vm[f->long_name()].defaulted())
         throw coli::UsageError("--" + f->long_name() + " applies to a container: name the output OUT.coli or add --container");
   coli::SynthOptions o;
+  const std::string fam = vm["family"].as<std::string>();
+  if (fam == "qwen3_5_moe") o = coli::synth_shapes(o, coli::ModelFamily::kQwen35Moe);
+  else if (fam == "qwen3_moe") o = coli::synth_shapes(o, coli::ModelFamily::kQwen3Moe);
+  else if (fam == "qwen3_next") o = coli::synth_shapes(o, coli::ModelFamily::kQwen3Next);
+  else throw coli::UsageError("--family " + fam + ": expected qwen3_5_moe, qwen3_moe or qwen3_next");
   o.layers = vm["layers"].as<int>();
   if (o.layers < 1) throw coli::UsageError("--layers must be at least 1");
   o.seed = coli::parse_seed(vm["seed"].as<std::string>(), "--seed");
