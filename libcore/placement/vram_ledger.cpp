@@ -137,7 +137,7 @@ ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn) {
   c.z = t * s.linear_value_dim(), c.b = c.a = t * s.linear_num_value_heads;
   c.conv_out = t * cd, c.heads_out = t * heads_out, c.k = c.v = t * kv;
   c.rlogits = t * s.num_experts, c.ridx = c.rw = t * (K + 1);
-  c.sg = c.su = t * s.shared_expert_intermediate_size, c.sgate = t;
+  c.sg = c.su = t * std::max(s.shared_expert_intermediate_size, s.intermediate_size), c.sgate = t;  // the shared expert, or a dense layer's MLP
   c.act = t * (K + 1) * s.moe_intermediate_size;
   c.order = t * K, c.offsets = std::size_t(s.num_experts) + 1;
   c.ey = T >= kMoeGroupedMinTokens ? t * K * H : 1;
@@ -145,7 +145,8 @@ ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn) {
   if (chunked_gdn && s.num_attention_layers() < s.num_layers)
     c.gdn_work = gdn_chunk_workspace_floats(T, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim);
   const std::size_t widest = std::max({H, std::size_t(s.linear_value_dim()), std::size_t(s.num_heads) * s.head_dim,
-                                       std::size_t(s.moe_intermediate_size), std::size_t(s.shared_expert_intermediate_size)});
+                                       std::size_t(s.moe_intermediate_size), std::size_t(s.shared_expert_intermediate_size),
+                                       std::size_t(s.intermediate_size)});
   const std::size_t qn = std::max(t * widest, t * (K + 1) * s.moe_intermediate_size) + 32;
   c.qx_codes = qn, c.qx_scale = c.qx_sum = qn / 32 + 1;
   return c;

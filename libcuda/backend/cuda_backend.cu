@@ -63,6 +63,9 @@ DevMatrix* dev_matrix(DevLayer& d, const TensorDesc& t) {
     case TensorRole::kSharedUp: return &d.sh_up;
     case TensorRole::kSharedDown: return &d.sh_down;
     case TensorRole::kSharedExpertGate: return &d.sh_gate_proj;
+    case TensorRole::kDenseGate: return &d.sh_gate;  // a dense layer's MLP where a sparse one keeps its shared expert
+    case TensorRole::kDenseUp: return &d.sh_up;
+    case TensorRole::kDenseDown: return &d.sh_down;
     default: throw Error("CUDA backend: no place for matrix '" + t.name + "' (internal)");
   }
 }
@@ -125,10 +128,13 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     start_phases_.push_back({name, std::chrono::duration<double, std::milli>(now - t_phase).count()});
     t_phase = now;
   };
-  // Issue 31: the CPU backend runs qwen3_moe and qwen3_next; this one not yet.
-  if (s_.family != ModelFamily::kQwen35Moe || !s_.norm_plus_one || !s_.attention_output_gate || !s_.has_shared_expert() ||
-      std::count(s_.sparse_layers.begin(), s_.sparse_layers.end(), 0) > 0)
-    throw Error(std::string("CUDA backend: ") + family_name(s_.family) + " models do not run on the GPU yet; use --device cpu");
+  // Dense MLP layers (mlp_only_layers / decoder_sparse_step; no released
+  // model has one) run on the whole GPU only: the tier keeps experts per
+  // (layer, expert) of every layer.
+  if (vram_settings(opt_).tiered() && std::count(s_.sparse_layers.begin(), s_.sparse_layers.end(), 0) > 0)
+    throw Error(std::string("CUDA backend: this ") + family_name(s_.family) +
+                " model has dense MLP layers (mlp_only_layers / decoder_sparse_step), which run on the GPU only with every weight in VRAM; "
+                "give no --vram-budget, or use --device cpu");
   split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
   chunked_gdn_ = opt_.chunked_gdn;
   stream_min_rows_ = opt_.gemv_stream_min_rows;

@@ -10,7 +10,9 @@
 namespace coli::cuda::detail {
 
 void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap) {
-  const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads, qg_w = nh * hd * 2;
+  const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
+  const AttnForm form{s_.norm_plus_one, s_.attention_output_gate};
+  const int qg_w = nh * hd * (form.gated ? 2 : 1);
   step("attn proj", [&] {
     const MatmulOut outs[] = {{L.q_proj, proj_.get(), qg_w}, {L.k_proj, k_.get(), nkv * hd}, {L.v_proj, v_.get(), nkv * hd}};
     matmul_many(outs, 3, hn_.get(), T, stream_, &qx_, hn_q);
@@ -19,13 +21,13 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
   const bool out_q = takes_int8_x(L.o_proj) && hd % 32 == 0;
   step("attention", [&] {
     attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, st.k.get(), st.v.get(),
-                  stream_);
+                  stream_, form);
     if (split_kv_)
       attention_split(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, cap,
-                      part_.get(), heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
+                      part_.get(), heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form);
     else
       attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps,
-                scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4);
+                scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form);
   });
   step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
@@ -60,7 +62,7 @@ void CudaBackend::router_logits(const DevLayer& L, int T, bool hn_q) {
 }
 
 void CudaBackend::shared_down(const DevLayer& L, int T) {
-  const int H = s_.hidden_size, Is = s_.shared_expert_intermediate_size;
+  const int H = s_.hidden_size, Is = static_cast<int>(L.sh_down.cols);  // the shared expert's, or a dense layer's width
   if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
     quantize_x(sg_.get(), T, Is, L.sh_down.kind == Kind::kI4, qx_, stream_, su_.get());
     matmul(L.sh_down, sg_.get(), T, sh_.get(), H, stream_, &qx_, /*x_in_q=*/true);
@@ -72,6 +74,15 @@ void CudaBackend::shared_down(const DevLayer& L, int T) {
 
 bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
+  if (!s_.is_sparse(l)) {  // a dense layer: its MLP in the shared expert's place, no gate
+    step("shared expert", [&] {
+      const MatmulOut outs[] = {{L.sh_gate, sg_.get(), s_.intermediate_size}, {L.sh_up, su_.get(), s_.intermediate_size}};
+      matmul_many(outs, 2, hn_.get(), T, stream_, &qx_, hn_q);
+      shared_down(L, T);
+    });
+    return false;
+  }
+  const bool shared = s_.has_shared_expert();
   const DevExperts& X = tier_->experts(l);
   // A 1-row float shared-expert gate is computed by the routing kernel; in a
   // decode step the shared expert then runs as pair K of the routed ones.
@@ -111,13 +122,14 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   }
   // Shared expert: sigmoid(shared_gate . hn) * down(silu(gate . hn) * (up . hn));
   // the sigmoid gate is applied where the output joins the residual.
-  step("shared expert", [&] {
-    const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
-    matmul_many(outs, gate_in_route ? 2 : 3, hn_.get(), T, stream_, &qx_, hn_q);
-  });
+  if (shared)
+    step("shared expert", [&] {
+      const MatmulOut outs[] = {{L.sh_gate, sg_.get(), Is}, {L.sh_up, su_.get(), Is}, {L.sh_gate_proj, sgate_.get(), 1}};
+      matmul_many(outs, gate_in_route ? 2 : 3, hn_.get(), T, stream_, &qx_, hn_q);
+    });
   // Routed experts over all T * K pairs; hn is still in qx_ (the norm put
   // it there in the experts' order, or the shared expert's gate did).
-  const bool hn_in_q = hn_q || (takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols);
+  const bool hn_in_q = hn_q || (shared && takes_int8_x(L.sh_gate) && takes_int8_x(eg) && L.sh_gate.kind == eg.kind && L.sh_gate.cols == eg.cols);
   // A prompt chunk groups the pairs by expert (each expert's rows read once
   // per tile of its tokens); a decode step's pairs go straight.
   // An uploading layer's experts come in groups (the tier's staging units:
@@ -142,7 +154,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
       moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q, x.lim);
     }
   });
-  step("shared expert", [&] { shared_down(L, T); });
+  if (shared) step("shared expert", [&] { shared_down(L, T); });
   if (!grouped) {
     step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_, x.lim); });
     tier_->group_done(x, 0);
@@ -162,23 +174,27 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   // Each residual add is fused with the norm that reads its result, and
   // the norm with the quantization of its output for the int8 matmuls.
   bool nibble = false, hn_q = mixer_quant(0, &nibble);
-  step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble); });
+  step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble); });
   for (int l = 0; l < s_.num_layers; ++l) {
     const DevLayer& L = layers_[l];
     if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q, st.cap);
     else deltanet_layer(L, st.layers[l], T, hn_q);
     hn_q = moe_quant(l, &nibble);
     step("norms+adds", [&] {
-      add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+      add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble, s_.norm_plus_one);
     });
     const bool join_in_norm = moe_layer(L, l, T, hn_q);
     const bool last = l + 1 == s_.num_layers;
     hn_q = !last && mixer_quant(l + 1, &nibble);
-    const bool folded = T < kGroupedMinTokens && tier_->experts(l).shared_at_E;  // routed_ holds the shared expert too
+    // routed_ holds the shared expert too (folded), or there is none (qwen3_moe); a dense layer's MLP is in sh_, ungated.
+    const bool sparse = s_.is_sparse(l), folded = sparse && T < kGroupedMinTokens && tier_->experts(l).shared_at_E;
+    const bool add_shared = !sparse || (!folded && s_.has_shared_expert());
     step("norms+adds", [&] {
       // x += routed (+ the host's part) + sigmoid(shared gate) * shared, then the next layer's input norm.
-      const NormArgs a = add_norm_args(x_.get(), routed_.get(), folded ? nullptr : sh_.get(), folded ? nullptr : sgate_.get(),
-                                       last ? nullptr : layers_[l + 1].input_norm, H, eps, last ? nullptr : hn_.get(), hn_q ? &qx_ : nullptr, nibble);
+      const NormArgs a = add_norm_args(x_.get(), sparse ? routed_.get() : sh_.get(), sparse && add_shared ? sh_.get() : nullptr,
+                                       sparse && add_shared ? sgate_.get() : nullptr,
+                                       last ? nullptr : layers_[l + 1].input_norm, H, eps, last ? nullptr : hn_.get(), hn_q ? &qx_ : nullptr, nibble,
+                                       s_.norm_plus_one);
       if (join_in_norm) tier_->join_norm(a);
       else launch_norm(a, T, stream_);
     });
@@ -187,7 +203,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
   const float* last = x_.get() + std::size_t(T - logit_rows) * H;
   hn_q = quantize_for({&lm_head_}, &nibble);
   step("lm_head", [&] {
-    rms_norm(last, final_norm_, logit_rows, H, eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+    rms_norm(last, final_norm_, logit_rows, H, eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
     // By column ranges: each range's logits go to the host (copy stream)
     // while the next range is computed.
     const int V = s_.vocab_size;

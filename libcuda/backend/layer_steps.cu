@@ -58,7 +58,7 @@ void CudaBackend::trunk_step(int layer, BackendState& state, int pos0, int T, fl
   upload(x_.get(), x, std::size_t(T) * H);
   bool nibble = false;
   const bool hn_q = mixer_quant(layer, &nibble);
-  rms_norm(x_.get(), L.input_norm, T, H, s_.rms_norm_eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+  rms_norm(x_.get(), L.input_norm, T, H, s_.rms_norm_eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
   if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[layer], T, hn_q, st.cap);
   else deltanet_layer(L, st.layers[layer], T, hn_q);
   add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, nullptr, T, H, s_.rms_norm_eps, nullptr, stream_);  // x += mixer output
@@ -69,7 +69,7 @@ void CudaBackend::ffn_norm(int layer, int T, const float* x, float* hn) {
   begin_layer_step(T);
   const int H = s_.hidden_size;
   upload(x_.get(), x, std::size_t(T) * H);
-  rms_norm(x_.get(), layers_[layer].post_norm, T, H, s_.rms_norm_eps, true, hn_.get(), stream_);
+  rms_norm(x_.get(), layers_[layer].post_norm, T, H, s_.rms_norm_eps, s_.norm_plus_one, hn_.get(), stream_);
   download(hn, hn_.get(), std::size_t(T) * H);
 }
 
@@ -163,7 +163,7 @@ void CudaBackend::logits(int T, const float* x, float* out) {
   upload(x_.get(), x, std::size_t(T) * H);
   bool nibble = false;
   const bool hn_q = quantize_for({&lm_head_}, &nibble);
-  rms_norm(x_.get(), final_norm_, T, H, s_.rms_norm_eps, true, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
+  rms_norm(x_.get(), final_norm_, T, H, s_.rms_norm_eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
   matmul(lm_head_, hn_.get(), T, logits_.get(), V, stream_, &qx_, hn_q);
   download(out, logits_.get(), std::size_t(T) * V);
 }

@@ -1,7 +1,8 @@
-// Gated full attention on the device (Qwen3.5): per-head RMSNorm (1 + w) of
-// q and k, rotary embedding on the first `rot` dims (rotate-half), GQA over
-// the KV cache, sigmoid(gate) on the output. Same float steps as the CPU
-// reference (cpu_attention.cpp).
+// Full attention on the device: per-head RMSNorm ((1 + w), or w for
+// qwen3_moe: AttnForm) of q and k, rotary embedding on the first `rot` dims
+// (rotate-half), GQA over the KV cache, sigmoid(gate) on the output where
+// q_proj has gate rows (qwen3_5_moe, qwen3_next). Same float steps as the
+// CPU reference (cpu_attention.cpp).
 #include <algorithm>
 #include <string>
 
@@ -16,11 +17,11 @@ namespace {
 // Normalises v[0..hd) in shared memory with (1 + w), then rotates the first
 // rot dims at position pos. inv_freq[i] = f32(1 / theta^(2i / rot)), made on
 // the host as the reference makes it. All threads of the block take part.
-__device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, const float* inv_freq, float eps) {
+__device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, const float* inv_freq, float eps, bool plus_one) {
   float ss = 0;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += v[i] * v[i];
   const float r = rsqrtf(block_sum(ss) / hd + eps);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = v[i] * r * (1.0f + w[i]);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = v[i] * r * (plus_one ? 1.0f + w[i] : w[i]);
   __syncthreads();
   const int half = rot / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -38,14 +39,14 @@ __device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, co
 
 // Block (t, kv head): k normalised and rotated, k and v into the cache.
 __global__ void store_kv_kernel(const float* k, const float* v, const float* k_norm, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
-                                float eps, float* kc, float* vc) {
+                                float eps, float* kc, float* vc, bool plus_one) {
   griddep_wait();
   extern __shared__ float sh[];
   const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd;
   const int pos = *d_pos + t;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = k[static_cast<long long>(t) * kv_w + h * hd + i];
   __syncthreads();
-  norm_rope(sh, k_norm, hd, rot, pos, inv_freq, eps);
+  norm_rope(sh, k_norm, hd, rot, pos, inv_freq, eps, plus_one);
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     kc[static_cast<long long>(pos) * kv_w + h * hd + i] = sh[i];
     vc[static_cast<long long>(pos) * kv_w + h * hd + i] = v[static_cast<long long>(t) * kv_w + h * hd + i];
@@ -55,15 +56,16 @@ __global__ void store_kv_kernel(const float* k, const float* v, const float* k_n
 // Block (t, head): scores over positions 0 .. pos, softmax, weighted values.
 __global__ void attention_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads, int kv_heads,
                                  int hd, int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, QuantX oq, bool quant,
-                                 bool nibble) {
+                                 bool nibble, AttnForm form) {
   griddep_wait();
   extern __shared__ float q[];
-  const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd, qg_w = heads * hd * 2;
+  const int per_head = form.gated ? 2 * hd : hd;
+  const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd, qg_w = heads * per_head;
   const int pos = *d_pos + t, n_ctx = pos + 1;
-  const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * 2 * hd;  // query, then gate
+  const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * per_head;  // query, then gate
   for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qsrc[i];
   __syncthreads();
-  norm_rope(q, q_norm, hd, rot, pos, inv_freq, eps);
+  norm_rope(q, q_norm, hd, rot, pos, inv_freq, eps, form.plus_one);
   const int kvh = h / (heads / kv_heads);
   const float scale = rsqrtf(static_cast<float>(hd));
   float* sc = scores + (static_cast<long long>(t) * heads + h) * cap;
@@ -93,8 +95,7 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
     if (d >= hd) continue;
     float o = 0;
     for (int j = 0; j < n_ctx; ++j) o += sc[j] * vc[static_cast<long long>(j) * kv_w + kvh * hd + d];
-    const float gate = qsrc[hd + d];
-    const float y = o * inv * sigmoidf(gate);
+    const float y = form.gated ? o * inv * sigmoidf(qsrc[hd + d]) : o * inv;
     out[static_cast<long long>(t) * heads * hd + h * hd + d] = y;
     if (quant) warp_quantize_block(y, nibble, oq, (static_cast<long long>(t) * heads * hd + h * hd + d0) / 32);
   }
@@ -108,11 +109,12 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
 // order (deterministic).
 template <int PER>
 __global__ void attention_split_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads,
-                                       int kv_heads, int hd, int rot, const float* inv_freq, float eps, int keys_per_split, float* part) {
+                                       int kv_heads, int hd, int rot, const float* inv_freq, float eps, int keys_per_split, float* part, AttnForm form) {
   griddep_wait();
   extern __shared__ float sm[];  // q [hd], then per warp [max, sum, out[hd]]
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, splits = gridDim.z;
-  const int kv_w = kv_heads * hd, qg_w = heads * hd * 2, stride = hd + 2;
+  const int per_head = form.gated ? 2 * hd : hd;
+  const int kv_w = kv_heads * hd, qg_w = heads * per_head, stride = hd + 2;
   const int pos = *d_pos + t, n_ctx = pos + 1;
   const int j0 = sp * keys_per_split, j1 = min(n_ctx, j0 + keys_per_split);
   float* out = part + ((static_cast<long long>(t) * heads + h) * splits + sp) * stride;
@@ -121,10 +123,10 @@ __global__ void attention_split_kernel(const float* qg, const float* q_norm, con
     return;
   }
   float* q = sm;
-  const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * 2 * hd;
+  const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * per_head;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qsrc[i];
   __syncthreads();
-  norm_rope(q, q_norm, hd, rot, pos, inv_freq, eps);
+  norm_rope(q, q_norm, hd, rot, pos, inv_freq, eps, form.plus_one);
   const int kvh = h / (heads / kv_heads), lane = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
   const float scale = rsqrtf(static_cast<float>(hd));
   float qr[PER], o[PER];
@@ -171,7 +173,7 @@ __global__ void attention_split_kernel(const float* qg, const float* q_norm, con
 // normalised and gated; with quant each warp's 32 outputs quantized for
 // o_proj as attention_kernel does.
 __global__ void attention_combine_kernel(const float* part, const float* qg, int heads, int hd, int splits, float* out, QuantX oq, bool quant,
-                                         bool nibble) {
+                                         bool nibble, bool gated) {
   griddep_wait();
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, stride = hd + 2;
   const float* p = part + (static_cast<long long>(t) * heads + h) * splits * stride;
@@ -181,14 +183,14 @@ __global__ void attention_combine_kernel(const float* part, const float* qg, int
   for (int s = 0; s < splits; ++s)
     if (p[s * stride] != -INFINITY) L += expf(p[s * stride] - M) * p[s * stride + 1];
   const float inv = 1.0f / L;
-  const float* qsrc = qg + static_cast<long long>(t) * heads * hd * 2 + h * 2 * hd;
+  const float* qsrc = qg + (static_cast<long long>(t) * heads + h) * (gated ? 2 * hd : hd);
   for (int d0 = threadIdx.x - lane; d0 < hd; d0 += blockDim.x) {
     const int d = d0 + lane;
     if (d >= hd) continue;
     float o = 0.0f;
     for (int s = 0; s < splits; ++s)
       if (p[s * stride] != -INFINITY) o += expf(p[s * stride] - M) * p[s * stride + 2 + d];
-    const float y = o * inv * sigmoidf(qsrc[hd + d]);
+    const float y = gated ? o * inv * sigmoidf(qsrc[hd + d]) : o * inv;
     out[static_cast<long long>(t) * heads * hd + h * hd + d] = y;
     if (quant) warp_quantize_block(y, nibble, oq, (static_cast<long long>(t) * heads * hd + h * hd + d0) / 32);
   }
@@ -197,21 +199,23 @@ __global__ void attention_combine_kernel(const float* part, const float* qg, int
 }  // namespace
 
 void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
-                   float eps, float* kc, float* vc, cudaStream_t s) {
-  launch(store_kv_kernel, dim3(T, kv_heads), 128, hd * sizeof(float), s, k, v, k_norm, d_pos, kv_heads, hd, rot, inv_freq, eps, kc, vc);
+                   float eps, float* kc, float* vc, cudaStream_t s, AttnForm form) {
+  launch(store_kv_kernel, dim3(T, kv_heads), 128, hd * sizeof(float), s, k, v, k_norm, d_pos, kv_heads, hd, rot, inv_freq, eps, kc, vc, form.plus_one);
   check(cudaGetLastError(), "store_kv launch");
 }
 
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
-               int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s, const QuantX* q, bool nibble) {
+               int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s, const QuantX* q, bool nibble,
+               AttnForm form) {
   if (q && hd % 32) throw Error("CUDA: attention output quantized with a head size of " + std::to_string(hd) + " (needs a multiple of 32)");
   launch(attention_kernel, dim3(T, heads), 256, hd * sizeof(float), s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, inv_freq, eps, scores, cap, out,
-         q ? *q : QuantX{}, q != nullptr, nibble);
+         q ? *q : QuantX{}, q != nullptr, nibble, form);
   check(cudaGetLastError(), "attention launch");
 }
 
 void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
-                     int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q, bool nibble) {
+                     int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q, bool nibble,
+                     AttnForm form) {
   if (!attention_split_supported(hd)) throw Error("CUDA: split-KV attention with a head size of " + std::to_string(hd) + " (needs 32, 64, 128 or 256)");
   int kps = 0;
   const int splits = attention_splits(T, cap, &kps);
@@ -219,7 +223,7 @@ void attention_split(const float* qg, const float* q_norm, const float* kc, cons
   const std::size_t smem = (hd + (kThreads / 32) * std::size_t(hd + 2)) * sizeof(float);
   auto run = [&]<int PER>() {
     launch(attention_split_kernel<PER>, dim3(T, heads, splits), kThreads, smem, s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, inv_freq, eps,
-           kps, part);
+           kps, part, form);
   };
   switch (hd) {
     case 32: run.template operator()<1>(); break;
@@ -227,7 +231,7 @@ void attention_split(const float* qg, const float* q_norm, const float* kc, cons
     case 128: run.template operator()<4>(); break;
     default: run.template operator()<8>(); break;
   }
-  launch(attention_combine_kernel, dim3(T, heads), 256, 0, s, part, qg, heads, hd, splits, out, q ? *q : QuantX{}, q != nullptr, nibble);
+  launch(attention_combine_kernel, dim3(T, heads), 256, 0, s, part, qg, heads, hd, splits, out, q ? *q : QuantX{}, q != nullptr, nibble, form.gated);
   check(cudaGetLastError(), "split attention launch");
 }
 

@@ -46,8 +46,8 @@ void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool p
 }
 
 void add_rms_norm(float* x, const float* a, const float* b, const float* b_gate, const float* w, int rows, int n, float eps, float* y,
-                  cudaStream_t s, const QuantX* q, bool nibble) {
-  launch_norm(add_norm_args(x, a, b, b_gate, w, n, eps, y, q, nibble), rows, s);
+                  cudaStream_t s, const QuantX* q, bool nibble, bool plus_one) {
+  launch_norm(add_norm_args(x, a, b, b_gate, w, n, eps, y, q, nibble, plus_one), rows, s);
 }
 
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s) {

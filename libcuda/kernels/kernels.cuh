@@ -83,20 +83,28 @@ void rms_norm(const float* x, const float* w, int rows, int n, float eps, bool p
 // 1); then, when y, y[r] = rms_norm(x[r]) * (1 + w) (and quantized into q
 // when given): the residual add, the next norm and its quantization in one pass.
 void add_rms_norm(float* x, const float* a, const float* b, const float* b_gate, const float* w, int rows, int n, float eps, float* y,
-                  cudaStream_t s, const QuantX* q = nullptr, bool nibble = false);
+                  cudaStream_t s, const QuantX* q = nullptr, bool nibble = false, bool plus_one = true);
 void silu_mul(const float* g, const float* u, float* out, std::size_t n, cudaStream_t s);     // out = silu(g) u
 
-// Attention. qg [T, heads * 2 * hd] (per head: query, then output gate);
+// Attention. qg [T, heads * 2 * hd] (per head: query, then output gate;
+// without form.gated [T, heads * hd], the query only);
 // k, v [T, kv_heads * hd]. Normalises and rotates the new keys and writes
 // keys and values at positions *d_pos + t of the cache [cap, kv_heads * hd].
+// What differs between the families' attention (ModelSpec): the q / k
+// norms' weight as (1 + w) or w, and q_proj's rows per head as [q; gate]
+// with sigmoid(gate) on the output, or q alone.
+struct AttnForm {
+  bool plus_one = true;
+  bool gated = true;
+};
 void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
-                   float eps, float* kc, float* vc, cudaStream_t s);
+                   float eps, float* kc, float* vc, cudaStream_t s, AttnForm form = {});
 // out [T, heads * hd] = sigmoid(gate) * softmax(q K^T / sqrt(hd)) V over
 // positions 0 .. *d_pos + t; scores [T * heads, cap] scratch. With q (hd %
 // 32 == 0), out is also left quantized there for an int8-activation o_proj.
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s,
-               const QuantX* q = nullptr, bool nibble = false);
+               const QuantX* q = nullptr, bool nibble = false, AttnForm form = {});
 // The same without a score buffer (split-KV, online softmax): keys in
 // attention_splits(T, cap) splits of *keys_per_split positions
 // (cap: the KV cache's positions), partial results in part [T, heads,
@@ -105,7 +113,7 @@ using ::coli::attention_split_supported;  // placement/device_sizes.h
 using ::coli::attention_splits;
 void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                      int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q = nullptr,
-                     bool nibble = false);
+                     bool nibble = false, AttnForm form = {});
 
 // Gated DeltaNet. conv: out[t, c] = silu(causal conv of qkv over the state
 // [K-1, cd] then this token); advances the state.

@@ -126,8 +126,8 @@ void launch_norm(const NormArgs& a, int rows, cudaStream_t s, Hook hook = {}) {
 
 // add_rms_norm's arguments (kernels.cuh).
 inline NormArgs add_norm_args(float* x, const float* a, const float* b, const float* b_gate, const float* w, int n, float eps, float* y,
-                              const QuantX* q, bool nibble) {
-  return NormArgs{x, a, b, b_gate, w, n, eps, true, y, q ? *q : QuantX{}, q != nullptr && y != nullptr, nibble};
+                              const QuantX* q, bool nibble, bool plus_one = true) {
+  return NormArgs{x, a, b, b_gate, w, n, eps, plus_one, y, q ? *q : QuantX{}, q != nullptr && y != nullptr, nibble};
 }
 
 }  // namespace coli::cuda
