@@ -42,7 +42,7 @@ export COLI_BIN_DIR=$bin COLI_TEST_SHARED_DEVICE=1
 
 cuda_tests='Cuda.*:CudaBackend.*:CudaBackend/*:CudaTier.*:HeatCuda.*:VramLedgerCuda.*:RunSetupCuda.*'
 # The tier tests whose handoff a host thread serves (racecheck leaves them out, above).
-threaded=' RunSetupCuda.TakesTheFreeMemoryItFinds RunSetupCuda.ABackgroundPinIsTakenOrRefusedWithALine CudaTier.ABackgroundPinSwitchesOverBetweenChunks RunSetupCuda.RefusedPinningRunsPageableAndSaysSo CudaTier.SameGreedyTokensAtEveryPlacement CudaTier.LayerStepsAddTheHostsExperts CudaTier.TheBudgetIsNeverExceeded CudaTier.SwapsDoNotChangeTokens CudaTier.DecodeMissesOverPcieKeepTokens CudaTier.PcieReadsKeepTokens CudaTier.SplitExpertsKeepTheWholeModelsLogits CudaTier.PrefillUploadsMatchTheWholeModel CudaTier.TheCpuTakesPartOfAPromptsUploads CudaTier.BackendsShareOneRegistrationOfAMirror CudaTier.FusedDecodeKernelsKeepEveryLogit '
+threaded=' RunSetupCuda.TakesTheFreeMemoryItFinds RunSetupCuda.ABackgroundPinIsTakenOrRefusedWithALine CudaTier.ABackgroundPinSwitchesOverBetweenChunks RunSetupCuda.RefusedPinningRunsPageableAndSaysSo CudaTier.SameGreedyTokensAtEveryPlacement CudaTier.LayerStepsAddTheHostsExperts CudaTier.TheBudgetIsNeverExceeded CudaTier.SwapsDoNotChangeTokens CudaTier.DecodeMissesOverPcieKeepTokens CudaTier.PcieReadsKeepTokens CudaTier.SplitExpertsKeepTheWholeModelsLogits CudaTier.PrefillUploadsMatchTheWholeModel CudaTier.TheCpuTakesPartOfAPromptsUploads CudaTier.BackendsShareOneRegistrationOfAMirror CudaTier.FusedDecodeKernelsKeepEveryLogit CudaTier.OtherFamiliesKeepTheWholeModelsLogits '
 tests=$("$bin/coli-tests" --gtest_list_tests --gtest_filter="$cuda_tests" | awk '/^[^ ]/ { s = $1 } /^  / { print s $1 }')
 
 # The hybrid run's model and mirror: the real shapes at int4-g32, a budget
