@@ -766,12 +766,15 @@ TEST(CudaTier, InlineHandoffMatchesTheThreadedOne) {
 }
 
 // CudaOptions::fuse_decode: a decode step's router, routing and post in one
-// kernel and the join inside the norm after it compute exactly what the
-// separate kernels do. Bit for bit the same decode logits and the same
-// tier counts, fused or not, for the whole model and under budgets that
-// hand misses to the host (slots for a quarter of the experts, none) and
-// split them with PCIe reads; at 16 experts (the fixture: a router of two
-// blocks) and at 256 (the real count: 32 blocks, the 8-wide routing).
+// kernel and the join inside the norm after it compute what the separate
+// kernels do: bit for bit the same decode logits on the whole model, the
+// same tier counts and logits within 1e-5 of their range under budgets
+// that hand misses to the host (slots for a quarter of the experts, none)
+// and split them with PCIe reads (the hybrid path is not bit-reproducible
+// from run to run: the same configuration twice moved the fixture's logits
+// by 1e-6 on the H200; printed below), at 16 experts (the fixture: a
+// router of two blocks) and at 256 (the real count: 32 blocks, the 8-wide
+// routing).
 TEST(CudaTier, FusedDecodeKernelsKeepEveryLogit) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -789,9 +792,10 @@ TEST(CudaTier, FusedDecodeKernelsKeepEveryLogit) {
       double pcie;
     };
     for (const Case c : {Case{-1, 0}, Case{all / 4, 0}, Case{0, 0}, Case{all / 4, 0.5}}) {
-      std::vector<std::vector<float>> logits[2];
-      TierStats st[2];
-      for (const bool fuse : {false, true}) {
+      std::vector<std::vector<float>> logits[3];
+      TierStats st[3];
+      for (const int run : {0, 1, 2}) {  // separate, fused, separate again
+        const bool fuse = run == 1;
         cuda::CudaOptions o = c.slots < 0 ? cuda::CudaOptions{} : tier_options(m, c.slots);
         o.fuse_decode = fuse;
         if (c.pcie > 0) o.pcie_read_share = c.pcie, o.host_regions.push_back(mm->region());
@@ -802,13 +806,24 @@ TEST(CudaTier, FusedDecodeKernelsKeepEveryLogit) {
         for (int i = 0; i < 10; ++i) {
           const int tok = static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin());
           l = e.forward(ss, std::vector<int>{tok});
-          logits[fuse].push_back(l);
+          logits[run].push_back(l);
         }
-        st[fuse] = b->tier_stats();
+        st[run] = b->tier_stats();
       }
       SCOPED_TRACE("experts " + std::to_string(s.num_experts) + " slots " + std::to_string(c.slots) + " pcie " + std::to_string(c.pcie));
       ASSERT_EQ(logits[0].size(), logits[1].size());
-      for (std::size_t i = 0; i < logits[0].size(); ++i) EXPECT_EQ(logits[0][i], logits[1][i]) << "decode step " << i;
+      float fused = 0, again = 0, range = 0;
+      for (std::size_t i = 0; i < logits[0].size(); ++i) {
+        fused = std::max(fused, max_abs_diff(logits[0][i], logits[1][i])), again = std::max(again, max_abs_diff(logits[0][i], logits[2][i]));
+        for (float v : logits[0][i]) range = std::max(range, std::fabs(v));
+      }
+      std::printf("[ info     ] experts %d slots %lld pcie %.1f: max |dlogit| fused %.2e, separate again %.2e, of %.2e\n", s.num_experts, c.slots,
+                  c.pcie, fused, again, range);
+      if (c.slots < 0) {
+        for (std::size_t i = 0; i < logits[0].size(); ++i) EXPECT_EQ(logits[0][i], logits[1][i]) << "decode step " << i;
+      } else {
+        EXPECT_LE(fused, 1e-5f * range);
+      }
       EXPECT_EQ(st[0].pairs, st[1].pairs);
       EXPECT_EQ(st[0].misses, st[1].misses);
       EXPECT_EQ(st[0].handoffs, st[1].handoffs);

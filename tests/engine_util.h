@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -51,10 +52,18 @@ inline std::vector<int> greedy_tokens(Engine& e, const std::vector<int>& prompt,
 // max |logit - golden| of the last logits of a golden prompt, fresh session.
 inline float golden_logit_error(Engine& e, const nlohmann::json& prompt);
 
+// The goldens of another fixture: tests/data/goldens/NAME.json.
+inline const nlohmann::json& goldens_of(const std::string& name) {
+  static std::map<std::string, nlohmann::json> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) it = cache.emplace(name, nlohmann::json::parse(read_file(data_dir() + "/goldens/" + name + ".json"))).first;
+  return it->second;
+}
+
 // Every fixture prompt: last logits within 1e-3 of the goldens and the
 // golden greedy tokens; what prefixes the failure messages.
-inline void expect_golden_prompts(Engine& e, const std::string& what = "") {
-  for (const auto& p : tiny_goldens()["prompts"]) {
+inline void expect_golden_prompts(Engine& e, const std::string& what = "", const nlohmann::json& goldens = tiny_goldens()) {
+  for (const auto& p : goldens["prompts"]) {
     const std::vector<int> ids = p["ids"];
     EXPECT_LT(golden_logit_error(e, p), 1e-3f) << what << "prompt of " << ids.size();
     EXPECT_EQ(greedy_tokens(e, ids), p["greedy"].get<std::vector<int>>()) << what << "prompt of " << ids.size();

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "convert/convert.h"
@@ -154,3 +155,47 @@ TEST(Families, FastCpuMatchesTheReference) {
     EXPECT_LT(err, 1e-3f * range);
   }
 }
+
+// The transformers fixtures (scripts/make_tiny_fixture_families.py, made on
+// the GPU machine with transformers 5.17 in float32): tiny-qwen3moe (8
+// attention layers, dense MLP layers 0, 2, 4, 5, 6, sparse 1, 3, 7, plain-w
+// norms, no output gate or shared expert) and tiny-qwen3next (the
+// DeltaNet / attention pattern, fused DeltaNet projections, a shared
+// expert, an mtp.* tensor to ignore). Each prompt's last logits within 1e-3
+// and its 16 greedy tokens, on the reference and fast CPU backends, from
+// the checkpoint and from a bf16 container; an int8 container keeps the
+// greedy tokens.
+namespace {
+
+void expect_family_goldens(const std::string& fixture) {
+  const nlohmann::json& g = test::goldens_of(fixture);
+  const std::string dir = test::data_dir() + "/" + fixture;
+  auto ck = Model::load(dir);
+  EXPECT_EQ(std::string(family_name(ck->spec().family)), g["model_type"].get<std::string>());
+  cpu::CpuBackend ref(*ck), fast(*ck, cpu::CpuOptions{2, true});
+  Engine er(ck->spec(), ref), ef(ck->spec(), fast);
+  test::expect_golden_prompts(er, fixture + " reference: ", g);
+  test::expect_golden_prompts(ef, fixture + " fast: ", g);
+  test::TempDir d;
+  ConvertOptions co;
+  co.experts = co.down = co.trunk = co.shared = co.lm_head = co.embed = co.router = QuantFormat::BF16;
+  co.threads = 2;
+  convert_checkpoint(dir, d / "bf16.coli", co);
+  auto b16 = Model::load(d / "bf16.coli");
+  cpu::CpuBackend rb(*b16), fb(*b16, cpu::CpuOptions{2, true});
+  Engine erb(b16->spec(), rb), efb(b16->spec(), fb);
+  test::expect_golden_prompts(erb, fixture + " bf16 container: ", g);
+  test::expect_golden_prompts(efb, fixture + " bf16 container, fast: ", g);
+  auto i8 = test::convert_all(dir, d / "i8.coli", QuantFormat::I8);
+  cpu::CpuBackend r8(*i8), f8(*i8, cpu::CpuOptions{2, true});
+  Engine er8(i8->spec(), r8), ef8(i8->spec(), f8);
+  for (const auto& p : g["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    EXPECT_EQ(test::greedy_tokens(er8, ids), p["greedy"].get<std::vector<int>>()) << fixture << " int8, prompt of " << ids.size();
+    EXPECT_EQ(test::greedy_tokens(ef8, ids), p["greedy"].get<std::vector<int>>()) << fixture << " int8 fast, prompt of " << ids.size();
+  }
+}
+
+}  // namespace
+
+TEST(Families, Qwen3MoeFixtureMatchesTransformers) { expect_family_goldens("tiny-qwen3moe"); }

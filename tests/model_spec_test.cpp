@@ -139,6 +139,15 @@ TEST(ModelSpec, Qwen3MoeIsReadAttentionOnlyWithPlainNorms) {
   EXPECT_EQ(s.linear_num_key_heads, 0);
 }
 
+// transformers 5 saves qwen3_moe's expert count as num_local_experts (the
+// tiny fixture's config.json); released configs say num_experts.
+TEST(ModelSpec, Qwen3MoeExpertCountUnderEitherName) {
+  EXPECT_EQ(parse_model_spec(with(kQwen3_30B_A3B, R"("num_experts":128)", R"("num_local_experts":64)"), "config.json").num_experts, 64);
+  EXPECT_NE(error_of(with(kQwen3_30B_A3B, R"("num_experts":128)", R"("num_local_experts":0)")).find("'num_local_experts' must be a positive"),
+            std::string::npos);
+  EXPECT_NE(error_of(with(kQwen3_30B_A3B, R"("num_experts":128)", R"("num_expert":128)")).find("'num_experts' is missing"), std::string::npos);
+}
+
 TEST(ModelSpec, Qwen3NextIsReadWithFusedDeltaNetProjections) {
   const ModelSpec s = parse_model_spec(kQwen3Next80B, "config.json");
   EXPECT_EQ(s.family, ModelFamily::kQwen3Next);

@@ -147,7 +147,9 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
     if (s.linear_num_value_heads % s.linear_num_key_heads) throw r.err("linear_num_key_heads", "must divide linear_num_value_heads");
   }
 
-  s.num_experts = r.pos_int("num_experts");
+  // transformers 5 writes qwen3_moe's expert count as num_local_experts
+  // (its attribute map); released config.json files say num_experts.
+  s.num_experts = !tc->contains("num_experts") && tc->contains("num_local_experts") ? r.pos_int("num_local_experts") : r.pos_int("num_experts");
   s.num_experts_per_tok = r.pos_int("num_experts_per_tok");
   s.moe_intermediate_size = r.pos_int("moe_intermediate_size");
   if (!moe_only) s.shared_expert_intermediate_size = r.pos_int("shared_expert_intermediate_size");

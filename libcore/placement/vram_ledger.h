@@ -28,8 +28,8 @@
 // and its tier from runtime_reserve() and fill_tier(), so these are exact,
 // not estimates: a change to what the backend allocates goes here.
 // Allocations the backend makes after the slots (expert pointer tables and
-// flags, routing heat, the ids buffer, the decode graph) live in the
-// reserve's 8 MiB.
+// flags, routing heat, the ids buffer, the router's ticket, the decode
+// graph) live in the reserve's 8 MiB.
 #pragma once
 #include <cstdint>
 #include <functional>
