@@ -199,3 +199,4 @@ void expect_family_goldens(const std::string& fixture) {
 }  // namespace
 
 TEST(Families, Qwen3MoeFixtureMatchesTransformers) { expect_family_goldens("tiny-qwen3moe"); }
+TEST(Families, Qwen3NextFixtureMatchesTransformers) { expect_family_goldens("tiny-qwen3next"); }

@@ -68,9 +68,12 @@ __global__ void norm_kernel(NormArgs p, Hook hook) {
     if (i < i0 + len) {
       float val = p.x[o + i];
       if (p.a) {
+        // Rounded step by step (no contraction into an FMA, which the
+        // compiler may choose differently per instantiation): with or
+        // without a hook, the same sums bit for bit.
         float av = p.a[o + i];
-        if (mode) av += hook.add(o + i, mode);
-        val = val + av + (p.b ? g * p.b[o + i] : 0.0f);
+        if (mode) av = __fadd_rn(av, hook.add(o + i, mode));
+        val = __fadd_rn(__fadd_rn(val, av), p.b ? __fmul_rn(g, p.b[o + i]) : 0.0f);
         p.x[o + i] = val;
       }
       v[k] = val;

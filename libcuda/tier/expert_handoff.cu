@@ -212,7 +212,7 @@ struct JoinHook {
     __syncthreads();
     return mode;
   }
-  __device__ float add(long long i, int mode) const { return __ldcv(part + i) + (mode == 2 ? __ldcv(dpart + i) : 0.0f); }
+  __device__ float add(long long i, int mode) const { return __fadd_rn(__ldcv(part + i), mode == 2 ? __ldcv(dpart + i) : 0.0f); }
 };
 
 // Waits for the host's done flag to reach the last posted number, then adds
