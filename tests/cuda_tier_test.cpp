@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <future>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "convert/synth.h"
 #include "cpu_backend.h"
@@ -896,6 +897,50 @@ TEST(CudaTier, OtherFamiliesKeepTheWholeModelsLogits) {
       if (pcie > 0) EXPECT_GT(ts.pcie_misses, 0);
       EXPECT_EQ(ts.pairs, ts.tokens * s.num_layers * s.num_experts_per_tok);
     }
+  }
+}
+
+// The transformers fixtures of the other families under budgets:
+// tiny-qwen3next (int8 and int4-g32 containers) gives the greedy tokens of
+// its whole model at every placement, with the prompts' experts on the
+// host or uploaded (from a mirror; the CPU taking part of them); the
+// tiny-qwen3moe fixture, whose dense layers the tier does not place, is
+// refused under a budget by name (no released model has dense layers).
+TEST(CudaTier, OtherFamiliesFixturesUnderBudgets) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  const nlohmann::json& g = test::goldens_of("tiny-qwen3next");
+  for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
+    test::TempDir d;
+    auto m = test::convert_all(test::data_dir() + "/tiny-qwen3next", d / "m.coli", f);
+    const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+    auto whole = cuda::make_cuda_backend(*m);
+    Engine ew(m->spec(), *whole, 64);
+    for (long long slots : {0LL, all / 4, all / 2}) {
+      for (const bool upload : {false, true}) {
+        cuda::CudaOptions o = tier_options(*m, slots);
+        if (upload) o.prefill_upload = true, o.prefill_ring_slots = 5;  // pageable container: staged copies
+        auto tier = cuda::make_cuda_backend(*m, o);
+        Engine et(m->spec(), *tier, 64);
+        for (const auto& p : g["prompts"]) {
+          const std::vector<int> ids = p["ids"];
+          EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids))
+              << format_name(f) << " slots " << slots << " upload " << upload << " prompt " << ids.size();
+        }
+        const TierStats ts = tier->tier_stats();
+        EXPECT_EQ(ts.resident, slots);
+        EXPECT_GT(ts.misses, 0);
+        if (upload) EXPECT_GT(ts.prefill_upload_bytes, 0u);
+      }
+    }
+  }
+  test::TempDir d;
+  auto moe = test::convert_all(test::data_dir() + "/tiny-qwen3moe", d / "m.coli", QuantFormat::I8);
+  try {
+    cuda::make_cuda_backend(*moe, tier_options(*moe, 8));
+    ADD_FAILURE() << "a tiered run of a model with dense layers";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has dense MLP layers"), std::string::npos) << e.what();
   }
 }
 

@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "engine_util.h"
+#include "formats/safetensors.h"
+#include "formats/dtype.h"
 #include "test_util.h"
 
 namespace {
@@ -103,6 +105,62 @@ TEST(ColiRun, BadInputExits1WithOneLine) {
   // Token id outside the vocabulary.
   EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + text_model() + " --prompt-ids 1,99999 2>&1", &out), 1);
   EXPECT_NE(out.find("99999"), std::string::npos) << out;
+}
+
+// Issue 31's bad input on the other families' fixtures: a missing tensor
+// (a qwen3_next checkpoint without a layer's fused DeltaNet projection),
+// num_experts_per_tok above num_experts, zero experts: one line naming the
+// tensor or the field, exit 1. And the families run: greedy tokens of
+// coli-run --temp 0 are the transformers goldens'.
+TEST(ColiRun, OtherFamiliesRunAndBadInputExits1WithOneLine) {
+  for (const char* fx : {"tiny-qwen3moe", "tiny-qwen3next"}) {
+    const std::string dir = coli::test::data_dir() + "/" + fx;
+    const auto& p = coli::test::goldens_of(fx)["prompts"][1];
+    std::string out;
+    EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + dir + " --device cpu --prompt-ids " + join_ids(p["ids"], ",") +
+                                          " -n 16 --temp 0 --ignore-eos 2>/dev/null", &out), 0);
+    EXPECT_EQ(out, join_ids(p["greedy"], " ") + "\n") << fx;
+    coli::test::TempDir d;
+    const std::string cfg = coli::test::read_file(dir + "/config.json");
+    std::filesystem::copy_file(dir + "/model.safetensors", d / "model.safetensors");
+    auto with = [&](const std::string& from, const std::string& to) {
+      std::string c = cfg;
+      const std::size_t at = c.find(from);
+      EXPECT_NE(at, std::string::npos) << from;
+      if (at != std::string::npos) c.replace(at, from.size(), to);
+      coli::test::write_file(d / "config.json", c);
+    };
+    const std::string experts_key = std::string(fx) == "tiny-qwen3moe" ? "\"num_local_experts\": 16" : "\"num_experts\": 16";
+    const std::string key = std::string(fx) == "tiny-qwen3moe" ? "num_local_experts" : "num_experts";
+    with(experts_key, "\"" + key + "\": 0");
+    EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+    EXPECT_NE(out.find("'" + key + "' must be a positive integer"), std::string::npos) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    with("\"num_experts_per_tok\": 4", "\"num_experts_per_tok\": 17");
+    EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+    EXPECT_NE(out.find("'num_experts_per_tok' exceeds num_experts"), std::string::npos) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  }
+  // A missing tensor: the qwen3_next fixture without layer 0's in_proj_ba.
+  coli::test::TempDir d;
+  const std::string dir = coli::test::data_dir() + "/tiny-qwen3next";
+  std::filesystem::copy_file(dir + "/config.json", d / "config.json");
+  const coli::SafetensorsFile f(dir + "/model.safetensors");
+  std::vector<coli::test::RawTensor> ts;
+  for (const auto& [name, t] : f.tensors()) {
+    if (name == "model.layers.0.linear_attn.in_proj_ba.weight") continue;
+    ts.push_back({name, coli::dtype_name(t.dtype), t.shape, std::string(reinterpret_cast<const char*>(t.data), t.nbytes)});
+  }
+  coli::test::write_file(d / "model.safetensors", coli::test::safetensors_bytes(ts));
+  std::string out;
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+  EXPECT_NE(out.find("missing tensor 'model.layers.0.linear_attn.in_proj_ba.weight'"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  // An unknown family names the model_type and the ones coli runs.
+  coli::test::write_file(d / "config.json", R"({"model_type":"deepseek_v3"})");
+  EXPECT_EQ(coli::test::run_command(coli_run() + " --model " + d.path() + " --prompt-ids 1 2>&1", &out), 1);
+  EXPECT_NE(out.find("model_type 'deepseek_v3' is not supported (coli runs qwen3_5_moe, qwen3_5_moe_text, qwen3_moe and qwen3_next)"),
+            std::string::npos) << out;
 }
 
 TEST(ColiRun, DeviceFlag) {

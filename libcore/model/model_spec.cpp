@@ -86,7 +86,7 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
   if (s.model_type == "qwen3_5_moe" || s.model_type == "qwen3_5_moe_text") s.family = ModelFamily::kQwen35Moe;
   else if (s.model_type == "qwen3_moe") s.family = ModelFamily::kQwen3Moe;
   else if (s.model_type == "qwen3_next") s.family = ModelFamily::kQwen3Next;
-  else throw Error(path + ": model_type '" + s.model_type + "' is not supported (expected qwen3_5_moe or qwen3_5_moe_text)");
+  else throw Error(path + ": model_type '" + s.model_type + "' is not supported (coli runs qwen3_5_moe, qwen3_5_moe_text, qwen3_moe and qwen3_next)");
   const bool q35 = s.family == ModelFamily::kQwen35Moe, moe_only = s.family == ModelFamily::kQwen3Moe;
   s.norm_plus_one = !moe_only, s.attention_output_gate = !moe_only, s.fused_linear_projections = s.family == ModelFamily::kQwen3Next;
 
