@@ -900,20 +900,44 @@ TEST(CudaTier, OtherFamiliesKeepTheWholeModelsLogits) {
   }
 }
 
-// The transformers fixtures of the other families under budgets:
-// tiny-qwen3next (int8 and int4-g32 containers) gives the greedy tokens of
-// its whole model at every placement, with the prompts' experts on the
-// host or uploaded (from a mirror; the CPU taking part of them); the
-// tiny-qwen3moe fixture, whose dense layers the tier does not place, is
-// refused under a budget by name (no released model has dense layers).
+// The transformers fixtures of the other families under budgets. From a
+// bf16 container (float activations everywhere) tiny-qwen3next keeps the
+// transformers greedy tokens with every expert on the host or a quarter
+// resident. From int8 and int4-g32 containers (int8 activations on both
+// the GPU's and the CPU's kernels) its prompt logits stay within twice the
+// CPU reference's own quantization error of the whole model's at every
+// placement, prompts' experts on the host or uploaded; its greedy tokens
+// are not held there: the fixture's routing has near-ties (a 0.036 gap
+// between the k-th and next expert) that the int8 kernels' differences
+// flip (measured: the whole GPU itself leaves the goldens on the int8
+// container's 60-token prompt). tiny-qwen3moe, whose dense layers the tier
+// does not place, is refused under a budget by name (no released model
+// has dense layers).
 TEST(CudaTier, OtherFamiliesFixturesUnderBudgets) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   const nlohmann::json& g = test::goldens_of("tiny-qwen3next");
+  {
+    test::TempDir d;
+    auto m = test::convert_all(test::data_dir() + "/tiny-qwen3next", d / "m.coli", QuantFormat::BF16);
+    const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+    for (long long slots : {0LL, all / 4}) {
+      auto tier = cuda::make_cuda_backend(*m, tier_options(*m, slots));
+      Engine et(m->spec(), *tier, 64);
+      test::expect_golden_prompts(et, "bf16 slots " + std::to_string(slots) + ": ", g);
+      EXPECT_GT(tier->tier_stats().misses, 0);
+    }
+  }
   for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
     test::TempDir d;
     auto m = test::convert_all(test::data_dir() + "/tiny-qwen3next", d / "m.coli", f);
     const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+    float qerr = 0;
+    {
+      cpu::CpuBackend ref(*m);
+      Engine e(m->spec(), ref);
+      for (const auto& p : g["prompts"]) qerr = std::max(qerr, test::golden_logit_error(e, p));
+    }
     auto whole = cuda::make_cuda_backend(*m);
     Engine ew(m->spec(), *whole, 64);
     for (long long slots : {0LL, all / 4, all / 2}) {
@@ -924,8 +948,14 @@ TEST(CudaTier, OtherFamiliesFixturesUnderBudgets) {
         Engine et(m->spec(), *tier, 64);
         for (const auto& p : g["prompts"]) {
           const std::vector<int> ids = p["ids"];
-          EXPECT_EQ(test::greedy_tokens(et, ids), test::greedy_tokens(ew, ids))
-              << format_name(f) << " slots " << slots << " upload " << upload << " prompt " << ids.size();
+          Session sw = ew.new_session(), st = et.new_session();
+          const float err = max_abs_diff(ew.forward(sw, ids), et.forward(st, ids));
+          const std::vector<int> a = test::greedy_tokens(et, ids), b = test::greedy_tokens(ew, ids);
+          int same = 0;
+          while (same < static_cast<int>(a.size()) && a[same] == b[same]) ++same;
+          std::printf("[ info     ] %s slots %lld upload %d prompt %zu: max |dlogit| vs whole %.2e (bound %.2e), greedy equal for %d of 16\n",
+                      format_name(f), slots, upload, ids.size(), err, 2 * qerr, same);
+          EXPECT_LT(err, 2 * qerr) << format_name(f) << " slots " << slots << " upload " << upload << " prompt " << ids.size();
         }
         const TierStats ts = tier->tier_stats();
         EXPECT_EQ(ts.resident, slots);
