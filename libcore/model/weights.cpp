@@ -66,23 +66,42 @@ class Binder {
 
   // qwen3_next's fused DeltaNet projections as the split ones the table
   // lists (model/fused_projections.h): whole rows copied into buffers of
-  // `owned`. Row-wise formats only (f32, bf16, f16: a row is its own bytes).
+  // `owned`. Row-wise formats (f32, bf16, f16: a row is its own bytes), and
+  // block-scaled fp8 when every 128-row block of a split projection comes
+  // from one 128-row block of the fused tensor (so its scale row moves with
+  // it: head sizes in 128s as in Qwen3-Next, and in_proj_ba within one block).
   void split_fused_projections(const ModelSpec& s, const std::string& L, const std::vector<TensorDesc>& ts, LayerWeights& lw,
                                std::vector<std::vector<uint8_t>>& owned) {
     const SourceTensor& qkvz = get(L + kFusedQkvz, fused_qkvz_shape(s));
     const SourceTensor& ba = get(L + kFusedBa, fused_ba_shape(s));
     for (const SourceTensor* t : {&qkvz, &ba})
-      if (t->format != QuantFormat::F32 && t->format != QuantFormat::BF16 && t->format != QuantFormat::F16)
-        throw Error(t->file + ": tensor '" + t->name + "' is " + format_name(t->format) + "; fused DeltaNet projections must be f32, bf16 or f16");
+      if (t->format != QuantFormat::F32 && t->format != QuantFormat::BF16 && t->format != QuantFormat::F16 && t->format != QuantFormat::FP8_E4M3_B128)
+        throw Error(t->file + ": tensor '" + t->name + "' is " + format_name(t->format) + "; fused DeltaNet projections must be f32, bf16, f16 or fp8");
     for (const TensorDesc& t : ts) {
       if (!is_split_projection(t.role)) continue;
       const int64_t rows = t.shape.at(0), cols = t.shape.at(1);
       const SourceTensor& from = fused_row(s, t.role, 0).ba ? ba : qkvz;
-      const std::size_t rb = layout_of(from.format, 1, cols).row_stride;
+      const bool fp8 = from.format == QuantFormat::FP8_E4M3_B128;
+      const std::size_t rb = fp8 ? static_cast<std::size_t>(cols) : layout_of(from.format, 1, cols).row_stride;
       std::vector<uint8_t> bytes(static_cast<std::size_t>(rows) * rb);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + r * rb, from.data + fused_row(s, t.role, r).row * rb, rb);
       owned.push_back(std::move(bytes));
-      *slot_of(lw, t).matrix = Matrix{from.format, owned.back().data(), rows, cols, nullptr};
+      Matrix m{from.format, owned.back().data(), rows, cols, nullptr};
+      if (fp8) {
+        const int64_t bc = (cols + 127) / 128, br = (rows + 127) / 128;
+        std::vector<uint8_t> scales(static_cast<std::size_t>(br * bc) * sizeof(float));
+        for (int64_t b = 0; b < br; ++b) {
+          const int64_t fb = fused_row(s, t.role, b * 128).row / 128;
+          for (int64_t r = b * 128; r < std::min(rows, (b + 1) * 128); ++r)
+            if (fused_row(s, t.role, r).row / 128 != fb)
+              throw Error(from.file + ": fp8 tensor '" + from.name + "': its 128-row scale blocks do not follow the DeltaNet head groups (" +
+                          t.name + " row " + std::to_string(r) + "); convert from the bf16 checkpoint");
+          std::memcpy(scales.data() + b * bc * sizeof(float), from.aux + fb * bc, bc * sizeof(float));
+        }
+        owned.push_back(std::move(scales));
+        m.aux = reinterpret_cast<const float*>(owned.back().data());
+      }
+      *slot_of(lw, t).matrix = m;
     }
   }
 
