@@ -166,7 +166,7 @@ check: test asan fuzz-run
 # libFuzzer targets over the parsers of untrusted files (clang required).
 # libcore is compiled once with the sanitizers, then linked into each target.
 FUZZ_BINS  := $(patsubst tests/fuzz/%.cpp,$(BUILD)/fuzz/%,$(FUZZ_SRC))
-FUZZ_CORE  := $(filter-out libcore/engine/%,$(CORE_SRC))
+FUZZ_CORE  := $(filter-out libcore/engine/% libcore/serve/http_server.cpp libcore/serve/engine_generator.cpp,$(CORE_SRC))
 FUZZ_LIBS  := -Wl,-Bstatic -lpcre2-8 -lutf8proc -lxxhash -Wl,-Bdynamic
 FUZZ_FLAGS := -std=c++20 -O1 -g -fno-sanitize-recover=all -Ilibcore -MMD -MP
 FUZZ_LIB   := $(BUILD)/fuzz/libcolicore-fuzz.a

@@ -102,6 +102,10 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
     ++st.n_generated;
     history.push_back(ev.id);
     if (ev.is_stop || i + 1 == opt.n_predict) break;
+    if (opt.keep_going && !opt.keep_going()) {
+      st.stopped_by_caller = true;
+      break;
+    }
     // session.n_past tokens are in the state and ev.id waits to be fed.
     if (opt.n_ctx > 0 && session.n_past + 1 >= opt.n_ctx) {
       st.context_full = true;

@@ -28,6 +28,9 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::vector<int> stop_ids;  // in addition to the model's eos ids
   int n_ctx = 0;              // context size in tokens (session + prompt + generated); 0: no limit
+  // Asked after each token's callback: false ends the generation there (a
+  // stop string, a client gone); GenerateStats::stopped_by_caller says so.
+  std::function<bool()> keep_going;
 };
 
 struct TokenEvent {
@@ -44,6 +47,7 @@ struct GenerateStats {
   double decode_seconds = 0;   // all later steps
   int n_decode_steps = 0;
   bool context_full = false;  // generation stopped at n_ctx
+  bool stopped_by_caller = false;  // GenerateOptions::keep_going said no
   std::vector<int> fed;  // ids fed to the session by this call (prompt + generated but the last)
 };
 

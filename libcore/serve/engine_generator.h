@@ -1,0 +1,51 @@
+// EngineGenerator: one generation slot of coli-serve over an Engine and its
+// Tokenizer. A request's prompt is the chat template rendered over its
+// messages (as coli-run --messages renders them) or a completion's text;
+// the reply is generated with the request's sampling and handed out as text
+// pieces, stop strings applied (serve/stop_strings.h), until an
+// end-of-sequence id, a stop string, max_tokens or the context ends it, or
+// the caller's callback returns false (a client gone).
+//
+// Threads: not thread-safe; the server runs one request at a time on it.
+// The engine and tokenizer must outlive it. Each request starts a fresh
+// session (prompt reuse and parallel slots come with issue 32's slots).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "serve/openai_api.h"
+#include "serve/stop_strings.h"
+#include "tokenizer/tokenizer.h"
+
+namespace coli::serve {
+
+struct GenerationResult {
+  std::string finish_reason;  // "stop" or "length"; empty when cancelled
+  Usage usage;
+  bool cancelled = false;
+};
+
+class EngineGenerator {
+ public:
+  // n_ctx: the context in tokens (prompt + reply); > 0.
+  EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx);
+
+  // The prompt's ids; ApiError 400 when it leaves no room in the context.
+  std::vector<int> prompt_ids(const GenerationRequest& r) const;
+  // Generates the reply to r; on_text gets each piece (never an empty one)
+  // and returns false to cancel.
+  GenerationResult run(const GenerationRequest& r, const std::function<bool(const std::string&)>& on_text);
+
+  const Tokenizer& tokenizer() const { return tok_; }
+  int n_ctx() const { return n_ctx_; }
+
+ private:
+  Engine& engine_;
+  const Tokenizer& tok_;
+  ChatStyle style_;
+  int n_ctx_;
+};
+
+}  // namespace coli::serve

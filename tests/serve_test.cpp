@@ -1,0 +1,252 @@
+// coli-serve's server (serve/http_server.h) in process on the tiny fixture
+// with the CPU backend, over real sockets (a Boost.Beast client): every
+// endpoint, streaming as server-sent events, the error cases with their
+// statuses and bodies, a client that leaves mid-stream, and greedy replies
+// equal to what coli-run's own paths (ChatSession, generate()) produce for
+// the same prompt.
+#include <gtest/gtest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cpu_backend.h"
+#include "engine/chat_session.h"
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "model/weights.h"
+#include "serve/engine_generator.h"
+#include "serve/http_server.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+using namespace coli;
+
+struct Reply {
+  int status = 0;
+  std::string body, content_type;
+};
+
+// One request on a fresh connection.
+Reply request(int port, http::verb verb, const std::string& target, const std::string& body = "", const std::string& auth = "") {
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
+  http::request<http::string_body> req{verb, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  req.set(http::field::content_type, "application/json");
+  if (!auth.empty()) req.set(http::field::authorization, auth);
+  req.body() = body;
+  req.prepare_payload();
+  http::write(s, req);
+  boost::beast::flat_buffer buf;
+  http::response_parser<http::string_body> p;
+  p.body_limit(64u << 20);
+  boost::system::error_code ec;
+  http::read(s, buf, p, ec);
+  Reply r;
+  if (ec) return r;
+  r.status = static_cast<int>(p.get().result_int());
+  r.body = p.get().body();
+  r.content_type = std::string(p.get()[http::field::content_type]);
+  return r;
+}
+
+// The data: payloads of a server-sent-event body.
+std::vector<std::string> events(const std::string& body) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const std::size_t end = body.find("\n\n", at);
+    out.push_back(body.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  return out;
+}
+
+struct Fixture {
+  std::unique_ptr<Model> m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  std::unique_ptr<Tokenizer> tok = Tokenizer::load(test::data_dir() + "/tiny-tokenizer");
+  cpu::CpuBackend backend{*m};
+  Engine engine{m->spec(), backend};
+  serve::EngineGenerator gen{engine, *tok, 256};
+  std::unique_ptr<serve::HttpServer> server;
+  std::thread runner;
+  explicit Fixture(serve::ServerOptions o = {}) {
+    o.port = 0;
+    o.limits.model_name = "tiny";
+    server = std::make_unique<serve::HttpServer>(o, gen);
+    runner = std::thread([this] { server->run(); });
+  }
+  ~Fixture() {
+    server->stop();
+    runner.join();
+  }
+  int port() const { return server->port(); }
+};
+
+const char* kChat = R"({"model":"tiny","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there"}],"max_tokens":12,"temperature":0)";
+
+}  // namespace
+
+TEST(Serve, EndpointsAndGreedyRepliesAsColiRunGivesThem) {
+  Fixture f;
+  Reply h = request(f.port(), http::verb::get, "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(json::parse(h.body)["status"], "ok");
+  Reply m = request(f.port(), http::verb::get, "/v1/models");
+  EXPECT_EQ(json::parse(m.body)["data"][0]["id"], "tiny");
+  // Chat, greedy: the text ChatSession (coli-run --messages) generates for the same messages.
+  Reply c = request(f.port(), http::verb::post, "/v1/chat/completions", std::string(kChat) + "}");
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json cj = json::parse(c.body);
+  GenerateOptions go;
+  go.n_predict = 12, go.sampling.temperature = 0, go.logprobs = false;
+  ChatSession cs(f.engine, *f.tok, go, ChatOptions{});
+  cs.messages() = {{"system", "Be brief.", {}}, {"user", "Hello there", {}}};
+  std::string want;
+  cs.respond([&](const std::string& t) { want += t; });
+  EXPECT_EQ(cj["choices"][0]["message"]["content"], want);
+  EXPECT_EQ(cj["usage"]["completion_tokens"].get<int>() + cj["usage"]["prompt_tokens"].get<int>(), cj["usage"]["total_tokens"].get<int>());
+  EXPECT_EQ(cj["timings"]["predicted_n"], cj["usage"]["completion_tokens"]);
+  // Streamed: the same text in deltas, a finish reason, usage, [DONE].
+  Reply st = request(f.port(), http::verb::post, "/v1/chat/completions", std::string(kChat) + R"(,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(st.status, 200);
+  EXPECT_EQ(st.content_type, "text/event-stream");
+  const std::vector<std::string> ev = events(st.body);
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  std::string streamed;
+  for (std::size_t i = 0; i + 1 < ev.size(); ++i) {
+    const json e = json::parse(ev[i]);
+    if (e["choices"].empty()) {
+      EXPECT_EQ(i + 2, ev.size()) << "the usage chunk is the last before [DONE]";
+      EXPECT_EQ(e["usage"], cj["usage"]);
+      continue;
+    }
+    if (i == 0) EXPECT_EQ(e["choices"][0]["delta"]["role"], "assistant");
+    if (e["choices"][0]["delta"].contains("content")) streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) EXPECT_EQ(e["choices"][0]["finish_reason"], cj["choices"][0]["finish_reason"]);
+  }
+  EXPECT_EQ(streamed, want);
+  // Completion: generate() on the prompt's ids, as coli-run --prompt does.
+  Reply t = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":"Once upon","max_tokens":6,"temperature":0})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  Session s = f.engine.new_session();
+  go.n_predict = 6;
+  go.stop_ids = tokenizer_stop_ids(*f.tok);
+  TextStreamer ts(*f.tok);
+  std::string cont;
+  generate(f.engine, s, f.tok->encode("Once upon"), go, [&](const TokenEvent& e) { cont += ts.push(e.id); });
+  cont += ts.flush();
+  EXPECT_EQ(json::parse(t.body)["choices"][0]["text"], cont);
+  // Tokenize and back.
+  Reply tk = request(f.port(), http::verb::post, "/tokenize", R"({"content":"Hello there"})");
+  const std::vector<int> ids = json::parse(tk.body)["tokens"];
+  EXPECT_EQ(ids, f.tok->encode("Hello there"));
+  Reply dt = request(f.port(), http::verb::post, "/detokenize", json{{"tokens", ids}}.dump());
+  EXPECT_EQ(json::parse(dt.body)["content"], "Hello there");
+  // Metrics count what was served.
+  Reply mt = request(f.port(), http::verb::get, "/metrics");
+  EXPECT_NE(mt.body.find("coli_generated_tokens_total "), std::string::npos);
+  EXPECT_NE(mt.body.find("coli_queue_depth 0"), std::string::npos);
+  EXPECT_EQ(f.server->counters().errors.load(), 0u);
+}
+
+TEST(Serve, BadRequestsGetTheirStatusAndTheServerGoesOn) {
+  serve::ServerOptions o;
+  o.api_key = "sekrit";
+  o.max_body = 4096;
+  Fixture f(o);
+  const std::string key = "Bearer sekrit";
+  auto err = [](const Reply& r) { return json::parse(r.body)["error"]; };
+  EXPECT_EQ(request(f.port(), http::verb::get, "/health").status, 200) << "no key needed for /health";
+  Reply noauth = request(f.port(), http::verb::get, "/v1/models");
+  EXPECT_EQ(noauth.status, 401);
+  EXPECT_EQ(err(noauth)["type"], "authentication_error");
+  EXPECT_EQ(request(f.port(), http::verb::get, "/v1/models", "", "Bearer wrong").status, 401);
+  EXPECT_EQ(request(f.port(), http::verb::get, "/v1/models", "", key).status, 200);
+  Reply bad = request(f.port(), http::verb::post, "/v1/chat/completions", "{not json", key);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(err(bad)["message"].get<std::string>().find("not valid JSON"), std::string::npos);
+  Reply temp = request(f.port(), http::verb::post, "/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":-1})", key);
+  EXPECT_EQ(temp.status, 400);
+  EXPECT_EQ(err(temp)["param"], "temperature");
+  Reply model = request(f.port(), http::verb::post, "/v1/chat/completions", R"({"model":"gpt-4o","messages":[{"role":"user","content":"x"}]})", key);
+  EXPECT_EQ(model.status, 404);
+  Reply big = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":")" + std::string(8000, 'a') + R"("})", key);
+  EXPECT_EQ(big.status, 413);
+  Reply ctx = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":")" + std::string(3000, 'a') + R"("})", key);
+  EXPECT_EQ(ctx.status, 400) << "a prompt longer than the context (256)";
+  EXPECT_NE(err(ctx)["message"].get<std::string>().find("exceeds the context size of 256"), std::string::npos);
+  EXPECT_EQ(request(f.port(), http::verb::get, "/v2/whatever", "", key).status, 404);
+  EXPECT_EQ(request(f.port(), http::verb::post, "/detokenize", R"({"tokens":[100000]})", key).status, 400);
+  // Huge max_tokens: the context bounds it, a reply comes back.
+  Reply huge = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":"a","max_tokens":2000000000,"temperature":0})", key);
+  EXPECT_EQ(huge.status, 200);
+  EXPECT_LE(json::parse(huge.body)["usage"]["total_tokens"].get<int>(), 256);
+  // Stop strings: the reply ends before the first one, finish_reason stop.
+  Reply full = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":"Once","max_tokens":24,"temperature":0})", key);
+  const std::string text = json::parse(full.body)["choices"][0]["text"];
+  // A stop string of two ASCII bytes from inside the greedy reply (the tiny
+  // model's text is mostly multi-byte characters).
+  std::size_t at = 1;
+  while (at + 1 < text.size() && !(static_cast<unsigned char>(text[at]) < 0x80 && static_cast<unsigned char>(text[at + 1]) < 0x80)) ++at;
+  ASSERT_LT(at + 1, text.size()) << "no two ASCII bytes in a row in " << text;
+  {
+    const std::string stop = text.substr(at, 2);
+    Reply cut = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":"Once","max_tokens":24,"temperature":0,"stop":)" + json(stop).dump() + "}", key);
+    const json cj = json::parse(cut.body);
+    EXPECT_EQ(cj["choices"][0]["text"], text.substr(0, text.find(stop)));
+    EXPECT_EQ(cj["choices"][0]["finish_reason"], "stop");
+  }
+  EXPECT_EQ(request(f.port(), http::verb::get, "/health").status, 200) << "still serving";
+}
+
+// A streaming client that reads the head and goes away: its generation is
+// cancelled at the next token, and the next request is served.
+TEST(Serve, AClientThatLeavesCancelsItsGeneration) {
+  Fixture f;
+  {
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())));
+    http::request<http::string_body> req{http::verb::post, "/v1/completions", 11};
+    req.set(http::field::host, "127.0.0.1");
+    req.body() = R"({"prompt":"Once","max_tokens":200,"temperature":0,"stream":true})";
+    req.prepare_payload();
+    http::write(s, req);
+    char first[64];
+    s.read_some(net::buffer(first));  // the head has come: generating
+  }  // closed
+  for (int i = 0; i < 200 && f.server->counters().cancelled.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(f.server->counters().cancelled.load(), 1u);
+  EXPECT_LT(f.server->counters().generated_tokens.load(), 200u) << "stopped early";
+  EXPECT_EQ(request(f.port(), http::verb::get, "/health").status, 200);
+}
+
+// stop() (SIGTERM in coli-serve) with a keep-alive connection that sends
+// nothing: the connection is woken and closed, run() returns at once.
+TEST(Serve, StopClosesIdleConnections) {
+  auto f = std::make_unique<Fixture>();
+  net::io_context ioc;
+  tcp::socket idle(ioc);
+  idle.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f->port())));
+  EXPECT_EQ(request(f->port(), http::verb::get, "/health").status, 200);
+  const auto t0 = std::chrono::steady_clock::now();
+  f.reset();  // stop() and run()'s return
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  char b[16];
+  boost::system::error_code ec;
+  idle.read_some(net::buffer(b), ec);
+  EXPECT_TRUE(ec) << "the idle connection was closed";
+}
