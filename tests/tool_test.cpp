@@ -258,3 +258,28 @@ TEST(ColiConvert, ConvertRunAndUsageErrors) {
   EXPECT_NE(out.find("does not match"), std::string::npos) << out;
   EXPECT_EQ(coli::test::run_command(cc + " --help", &out), 0);
 }
+
+// coli-serve's command line: --help, usage errors (exit 2), a model or an
+// address it cannot use (exit 1, one line), and a run that serves and ends
+// cleanly on SIGTERM (exit 0).
+TEST(ColiServe, UsageErrorsAndASigtermEndsIt) {
+  const std::string serve = coli::test::bin_dir() + "/coli-serve";
+  std::string out;
+  EXPECT_EQ(coli::test::run_command(serve + " --help", &out), 0);
+  EXPECT_NE(out.find("/v1/chat/completions"), std::string::npos);
+  EXPECT_EQ(coli::test::run_command(serve + " 2>&1", &out), 2);
+  EXPECT_NE(out.find("--model is required"), std::string::npos) << out;
+  EXPECT_EQ(coli::test::run_command(serve + " -m x --port 70000 2>&1", &out), 2);
+  EXPECT_NE(out.find("--port"), std::string::npos) << out;
+  const std::string model = " -m " + text_model() + " --tokenizer " + coli::test::data_dir() + "/tiny-tokenizer --device cpu";
+  EXPECT_EQ(coli::test::run_command(serve + model + " --host not-an-address 2>&1", &out), 1);
+  EXPECT_NE(out.find("--host not-an-address"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_EQ(coli::test::run_command(serve + " -m /nonexistent --device cpu 2>&1", &out), 1);
+  // Serves on a free port, then SIGTERM: exit 0 with the closing line.
+  coli::test::TempDir d;
+  EXPECT_EQ(coli::test::run_command("(" + serve + model + " --port 0 2>" + d / "err" + " & pid=$!; sleep 1; kill -TERM $pid; wait $pid)", &out), 0);
+  const std::string err = coli::test::read_file(d / "err");
+  EXPECT_NE(err.find("listening on http://127.0.0.1:"), std::string::npos) << err;
+  EXPECT_NE(err.find("SIGTERM: finishing the responses in flight"), std::string::npos) << err;
+}
