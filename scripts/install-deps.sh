@@ -13,3 +13,13 @@ $SUDO apt-get install -y -q --no-install-recommends \
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libxxhash-dev libbenchmark-dev \
   libgtest-dev \
   clang libclang-rt-14-dev
+# The real-client test of coli-serve (ColiServe.TheOpenaiNodeClientTalksToIt):
+# node and the official openai npm package in tests/node. Without a network
+# the test skips and says why; nothing else needs them.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  $SUDO apt-get install -y -q --no-install-recommends nodejs npm || echo "install-deps: nodejs/npm not installed: the openai client test will skip" >&2
+fi
+if command -v npm >/dev/null 2>&1; then
+  (cd "$(dirname "$0")/../tests/node" && npm install --no-audit --no-fund --loglevel=error) ||
+    echo "install-deps: npm install in tests/node failed: the openai client test will skip" >&2
+fi

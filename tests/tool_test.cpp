@@ -283,3 +283,35 @@ TEST(ColiServe, UsageErrorsAndASigtermEndsIt) {
   EXPECT_NE(err.find("listening on http://127.0.0.1:"), std::string::npos) << err;
   EXPECT_NE(err.find("SIGTERM: finishing the responses in flight"), std::string::npos) << err;
 }
+
+// A real client: the official openai npm package (tests/node, installed by
+// scripts/install-deps.sh) lists the models, streams a chat, asks the same
+// chat unstreamed and a completion from coli-serve with an API key; the
+// greedy chat is coli-run --messages's text, streamed and not.
+TEST(ColiServe, TheOpenaiNodeClientTalksToIt) {
+  const std::string node_dir = std::filesystem::absolute(coli::test::data_dir() + "/../node").lexically_normal().string();
+  std::string out;
+  if (coli::test::run_command("node --version >/dev/null 2>&1", &out) != 0) GTEST_SKIP() << "no node on PATH (scripts/install-deps.sh installs nodejs)";
+  if (!std::filesystem::exists(node_dir + "/node_modules/openai")) GTEST_SKIP() << "no openai package in tests/node (scripts/install-deps.sh: npm install there)";
+  coli::test::TempDir d;
+  const std::string messages = R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there"}])";
+  coli::test::write_file(d / "messages.json", messages);
+  const std::string model = " -m " + text_model() + " --tokenizer " + coli::test::data_dir() + "/tiny-tokenizer --device cpu";
+  std::string want;
+  ASSERT_EQ(coli::test::run_command(coli_run() + model + " --messages " + d / "messages.json" + " -n 12 --temp 0 2>/dev/null", &want), 0);
+  if (!want.empty() && want.back() == '\n') want.pop_back();  // coli-run ends its text with a newline
+  const std::string serve = coli::test::bin_dir() + "/coli-serve";
+  const std::string cmd = "(" + serve + model + " --port 0 --api-key sekrit 2>" + d / "err" + " & pid=$!; " +
+                          "for i in $(seq 100); do grep -q listening " + d / "err" + " && break; sleep 0.1; done; " +
+                          "port=$(sed -n 's/.*http:\\/\\/127.0.0.1:\\([0-9]*\\).*/\\1/p' " + d / "err" + "); " +
+                          "node " + node_dir + "/openai_client_check.mjs http://127.0.0.1:$port/v1 sekrit '" + messages + "'; rc=$?; " +
+                          "kill -TERM $pid; wait $pid; exit $rc)";
+  ASSERT_EQ(coli::test::run_command(cmd + " 2>&1", &out), 0) << out << coli::test::read_file(d / "err");
+  const nlohmann::json j = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(j["model"], "tiny-qwen35moe-text");
+  EXPECT_EQ(j["streamed"], want);
+  EXPECT_EQ(j["chat"], want);
+  EXPECT_EQ(j["usage"], j["chat_usage"]);
+  EXPECT_TRUE(j["finish"] == "stop" || j["finish"] == "length") << j.dump();
+  EXPECT_TRUE(j["completion"].is_string());
+}
