@@ -250,3 +250,31 @@ TEST(Serve, StopClosesIdleConnections) {
   idle.read_some(net::buffer(b), ec);
   EXPECT_TRUE(ec) << "the idle connection was closed";
 }
+
+// Concurrent clients each get the reply they get alone (greedy; the one
+// slot serves them in turn), streamed or not.
+TEST(Serve, ConcurrentRequestsGetTheirOwnReplies) {
+  Fixture f;
+  const std::vector<std::string> prompts = {"Once", "Hello there", "The quick brown", "1 2 3"};
+  std::vector<std::string> alone;
+  for (const std::string& p : prompts) {
+    const Reply r = request(f.port(), http::verb::post, "/v1/completions", json{{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+    alone.push_back(json::parse(r.body)["choices"][0]["text"]);
+  }
+  std::vector<std::string> got(2 * prompts.size());
+  std::vector<std::thread> ts;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] {
+      const bool stream = i % 2;
+      const std::string body = json{{"prompt", prompts[i / 2]}, {"max_tokens", 10}, {"temperature", 0}, {"stream", stream}}.dump();
+      const Reply r = request(f.port(), http::verb::post, "/v1/completions", body);
+      if (!stream) {
+        got[i] = json::parse(r.body)["choices"][0]["text"];
+        return;
+      }
+      for (const std::string& e : events(r.body))
+        if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
+    });
+  for (auto& t : ts) t.join();
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], alone[i / 2]) << "request " << i;
+}
