@@ -278,3 +278,26 @@ TEST(Serve, ConcurrentRequestsGetTheirOwnReplies) {
   for (auto& t : ts) t.join();
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], alone[i / 2]) << "request " << i;
 }
+
+// Prompt reuse: a prompt that extends what the slot holds feeds only the new
+// ids (timings.prompt_n, usage.prompt_tokens_details.cached_tokens) and
+// gives the reply a fresh slot gives; a prompt that does not starts over.
+TEST(Serve, APromptThatExtendsTheSlotsFeedsOnlyTheNewIds) {
+  Fixture f, fresh;
+  const std::string p1 = "Once upon a time\n", p2 = "Once upon a time\nthere was a";
+  const std::vector<int> ids1 = f.tok->encode(p1), ids2 = f.tok->encode(p2);
+  ASSERT_TRUE(std::equal(ids1.begin(), ids1.end(), ids2.begin())) << "the test's prompts must tokenize as prefix and extension";
+  auto complete = [](int port, const std::string& prompt, int n) {
+    return json::parse(request(port, http::verb::post, "/v1/completions", json{{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}}.dump()).body);
+  };
+  const json a = complete(f.port(), p1, 1);  // one token: the slot then holds exactly p1's ids
+  EXPECT_EQ(a["timings"]["prompt_n"], ids1.size());
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const json b = complete(f.port(), p2, 8);
+  EXPECT_EQ(b["usage"]["prompt_tokens"], ids2.size());
+  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], ids1.size());
+  EXPECT_EQ(b["timings"]["prompt_n"], ids2.size() - ids1.size());
+  EXPECT_EQ(b["choices"][0]["text"], complete(fresh.port(), p2, 8)["choices"][0]["text"]) << "reuse gives the fresh slot's reply";
+  const json c = complete(f.port(), "Something else", 2);
+  EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "not an extension: a fresh session";
+}

@@ -48,20 +48,32 @@ GenerationResult EngineGenerator::run(const GenerationRequest& r, const std::fun
     if (!piece.empty() && !res.cancelled && !on_text(piece)) res.cancelled = true;
   };
   go.keep_going = [&] { return !stop_string && !res.cancelled; };
-  Session s = engine_.new_session();
+  // Reuse the slot's session when the prompt extends what it holds.
+  const bool reuse = !fed_.empty() && prompt.size() > fed_.size() && std::equal(fed_.begin(), fed_.end(), prompt.begin());
+  if (!reuse) session_ = engine_.new_session(), fed_.clear();
+  res.cached_tokens = static_cast<int>(fed_.size());
+  const std::span<const int> feed(prompt.data() + fed_.size(), prompt.size() - fed_.size());
   const auto t0 = std::chrono::steady_clock::now();
-  const GenerateStats st = generate(engine_, s, prompt, go, [&](const TokenEvent& ev) {
-    if (ev.is_stop) {
-      eos = true;
-      return;
-    }
-    const StopStrings::Out o = stops.push(streamer.push(ev.id));
-    send(o.text);
-    stop_string = o.stopped;
-  });
+  GenerateStats st;
+  try {
+    st = generate(engine_, session_, feed, go, [&](const TokenEvent& ev) {
+      if (ev.is_stop) {
+        eos = true;
+        return;
+      }
+      const StopStrings::Out o = stops.push(streamer.push(ev.id));
+      send(o.text);
+      stop_string = o.stopped;
+    });
+  } catch (...) {
+    fed_.clear();  // the session's state is undefined now
+    throw;
+  }
+  fed_.insert(fed_.end(), st.fed.begin(), st.fed.end());
   if (!stop_string) send(stops.push(streamer.flush()).text + stops.flush());
   const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  res.usage.prompt_tokens = st.n_prompt;
+  res.usage.prompt_tokens = static_cast<int>(prompt.size());
+  res.usage.prompt_fed = st.n_prompt;
   res.usage.completion_tokens = st.n_generated;
   res.usage.prompt_ms = st.prefill_seconds * 1000.0;
   res.usage.predicted_ms = std::max(0.0, total_ms - res.usage.prompt_ms);

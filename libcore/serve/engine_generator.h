@@ -6,15 +6,22 @@
 // end-of-sequence id, a stop string, max_tokens or the context ends it, or
 // the caller's callback returns false (a client gone).
 //
+// Prompt reuse: the slot keeps its session and the ids in it; a request
+// whose prompt extends them (a chat's next turn: the earlier prompt, the
+// reply, the new message) feeds only the new ids, so its prompt time does
+// not grow with the conversation. Any other prompt starts a fresh session
+// (a Gated DeltaNet state cannot be rolled back to a shorter prefix).
+//
 // Threads: not thread-safe; the server runs one request at a time on it.
-// The engine and tokenizer must outlive it. Each request starts a fresh
-// session (prompt reuse and parallel slots come with issue 32's slots).
+// The engine and tokenizer must outlive it. One slot (parallel slots with
+// batched decoding are issue 32's next step).
 #pragma once
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "serve/openai_api.h"
 #include "serve/stop_strings.h"
 #include "tokenizer/tokenizer.h"
@@ -23,7 +30,8 @@ namespace coli::serve {
 
 struct GenerationResult {
   std::string finish_reason;  // "stop" or "length"; empty when cancelled
-  Usage usage;
+  Usage usage;                // prompt_tokens: the whole prompt; prompt_n in timings: the ids fed
+  int cached_tokens = 0;      // of the prompt, ids the slot already held
   bool cancelled = false;
 };
 
@@ -46,6 +54,8 @@ class EngineGenerator {
   const Tokenizer& tok_;
   ChatStyle style_;
   int n_ctx_;
+  Session session_;
+  std::vector<int> fed_;  // the ids in session_
 };
 
 }  // namespace coli::serve

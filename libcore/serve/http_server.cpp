@@ -179,10 +179,11 @@ void HttpServer::serve_connection(void* raw) {
         m << "# TYPE coli_requests_total counter\ncoli_requests_total " << c.requests << "\n";
         m << "# TYPE coli_request_errors_total counter\ncoli_request_errors_total " << c.errors << "\n";
         m << "# TYPE coli_prompt_tokens_total counter\ncoli_prompt_tokens_total " << c.prompt_tokens << "\n";
+        m << "# TYPE coli_prompt_tokens_computed_total counter\ncoli_prompt_tokens_computed_total " << c.prompt_computed << "\n";
         m << "# TYPE coli_generated_tokens_total counter\ncoli_generated_tokens_total " << c.generated_tokens << "\n";
         m << "# TYPE coli_cancelled_total counter\ncoli_cancelled_total " << c.cancelled << "\n";
         m << "# TYPE coli_prompt_tokens_per_second gauge\ncoli_prompt_tokens_per_second "
-          << (c.prompt_ms > 0 ? c.prompt_tokens * 1000.0 / c.prompt_ms : 0.0) << "\n";
+          << (c.prompt_ms > 0 ? c.prompt_computed * 1000.0 / c.prompt_ms : 0.0) << "\n";
         m << "# TYPE coli_generated_tokens_per_second gauge\ncoli_generated_tokens_per_second "
           << (c.predicted_ms > 0 ? c.generated_tokens * 1000.0 / c.predicted_ms : 0.0) << "\n";
         m << "# TYPE coli_queue_depth gauge\ncoli_queue_depth " << c.waiting << "\n";
@@ -267,6 +268,7 @@ void HttpServer::serve_connection(void* raw) {
         }
         --counters_.active;
         counters_.prompt_tokens += g.usage.prompt_tokens, counters_.generated_tokens += g.usage.completion_tokens;
+        counters_.prompt_computed += g.usage.prompt_fed >= 0 ? g.usage.prompt_fed : g.usage.prompt_tokens;
         add(counters_.prompt_ms, g.usage.prompt_ms), add(counters_.predicted_ms, g.usage.predicted_ms);
         if (g.cancelled) ++counters_.cancelled;
         if (streamed && (g.cancelled || ec)) break;  // the client is gone

@@ -50,7 +50,7 @@ struct ServerOptions {
 
 // Counters for /metrics (since the server started).
 struct ServerCounters {
-  std::atomic<uint64_t> requests{0}, errors{0}, prompt_tokens{0}, generated_tokens{0}, cancelled{0};
+  std::atomic<uint64_t> requests{0}, errors{0}, prompt_tokens{0}, prompt_computed{0}, generated_tokens{0}, cancelled{0};
   std::atomic<double> prompt_ms{0}, predicted_ms{0};
   std::atomic<int> waiting{0}, active{0}, connections{0};
 };

@@ -204,12 +204,16 @@ std::vector<int> parse_detokenize_request(const std::string& body, int vocab_siz
 }
 
 json usage_json(const Usage& u) {
-  return {{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens}, {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  json j = {{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens}, {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (u.prompt_fed >= 0) j["prompt_tokens_details"] = {{"cached_tokens", u.prompt_tokens - u.prompt_fed}};
+  return j;
 }
 
+// prompt_n: the prompt tokens computed (llama-server's: a reused prefix is not counted).
 json timings_json(const Usage& u) {
   auto per_s = [](int n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; };
-  return {{"prompt_n", u.prompt_tokens},     {"prompt_ms", u.prompt_ms},       {"prompt_per_second", per_s(u.prompt_tokens, u.prompt_ms)},
+  const int fed = u.prompt_fed >= 0 ? u.prompt_fed : u.prompt_tokens;
+  return {{"prompt_n", fed},     {"prompt_ms", u.prompt_ms},       {"prompt_per_second", per_s(fed, u.prompt_ms)},
           {"predicted_n", u.completion_tokens}, {"predicted_ms", u.predicted_ms}, {"predicted_per_second", per_s(u.completion_tokens, u.predicted_ms)}};
 }
 

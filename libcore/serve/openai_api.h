@@ -79,6 +79,7 @@ std::vector<int> parse_detokenize_request(const std::string& body, int vocab_siz
 // id or a stop string), "length" (max_tokens or the context).
 struct Usage {
   int prompt_tokens = 0, completion_tokens = 0;
+  int prompt_fed = -1;  // of prompt_tokens, those computed (the rest were reused); -1: all
   double prompt_ms = 0, predicted_ms = 0;  // llama-server's timings
 };
 nlohmann::json usage_json(const Usage& u);
