@@ -216,7 +216,9 @@ TEST(CudaTier, TheBudgetIsNeverExceeded) {
     std::printf("[ info     ] budget %.2f MiB: ledger peak %.2f MiB, device memory used %.1f MiB, %lld of %lld experts resident\n", budget / 1048576.0,
                 ts.vram_peak / 1048576.0, used, ts.resident, ts.experts);
     EXPECT_LE(ts.vram_peak, budget);
-    if (!device_shared()) EXPECT_LE(used, budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+    if (!device_shared()) {
+      EXPECT_LE(used, budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+    }
   }
   EXPECT_GT(refused, 0);
   EXPECT_GT(partial, 0);
@@ -570,8 +572,9 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
     const TierStats ts = tier->tier_stats();
     uploading += ts.prefill_upload_bytes > 0 && ts.resident < ts.experts;
     EXPECT_LE(ts.vram_peak, budget);
-    if (!device_shared())
+    if (!device_shared()) {
       EXPECT_LE((double(free0) - double(free_min)) / (1 << 20), budget / 1048576.0 + 2.0) << "2 MiB: the driver's allocation granularity";
+    }
     if (uploading > 0 && i >= fine_end) break;
   }
   EXPECT_GT(uploading, 0) << "some budget held part of the tier and uploaded the rest";
@@ -829,8 +832,12 @@ TEST(CudaTier, FusedDecodeKernelsKeepEveryLogit) {
       EXPECT_EQ(st[0].misses, st[1].misses);
       EXPECT_EQ(st[0].handoffs, st[1].handoffs);
       EXPECT_EQ(st[0].pcie_misses, st[1].pcie_misses);
-      if (c.slots >= 0) EXPECT_GT(st[1].handoffs, 0) << "the host took misses";
-      if (c.pcie > 0) EXPECT_GT(st[1].pcie_misses, 0) << "the device read misses over PCIe";
+      if (c.slots >= 0) {
+        EXPECT_GT(st[1].handoffs, 0) << "the host took misses";
+      }
+      if (c.pcie > 0) {
+        EXPECT_GT(st[1].pcie_misses, 0) << "the device read misses over PCIe";
+      }
     }
   }
 }
@@ -894,7 +901,9 @@ TEST(CudaTier, OtherFamiliesKeepTheWholeModelsLogits) {
       EXPECT_GT(range, 0.0f);
       EXPECT_LT(e, 0.05f * range);
       EXPECT_GT(ts.misses, 0) << "the host took misses";
-      if (pcie > 0) EXPECT_GT(ts.pcie_misses, 0);
+      if (pcie > 0) {
+        EXPECT_GT(ts.pcie_misses, 0);
+      }
       EXPECT_EQ(ts.pairs, ts.tokens * s.num_layers * s.num_experts_per_tok);
     }
   }
@@ -960,7 +969,9 @@ TEST(CudaTier, OtherFamiliesFixturesUnderBudgets) {
         const TierStats ts = tier->tier_stats();
         EXPECT_EQ(ts.resident, slots);
         EXPECT_GT(ts.misses, 0);
-        if (upload) EXPECT_GT(ts.prefill_upload_bytes, 0u);
+        if (upload) {
+          EXPECT_GT(ts.prefill_upload_bytes, 0u);
+        }
       }
     }
   }

@@ -199,7 +199,7 @@ TEST(Fp8, FusedDeltaNetProjectionsSplitWithTheirScales) {
   try {
     Model::load(d / "fp8-16");
     FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("scale blocks do not follow the DeltaNet head groups"), std::string::npos) << e.what();
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("scale blocks do not follow the DeltaNet head groups"), std::string::npos) << err.what();
   }
 }

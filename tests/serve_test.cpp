@@ -133,9 +133,13 @@ TEST(Serve, EndpointsAndGreedyRepliesAsColiRunGivesThem) {
       EXPECT_EQ(e["usage"], cj["usage"]);
       continue;
     }
-    if (i == 0) EXPECT_EQ(e["choices"][0]["delta"]["role"], "assistant");
+    if (i == 0) {
+      EXPECT_EQ(e["choices"][0]["delta"]["role"], "assistant");
+    }
     if (e["choices"][0]["delta"].contains("content")) streamed += e["choices"][0]["delta"]["content"].get<std::string>();
-    if (!e["choices"][0]["finish_reason"].is_null()) EXPECT_EQ(e["choices"][0]["finish_reason"], cj["choices"][0]["finish_reason"]);
+    if (!e["choices"][0]["finish_reason"].is_null()) {
+      EXPECT_EQ(e["choices"][0]["finish_reason"], cj["choices"][0]["finish_reason"]);
+    }
   }
   EXPECT_EQ(streamed, want);
   // Completion: generate() on the prompt's ids, as coli-run --prompt does.
