@@ -305,3 +305,27 @@ TEST(Serve, APromptThatExtendsTheSlotsFeedsOnlyTheNewIds) {
   const json c = complete(f.port(), "Something else", 2);
   EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "not an extension: a fresh session";
 }
+
+// Connections that send nothing: hundreds of them do not stop the server
+// answering others, and each is closed after idle_timeout_s.
+TEST(Serve, IdleConnectionsAreClosedAndDoNotCrowdOutOthers) {
+  serve::ServerOptions o;
+  o.idle_timeout_s = 1;
+  Fixture f(o);
+  net::io_context ioc;
+  std::vector<tcp::socket> idle;
+  for (int i = 0; i < 300; ++i) {
+    idle.emplace_back(ioc);
+    idle.back().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(f.port())));
+  }
+  EXPECT_EQ(request(f.port(), http::verb::get, "/health").status, 200) << "served beside 300 idle connections";
+  const auto t0 = std::chrono::steady_clock::now();
+  char b[16];
+  boost::system::error_code ec;
+  idle.front().read_some(net::buffer(b), ec);  // returns when the server closes it
+  EXPECT_TRUE(ec);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 5.0) << "closed after about idle_timeout_s";
+  for (int i = 0; i < 100 && f.server->counters().connections.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(f.server->counters().connections.load(), 0) << "every idle connection closed";
+}

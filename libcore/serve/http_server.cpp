@@ -86,8 +86,9 @@ void HttpServer::stop() {
   if (stopping_.exchange(true)) return;
   {  // a connection waiting for its next request reads end-of-file; one answering finishes
     std::lock_guard<std::mutex> lock(conn_mu_);
-    for (int fd : open_fds_) ::shutdown(fd, SHUT_RD);
+    for (const auto& [fd, since] : open_fds_) ::shutdown(fd, SHUT_RD);
   }
+  conn_cv_.notify_all();  // the reaper
   // Wake the accept with a connection of our own (closing an acceptor another
   // thread is blocked in is not safe in asio).
   try {
@@ -99,7 +100,19 @@ void HttpServer::stop() {
   }
 }
 
+void HttpServer::reap_idle() {
+  using clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(conn_mu_);
+  while (!stopping_) {
+    conn_cv_.wait_for(lock, std::chrono::milliseconds(250));
+    const auto limit = clock::now() - std::chrono::seconds(opt_.idle_timeout_s);
+    for (auto& [fd, since] : open_fds_)
+      if (since < limit) ::shutdown(fd, SHUT_RD), since = clock::time_point::max();
+  }
+}
+
 void HttpServer::run() {
+  std::thread reaper([this] { reap_idle(); });
   while (!stopping_) {
     auto sock = std::make_unique<tcp::socket>(impl_->ioc);
     boost::system::error_code ec;
@@ -120,6 +133,8 @@ void HttpServer::run() {
   }
   boost::system::error_code ec;
   impl_->acceptor.close(ec);
+  conn_cv_.notify_all();
+  reaper.join();
   std::unique_lock<std::mutex> lock(conn_mu_);
   conn_cv_.wait(lock, [&] { return counters_.connections.load() == 0; });
 }
@@ -127,11 +142,12 @@ void HttpServer::run() {
 void HttpServer::serve_connection(void* raw) {
   std::unique_ptr<tcp::socket> sock(static_cast<tcp::socket*>(raw));
   const int fd = sock->native_handle();
-  {
+  auto waiting = [&](bool w) {
     std::lock_guard<std::mutex> lock(conn_mu_);
-    open_fds_.insert(fd);
+    open_fds_[fd] = w ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point::max();
     if (stopping_) ::shutdown(fd, SHUT_RD);
-  }
+  };
+  waiting(true);
   struct Unlist {
     HttpServer* s;
     int fd;
@@ -145,7 +161,9 @@ void HttpServer::serve_connection(void* raw) {
   while (!stopping_) {
     http::request_parser<http::string_body> parser;
     parser.body_limit(opt_.max_body);
+    waiting(true);
     http::read(*sock, buf, parser, ec);
+    waiting(false);
     if (ec == http::error::body_limit) {
       Request req;
       req.version(11);

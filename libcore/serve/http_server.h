@@ -25,8 +25,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <chrono>
+#include <map>
 #include <mutex>
-#include <set>
 #include <string>
 
 #include "serve/engine_generator.h"
@@ -39,8 +40,11 @@ struct ServerOptions {
   int port = 8080;  // 0: a free port (port() says which)
   std::string api_key;  // empty: no key asked for
   std::size_t max_body = 4u << 20;
-  int queue = 16;            // requests that may wait for the slot
-  int max_connections = 256;
+  int queue = 16;             // requests that may wait for the slot
+  int max_connections = 1024;  // more are closed at once, the others served
+  // A connection that has sent no request for this long is closed (a
+  // client holding connections open cannot use up max_connections).
+  int idle_timeout_s = 30;
   // A stream chunk that cannot go out for this long (a client that stopped
   // reading its stream) ends the stream: the generation is cancelled and
   // the slot freed.
@@ -81,7 +85,11 @@ class HttpServer {
   std::mutex slot_;                     // the one generation slot
   std::mutex conn_mu_;
   std::condition_variable conn_cv_;     // connections reaching 0
-  std::set<int> open_fds_;              // the connections' sockets (stop() shuts their reading side)
+  // The connections' sockets and since when each has waited for a request
+  // (time_point::max(): answering one); stop() and the idle reaper shut
+  // their reading side.
+  std::map<int, std::chrono::steady_clock::time_point> open_fds_;
+  void reap_idle();  // run()'s helper thread: closes connections idle past idle_timeout_s
   void serve_connection(void* socket);  // takes ownership of a tcp::socket*
 };
 
