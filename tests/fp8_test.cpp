@@ -37,6 +37,27 @@ uint8_t to_e4m3(float x) {  // nearest code by search: independent of the decode
   return static_cast<uint8_t>(best);
 }
 
+// A 2-D tensor as fp8 e4m3 codes with f32 scale_inv per 128 x 128 block
+// (amax / 448, as Qwen's FP8 checkpoints): the codes and the scale tensor.
+void fp8_tensors(const std::string& name, const TensorView& t, std::vector<test::RawTensor>& out) {
+  const int64_t R = t.shape[0], C = t.shape[1], br = (R + 127) / 128, bc = (C + 127) / 128;
+  std::vector<float> w(R * C), scale(br * bc);
+  to_f32(t.dtype, t.data, w.size(), w.data());
+  std::string codes(R * C, '\0');
+  for (int64_t i = 0; i < br; ++i)
+    for (int64_t j = 0; j < bc; ++j) {
+      float amax = 0;
+      for (int64_t r = i * 128; r < std::min(R, (i + 1) * 128); ++r)
+        for (int64_t c = j * 128; c < std::min(C, (j + 1) * 128); ++c) amax = std::max(amax, std::fabs(w[r * C + c]));
+      const float sc = amax > 0 ? amax / 448.0f : 1.0f;
+      scale[i * bc + j] = sc;
+      for (int64_t r = i * 128; r < std::min(R, (i + 1) * 128); ++r)
+        for (int64_t c = j * 128; c < std::min(C, (j + 1) * 128); ++c) codes[r * C + c] = static_cast<char>(to_e4m3(w[r * C + c] / sc));
+    }
+  out.push_back({name, "F8_E4M3", t.shape, codes});
+  out.push_back({name + "_scale_inv", "F32", {br, bc}, test::pod_bytes(scale)});
+}
+
 // Writes DIR: the text fixture with every 2-D projection (not embeddings,
 // norms or the router) stored as fp8 with f32 scale_inv blocks.
 void make_fp8_checkpoint(const std::string& dir) {
@@ -53,23 +74,7 @@ void make_fp8_checkpoint(const std::string& dir) {
       out.push_back({name, dtype_name(t.dtype), t.shape, std::string(reinterpret_cast<const char*>(t.data), t.nbytes)});
       continue;
     }
-    const int64_t R = t.shape[0], C = t.shape[1], br = (R + 127) / 128, bc = (C + 127) / 128;
-    std::vector<float> w(R * C);
-    to_f32(t.dtype, t.data, w.size(), w.data());
-    std::vector<float> scale(br * bc);
-    std::string codes(R * C, '\0');
-    for (int64_t i = 0; i < br; ++i)
-      for (int64_t j = 0; j < bc; ++j) {
-        float amax = 0;
-        for (int64_t r = i * 128; r < std::min(R, (i + 1) * 128); ++r)
-          for (int64_t c = j * 128; c < std::min(C, (j + 1) * 128); ++c) amax = std::max(amax, std::fabs(w[r * C + c]));
-        const float s = amax > 0 ? amax / 448.0f : 1.0f;
-        scale[i * bc + j] = s;
-        for (int64_t r = i * 128; r < std::min(R, (i + 1) * 128); ++r)
-          for (int64_t c = j * 128; c < std::min(C, (j + 1) * 128); ++c) codes[r * C + c] = static_cast<char>(to_e4m3(w[r * C + c] / s));
-      }
-    out.push_back({name, "F8_E4M3", t.shape, codes});
-    out.push_back({name + "_scale_inv", "F32", {br, bc}, test::pod_bytes(scale)});
+    fp8_tensors(name, t, out);
   }
   test::write_file(dir + "/model.safetensors", test::safetensors_bytes(out));
 }
@@ -140,21 +145,7 @@ TEST(Fp8, FusedDeltaNetProjectionsSplitWithTheirScales) {
         ts.push_back({name, dtype_name(t.dtype), t.shape, std::string(reinterpret_cast<const char*>(t.data), t.nbytes)});
         continue;
       }
-      const int64_t R = t.shape[0], C = t.shape[1], br = (R + 127) / 128, bc = (C + 127) / 128;
-      std::vector<float> w(R * C), scale(br * bc);
-      to_f32(t.dtype, t.data, w.size(), w.data());
-      std::string codes(R * C, '\0');
-      for (int64_t i = 0; i < br; ++i)
-        for (int64_t j = 0; j < bc; ++j) {
-          float amax = 0;
-          for (int64_t r = i * 128; r < std::min(R, (i + 1) * 128); ++r)
-            for (int64_t c = j * 128; c < std::min(C, (j + 1) * 128); ++c) amax = std::max(amax, std::fabs(w[r * C + c]));
-          scale[i * bc + j] = amax > 0 ? amax / 448.0f : 1.0f;
-          for (int64_t r = i * 128; r < std::min(R, (i + 1) * 128); ++r)
-            for (int64_t c = j * 128; c < std::min(C, (j + 1) * 128); ++c) codes[r * C + c] = static_cast<char>(to_e4m3(w[r * C + c] / scale[i * bc + j]));
-        }
-      ts.push_back({name, "F8_E4M3", t.shape, codes});
-      ts.push_back({name + "_scale_inv", "F32", {br, bc}, test::pod_bytes(scale)});
+      fp8_tensors(name, t, ts);
     }
     std::filesystem::create_directory(out);
     std::filesystem::copy_file(in + "/config.json", out + "/config.json");

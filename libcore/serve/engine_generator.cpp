@@ -31,8 +31,8 @@ std::vector<int> EngineGenerator::prompt_ids(const GenerationRequest& r) const {
   return ids;
 }
 
-GenerationResult EngineGenerator::run(const GenerationRequest& r, const std::function<bool(const std::string&)>& on_text) {
-  const std::vector<int> prompt = prompt_ids(r);
+GenerationResult EngineGenerator::run(const GenerationRequest& r, const std::vector<int>& prompt,
+                                      const std::function<bool(const std::string&)>& on_text) {
   GenerateOptions go;
   go.sampling = r.sampling;
   go.logprobs = false;

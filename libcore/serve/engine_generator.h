@@ -42,9 +42,9 @@ class EngineGenerator {
 
   // The prompt's ids; ApiError 400 when it leaves no room in the context.
   std::vector<int> prompt_ids(const GenerationRequest& r) const;
-  // Generates the reply to r; on_text gets each piece (never an empty one)
-  // and returns false to cancel.
-  GenerationResult run(const GenerationRequest& r, const std::function<bool(const std::string&)>& on_text);
+  // Generates the reply to r, whose prompt_ids() are `prompt`; on_text gets
+  // each piece (never an empty one) and returns false to cancel.
+  GenerationResult run(const GenerationRequest& r, const std::vector<int>& prompt, const std::function<bool(const std::string&)>& on_text);
 
   const Tokenizer& tokenizer() const { return tok_; }
   int n_ctx() const { return n_ctx_; }

@@ -52,12 +52,6 @@ Response reply(const Request& req, http::status st, const std::string& body, con
 
 Response error_reply(const Request& req, const ApiError& e) { return reply(req, static_cast<http::status>(e.status()), error_body(e)); }
 
-void add(std::atomic<double>& a, double v) {
-  double cur = a.load();
-  while (!a.compare_exchange_weak(cur, cur + v)) {
-  }
-}
-
 }  // namespace
 
 HttpServer::HttpServer(const ServerOptions& opt, EngineGenerator& gen, std::function<std::string()> extra_metrics)
@@ -220,7 +214,7 @@ void HttpServer::serve_connection(void* raw) {
       } else if (post && (path == "/v1/chat/completions" || path == "/v1/completions")) {
         const bool chat = path == "/v1/chat/completions";
         const GenerationRequest r = chat ? parse_chat_request(req.body(), opt_.limits) : parse_completion_request(req.body(), opt_.limits);
-        gen_.prompt_ids(r);  // a prompt too long for the context: 400 before waiting
+        const std::vector<int> prompt = gen_.prompt_ids(r);  // a prompt too long for the context: 400 before waiting
         if (counters_.waiting.fetch_add(1) >= opt_.queue) {
           --counters_.waiting;
           throw ApiError(503, "server_error", "the server is busy: " + std::to_string(opt_.queue) + " requests are waiting (--queue)");
@@ -256,7 +250,7 @@ void HttpServer::serve_connection(void* raw) {
               alive = !ec;
               return alive;
             };
-            g = gen_.run(run, [&](const std::string& piece) {
+            g = gen_.run(run, prompt, [&](const std::string& piece) {
               const bool ok = send(sse(chat ? chat_chunk(id, created, model, piece, first, "", nullptr) : completion_chunk(id, created, model, piece, "", nullptr)));
               first = false;
               return ok;
@@ -271,7 +265,7 @@ void HttpServer::serve_connection(void* raw) {
             }
           } else {
             std::string text;
-            g = gen_.run(run, [&](const std::string& piece) {
+            g = gen_.run(run, prompt, [&](const std::string& piece) {
               text += piece;
               return true;
             });
@@ -287,7 +281,7 @@ void HttpServer::serve_connection(void* raw) {
         --counters_.active;
         counters_.prompt_tokens += g.usage.prompt_tokens, counters_.generated_tokens += g.usage.completion_tokens;
         counters_.prompt_computed += g.usage.prompt_fed >= 0 ? g.usage.prompt_fed : g.usage.prompt_tokens;
-        add(counters_.prompt_ms, g.usage.prompt_ms), add(counters_.predicted_ms, g.usage.predicted_ms);
+        counters_.prompt_ms.fetch_add(g.usage.prompt_ms), counters_.predicted_ms.fetch_add(g.usage.predicted_ms);
         if (g.cancelled) ++counters_.cancelled;
         if (streamed && (g.cancelled || ec)) break;  // the client is gone
       } else {
