@@ -51,7 +51,7 @@ tests=$("$bin/coli-tests" --gtest_list_tests --gtest_filter="$cuda_tests" | awk 
 model=$out/real-L$layers.coli
 [ -f "$model" ] || "$bin/coli-convert" synth -o "$model" --layers "$layers" --seed 0 --experts int4-g32 --trunk int4-g32 --lm-head int4-g32 >/dev/null
 "$bin/coli-pin" start --model "$model" >/dev/null 2>&1 || echo "coli-pin start failed: the hybrid run reads the container" >&2
-hybrid="$bin/coli-run -m $model --device cuda --vram-budget 1.6G --prefill-upload --no-swap --heat none --prompt-ids $(seq -s, 1 40) -n 6 --temp 0 --ignore-eos"
+hybrid="$bin/coli-run -m $model --device cuda --vram-budget 1.6G --prefill-upload --no-swap --heat none --prompt-ids $(seq -s, 1 40) -n 6 --temp 0 --ignore-eos -v"
 
 # one TOOL NAME: one sanitizer over one test (or "hybrid"); a line
 # "TOOL NAME ERRORS SECONDS NOTE" into its .res file.
