@@ -12,6 +12,7 @@
 #include "model/weights.h"
 #include "placement/device_budget.h"
 #include "placement/tier_plan.h"
+#include "placement/vram_ledger.h"
 #include "test_util.h"
 #include "util/error.h"
 #include "util/parse.h"
@@ -70,6 +71,45 @@ TEST(TierPlan, TakesTheGlobalHottestThenTheSpread) {
   EXPECT_EQ(plan_tier(2, 4, 6, &heat).resident, q.resident) << "deterministic";
   const std::vector<uint64_t> wrong(7);
   EXPECT_THROW(plan_tier(2, 4, 1, &wrong), Error);
+}
+
+// Dense MLP layers (qwen3_moe's mlp_only_layers) have no routed experts:
+// the plan spreads and ranks only the sparse layers' pairs, clamps the
+// slots to them, and a dense pair's heat does not make it resident.
+TEST(TierPlan, DenseLayersHoldNoExperts) {
+  const std::vector<uint8_t> sparse = {0, 1, 0, 1, 1};  // layers 1, 3, 4 have 4 experts each
+  const coli::TierPlan even = coli::plan_tier(5, 4, 5, nullptr, &sparse);
+  EXPECT_EQ(even.source, "even");
+  EXPECT_EQ(even.count, 5);
+  EXPECT_EQ(even.pairs(), 12);
+  EXPECT_FALSE(even.has_experts(0));
+  EXPECT_TRUE(even.has_experts(3));
+  // Expert 0 of layers 1, 3, 4, then expert 1 of layers 1 and 3.
+  EXPECT_EQ(even.resident_in_layer(0), 0);
+  EXPECT_EQ(even.resident_in_layer(2), 0);
+  EXPECT_EQ(even.resident_in_layer(1), 2);
+  EXPECT_EQ(even.resident_in_layer(3), 2);
+  EXPECT_EQ(even.resident_in_layer(4), 1);
+  EXPECT_TRUE(even.is_resident(4, 0) && even.is_resident(1, 1) && !even.is_resident(4, 1));
+  EXPECT_EQ(coli::prefill_stage_slots(even, false), 3) << "layer 4's 3 non-residents: a dense layer stages nothing";
+  std::vector<uint64_t> heat(20, 0);
+  heat[0 * 4 + 2] = 100;  // a dense layer's pair: nothing routes there, never resident
+  heat[3 * 4 + 3] = 7, heat[1 * 4 + 2] = 5;
+  const coli::TierPlan hot = coli::plan_tier(5, 4, 3, &heat, &sparse);
+  EXPECT_EQ(hot.source, "heat");
+  EXPECT_FALSE(hot.is_resident(0, 2));
+  EXPECT_TRUE(hot.is_resident(3, 3) && hot.is_resident(1, 2));
+  EXPECT_EQ(hot.count, 3);
+  const coli::TierPlan all = coli::plan_tier(5, 4, 1000, nullptr, &sparse);
+  EXPECT_EQ(all.count, 12) << "clamped to the sparse layers' pairs";
+  EXPECT_TRUE(all.all());
+  EXPECT_EQ(all.source, "all");
+  const std::vector<uint8_t> every(5, 1);
+  const coli::TierPlan plain = coli::plan_tier(5, 4, 20, nullptr, &every);
+  EXPECT_TRUE(plain.sparse.empty()) << "no dense layer: the plain plan";
+  EXPECT_TRUE(plain.all());
+  const std::vector<uint8_t> short_kinds(4, 1);
+  EXPECT_THROW(coli::plan_tier(5, 4, 3, nullptr, &short_kinds), coli::Error) << "a kind for every layer";
 }
 
 TEST(ParseSize, UnitsAsLlamaCppUsersWriteThem) {

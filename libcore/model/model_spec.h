@@ -70,6 +70,11 @@ struct ModelSpec {
   int num_attention_layers() const;
   // Layer l has routed experts (else a dense MLP of intermediate_size).
   bool is_sparse(int l) const { return sparse_layers.empty() || sparse_layers.at(l) != 0; }
+  int num_sparse_layers() const {
+    int n = 0;
+    for (int l = 0; l < num_layers; ++l) n += is_sparse(l);
+    return n;
+  }
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   // The first layer with routed experts (every model has one).
   int first_sparse_layer() const {

@@ -182,7 +182,8 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
 
 int prefill_stage_slots(const TierPlan& plan, bool swap, int ring) {
   int most = 0;
-  for (int l = 0; l < plan.layers; ++l) most = std::max(most, plan.experts - plan.resident_in_layer(l));
+  for (int l = 0; l < plan.layers; ++l)
+    if (plan.has_experts(l)) most = std::max(most, plan.experts - plan.resident_in_layer(l));
   // A ring's groups are made from the residency at each chunk's start (a
   // swap in flight included): no room kept for swaps.
   if (ring > 0) return std::min(most, ring);
@@ -210,10 +211,10 @@ TierFill fill_tier(const TierFillInputs& in) {
   f.fits = true;
   long long slots = in.expert_slots;
   if (slots < 0) slots = in.avail == kNoLimit || slot == 0 ? static_cast<long long>(L) * E : static_cast<long long>((in.avail - in.reserve) / slot) - 1;
-  f.plan = plan_tier(L, E, slots, in.heat);
+  f.plan = plan_tier(L, E, slots, in.heat, in.sparse);
   // Hybrid prefill's staging areas and tables come out of the slots.
   bool prefill = in.prefill_upload && !f.plan.all();
-  const int ring = prefill_ring_size(in.prefill_ring, std::min<long long>(slots, static_cast<long long>(L) * E));
+  const int ring = prefill_ring_size(in.prefill_ring, std::min<long long>(slots, f.plan.pairs()));
   if (prefill && in.avail != kNoLimit) {
     const TierPlan full = f.plan;
     const long long full_slots = slots;
@@ -224,7 +225,7 @@ TierFill fill_tier(const TierFillInputs& in) {
     };
     while (!fits() && in.expert_slots < 0 && f.plan.count > 0) {
       slots = std::max(0LL, slots - std::max(1LL, slots / 64));
-      f.plan = plan_tier(L, E, slots, in.heat);
+      f.plan = plan_tier(L, E, slots, in.heat, in.sparse);
     }
     prefill = fits();
     if (!prefill) f.plan = full, slots = full_slots, f.prefill_tables = 0;  // prompts hand their misses to the host as decode steps do
@@ -263,14 +264,15 @@ TierFill VramLedger::fill(uint64_t budget, const std::vector<uint64_t>* heat) co
   in.expert_slots = run_.expert_slots;
   in.prefill_upload = run_.prefill_upload, in.swap = run_.swap, in.prefill_ring = prefill_ring();
   in.heat = heat;
+  in.sparse = s_.sparse_layers.empty() ? nullptr : &s_.sparse_layers;
   return fill_tier(in);
 }
 
 long long VramLedger::expert_slots(uint64_t budget) const {
-  if (budget == 0) return run_.expert_slots >= 0 ? run_.expert_slots : static_cast<long long>(s_.num_layers) * s_.num_experts;
+  if (budget == 0) return run_.expert_slots >= 0 ? run_.expert_slots : static_cast<long long>(s_.num_sparse_layers()) * s_.num_experts;
   if (budget < device_floor()) return -1;
   if (run_.expert_slots >= 0) return run_.expert_slots;
-  if (slot_.bytes() == 0) return static_cast<long long>(s_.num_layers) * s_.num_experts;
+  if (slot_.bytes() == 0) return static_cast<long long>(s_.num_sparse_layers()) * s_.num_experts;
   return static_cast<long long>((budget - before_slots() - reserve_.total()) / slot_.bytes()) - 1;
 }
 

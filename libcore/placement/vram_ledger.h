@@ -10,7 +10,9 @@
 //      vectors as f32, lm_head even when tied; then the rotary frequencies;
 //   2. the chunk buffers: every activation buffer and kernel workspace of
 //      a max_chunk-token chunk (ChunkBuffers: the exact element counts);
-//   3. the tier, out of what is left ("avail"): first the runtime reserve
+//   3. the tier (the routed experts of the sparse layers: a dense MLP
+//      layer has none, its MLP is in the arena), out of what is left
+//      ("avail"): first the runtime reserve
 //      (RuntimeReserve: KV cache for n_ctx, recurrent state, attention
 //      scratch, the last row's logits, 8 MiB for graphs and rounding, and
 //      the PCIe-read tables and decode-upload slots when those are on),
@@ -191,6 +193,7 @@ struct TierFillInputs {
   bool prefill_upload = false, swap = false;
   int prefill_ring = 0;             // > 0: the staging is a ring of prefill_ring_size(this, the room) slots per area (VramLedger::prefill_ring)
   const std::vector<uint64_t>* heat = nullptr;  // plan_tier's ranking (layers * experts counts) or null
+  const std::vector<uint8_t>* sparse = nullptr;  // the layers with routed experts (ModelSpec::sparse_layers) or null: every layer
 };
 struct TierFill {
   bool fits = false;        // avail >= reserve + slot (or no limit); else nothing below is set

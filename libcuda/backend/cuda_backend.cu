@@ -128,13 +128,6 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
     start_phases_.push_back({name, std::chrono::duration<double, std::milli>(now - t_phase).count()});
     t_phase = now;
   };
-  // Dense MLP layers (mlp_only_layers / decoder_sparse_step; no released
-  // model has one) run on the whole GPU only: the tier keeps experts per
-  // (layer, expert) of every layer.
-  if (vram_settings(opt_).tiered() && std::count(s_.sparse_layers.begin(), s_.sparse_layers.end(), 0) > 0)
-    throw Error(std::string("CUDA backend: this ") + family_name(s_.family) +
-                " model has dense MLP layers (mlp_only_layers / decoder_sparse_step), which run on the GPU only with every weight in VRAM; "
-                "give no --vram-budget, or use --device cpu");
   split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
   chunked_gdn_ = opt_.chunked_gdn;
   stream_min_rows_ = opt_.gemv_stream_min_rows;

@@ -21,7 +21,7 @@ ExpertTier::DecodeUpload::DecodeUpload(ExpertTier& t) : t_(t) {
   // those can be copied asynchronously at the pinned rate.
   pinned_.assign(static_cast<std::size_t>(L) * E, 0);
   for (int l = 0; l < L; ++l)
-    for (int e = 0; e < E; ++e) pinned_[static_cast<std::size_t>(l) * E + e] = t.in_pinned_memory(model.layer(l).moe.experts[e]);
+    for (int e = 0; e < (s.is_sparse(l) ? E : 0); ++e) pinned_[static_cast<std::size_t>(l) * E + e] = t.in_pinned_memory(model.layer(l).moe.experts[e]);
   BudgetScope scope(t.budget_, "the decode upload slots");
   stage_.resize(static_cast<std::size_t>(k_) * t.slot_bytes_);
   std::vector<const uint8_t*> g(k_), u(k_), d(k_);

@@ -79,7 +79,7 @@ std::vector<uint8_t> ExpertTier::pcie_read_set() {
   if (opt_.decode_upload_max > 0) throw Error("CUDA backend: pcie_read_share and decode_upload_max are two ways to the same misses: choose one");
   std::vector<uint8_t> set(static_cast<std::size_t>(L) * E, 0);
   for (int l = 0; l < L; ++l)
-    for (int e = 0; e < E; ++e) {
+    for (int e = 0; e < (plan_.has_experts(l) ? E : 0); ++e) {
       const std::size_t i = static_cast<std::size_t>(l) * E + e;
       if (!plan_.resident[i] && in_pinned_memory(model_.layer(l).moe.experts[e])) set[i] = 1, ++pcie_read_;
     }
@@ -91,6 +91,7 @@ std::vector<uint8_t> ExpertTier::pcie_read_set() {
 }
 
 void ExpertTier::write_one_table(int l, const std::vector<uint8_t>& pcie) {
+  if (!plan_.has_experts(l)) return;  // a dense layer: no routed experts, no tables (plan_layer never asks)
   const int E = s_.num_experts;
   const MoeWeights& moe = model_.layer(l).moe;
   const uint8_t* zero = slot_address(0);  // a tier that misses experts has the zero expert in slot 0
@@ -160,9 +161,10 @@ void ExpertTier::build(StagedUploader& uploader) {
   in.expert_slots = opt_.expert_slots, in.prefill_upload = opt_.prefill_upload, in.swap = opt_.swap, in.prefill_ring = prefill_ring_min(parts.grouped, run);
   // The ledger's formats test and the kernels' must agree: a ring's layers
   // run as grouped GEMMs over expert ranges.
-  if (parts.grouped != moe_grouped_supported(experts_[0].table))
+  if (parts.grouped != moe_grouped_supported(experts_[s_.first_sparse_layer()].table))
     throw Error("CUDA backend: the VRAM ledger and the grouped kernels disagree about the experts' formats (internal)");
   in.heat = opt_.heat.empty() ? nullptr : &opt_.heat;
+  in.sparse = s_.sparse_layers.empty() ? nullptr : &s_.sparse_layers;
   const TierFill fill = fill_tier(in);
   if (!fill.fits)
     throw Error("--vram-budget " + format_bytes(budget_->limit()) + " exceeded: the KV cache for " + std::to_string(run.context_tokens()) +
@@ -172,7 +174,7 @@ void ExpertTier::build(StagedUploader& uploader) {
   slot_bytes_ = slot;
   const bool prefill = fill.prefill;
   if (!plan_.all() && !opt_.expert_host)
-    throw Error("CUDA backend: the expert tier holds " + std::to_string(plan_.count) + " of " + std::to_string(L * E) +
+    throw Error("CUDA backend: the expert tier holds " + std::to_string(plan_.count) + " of " + std::to_string(plan_.pairs()) +
                 " experts and no host computes the others (CudaOptions::expert_host)");
   {
     BudgetScope scope(budget_, "the expert slots");
@@ -191,6 +193,10 @@ void ExpertTier::build(StagedUploader& uploader) {
   const std::vector<uint8_t> pcie = pcie_read_set();
   if (!pcie.empty()) one_resident_.resize(L);
   for (int l = 0; l < L; ++l) {
+    if (!plan_.has_experts(l)) {  // a dense layer: its MLP is in the arena; never handed off
+      layer_full_[l] = 1;
+      continue;
+    }
     const MoeWeights& moe = model_.layer(l).moe;
     std::vector<const uint8_t*> gp(E), upp(E), dp(E);
     std::vector<uint8_t> flags(E);
@@ -241,7 +247,7 @@ void ExpertTier::begin_chunk(int T) {
   swap_tick();  // swaps' table updates go before this chunk's kernels
   if (handoff_) handoff_->begin();  // its host thread serves the chunk's posts from now on
   // Counted as the backend's launch did: the handoff counts the layers it serves.
-  full_layer_pairs_ += static_cast<long long>(handoff_ ? full_layers_ : s_.num_layers) * T * s_.num_experts_per_tok;  // the handoff counts the others
+  full_layer_pairs_ += static_cast<long long>(handoff_ ? full_layers_ : s_.num_sparse_layers()) * T * s_.num_experts_per_tok;  // the handoff counts the others
   tokens_ += T;
 }
 
@@ -356,7 +362,7 @@ void ExpertTier::join_norm(const NormArgs& a) { handoff_->join_norm(a, stream_);
 
 void ExpertTier::fill_stats(TierStats& t) const {
   t.tiered = tiered_;
-  t.experts = static_cast<long long>(s_.num_layers) * s_.num_experts;
+  t.experts = static_cast<long long>(s_.num_sparse_layers()) * s_.num_experts;
   t.resident = tiered_ ? plan_.count : t.experts;
   t.pairs = full_layer_pairs_ + upload_pairs_;
   if (handoff_) {
