@@ -40,7 +40,7 @@ std::string describe(const cuda::CudaOptions& o) {
   const cuda::CudaTuning& t = o.tuning;
   return std::to_string(o.device) + " " + std::to_string(o.max_chunk) + " " + std::to_string(o.graphs) + " " + std::to_string(o.pdl) + " " +
          std::to_string(o.split_kv) + " " + std::to_string(o.chunked_gdn) + " " + std::to_string(o.gemv_stream_min_rows) + " " +
-         std::to_string(o.gemv_stream_rows) + " " + std::to_string(static_cast<int>(o.profile)) + " " + std::to_string(static_cast<int>(o.register_hosts)) + " " + std::to_string(o.serve_handoff_inline) + " " + std::to_string(o.split_experts) + " " + std::to_string(o.fuse_decode) + " | " + std::to_string(t.norm_cluster) + " " +
+         std::to_string(o.gemv_stream_rows) + " " + std::to_string(static_cast<int>(o.profile)) + " " + std::to_string(static_cast<int>(o.register_hosts)) + " " + std::to_string(o.serve_handoff_inline) + " " + std::to_string(o.split_experts) + " " + std::to_string(o.fuse_decode) + " " + std::to_string(o.prefill_ring_slots) + " | " + std::to_string(t.norm_cluster) + " " +
          std::to_string(t.gemv_warps) + " " + std::to_string(t.float_warps) + " " + std::to_string(t.gemv_lanes) + " " +
          std::to_string(t.up_rows) + " " + std::to_string(t.down_rows) + " " + std::to_string(t.logit_parts);
 }
@@ -82,6 +82,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_TUNE_UP_ROWS", "1", [](cuda::CudaOptions& o) { o.tuning.up_rows = 1; }},
       {"COLI_TUNE_DOWN_ROWS", "8", [](cuda::CudaOptions& o) { o.tuning.down_rows = 8; }},
       {"COLI_TUNE_LOGIT_PARTS", "2", [](cuda::CudaOptions& o) { o.tuning.logit_parts = 2; }},
+      {"COLI_TUNE_PREFILL_RING", "48", [](cuda::CudaOptions& o) { o.prefill_ring_slots = 48; }},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.name) + "=" + c.value);
@@ -110,7 +111,7 @@ TEST(EnvOptions, MalformedValuesAreErrorsNamingTheVariable) {
       {"COLI_TUNE_STREAM_MIN_ROWS", "-1"}, {"COLI_TUNE_STREAM_MIN_ROWS", "2k"}, {"COLI_TUNE_STREAM_ROWS", "3"},
       {"COLI_TUNE_NORM_CLUSTER", "3"},    {"COLI_TUNE_GEMV_WARPS", "0"},    {"COLI_TUNE_GEMV_WARPS", " 4"},
       {"COLI_TUNE_FLOAT_WARPS", "33"},    {"COLI_TUNE_GEMV_LANES", "4"},    {"COLI_TUNE_UP_ROWS", "4"},
-      {"COLI_TUNE_DOWN_ROWS", "1"},       {"COLI_TUNE_LOGIT_PARTS", "9"},   {"COLI_TUNE_LOGIT_PARTS", "99999999999"},
+      {"COLI_TUNE_DOWN_ROWS", "1"},       {"COLI_TUNE_LOGIT_PARTS", "9"},   {"COLI_TUNE_LOGIT_PARTS", "99999999999"}, {"COLI_TUNE_PREFILL_RING", "0"}, {"COLI_TUNE_PREFILL_RING", "5000"},
   };
   for (const auto& [name, value] : bad) {
     SCOPED_TRACE(std::string(name) + "=" + value);

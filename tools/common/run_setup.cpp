@@ -70,6 +70,7 @@ void plan_tier(RunSetup& s, const RunRequest& r, const std::string& container, b
     v.budget = s.fit.budget, v.n_ctx = r.n_ctx, v.max_chunk = sizes[i], v.prefill_upload = upload, v.swap = r.flags->tier.swap;
     v.pcie_read_share = run_pcie_read_share(r.flags->tier, pinned);
     v.decode_upload_max = r.flags->tier.decode_upload;
+    v.prefill_ring_slots = r.env.prefill_ring_slots;
     const std::vector<uint64_t> heat = plan_as_heat(plans.back());
     if (upload && !VramLedger(*r.model, v).fill(s.fit.budget, &heat).prefill) preds[i].prefill_tok_s = 0;
   }
