@@ -125,6 +125,59 @@ TEST_P(Fixture, PrefillThenDecodeEqualsAllAtOnce) {
   }
 }
 
+// One decode step of several sessions at once (Engine::forward_rows, the
+// server's parallel slots): three sessions at different depths step
+// together for 8 steps, each row's logits those of its session stepped
+// alone: bit for bit on the scalar reference (each row's arithmetic is the
+// same), within float rounding on the fast backend (S-row kernels), with
+// the same greedy tokens; the states advance as alone.
+TEST_P(Fixture, ForwardRowsMatchesEachSessionAlone) {
+  cpu::CpuOptions fast_opt;
+  fast_opt.threads = 2, fast_opt.fast = true;
+  cpu::CpuBackend fast(*model_, fast_opt);
+  Engine fast_engine(model_->spec(), fast);
+  for (Engine* e : {engine_.get(), &fast_engine}) {
+    const bool ref = e == engine_.get();
+    SCOPED_TRACE(ref ? "reference" : "fast");
+    const int V = model_->spec().vocab_size;
+    std::vector<Session> batch, solo;
+    std::vector<int> next;
+    for (int p = 0; p < 3; ++p) {
+      const std::vector<int> ids = goldens()["prompts"][p]["ids"];
+      batch.push_back(e->new_session()), solo.push_back(e->new_session());
+      const std::vector<float> a = e->forward(batch.back(), ids), b = e->forward(solo.back(), ids);
+      next.push_back(static_cast<int>(std::max_element(a.begin(), a.end()) - a.begin()));
+      ASSERT_EQ(a, b);
+    }
+    for (int step = 0; step < 8; ++step) {
+      std::vector<Session*> rows = {&batch[0], &batch[1], &batch[2]};
+      const std::vector<float> l = e->forward_rows(rows, next);
+      ASSERT_EQ(l.size(), 3u * V);
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<float> alone = e->forward(solo[i], std::vector<int>{next[i]});
+        const std::vector<float> row(l.begin() + static_cast<std::ptrdiff_t>(i) * V, l.begin() + static_cast<std::ptrdiff_t>(i + 1) * V);
+        if (ref) {
+          ASSERT_EQ(row, alone) << "step " << step << " row " << i;
+        } else {
+          float m = 0;
+          for (int v = 0; v < V; ++v) m = std::max(m, std::fabs(row[v] - alone[v]));
+          ASSERT_LT(m, 1e-3f) << "step " << step << " row " << i;
+        }
+        const int a = static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
+        ASSERT_EQ(a, static_cast<int>(std::max_element(alone.begin(), alone.end()) - alone.begin())) << "step " << step << " row " << i;
+        next[i] = a;
+        EXPECT_EQ(batch[i].n_past, solo[i].n_past);
+      }
+    }
+  }
+  Session a = engine_->new_session();
+  std::vector<Session*> twice = {&a, &a};
+  EXPECT_THROW(engine_->forward_rows(twice, std::vector<int>{1, 2}), Error);
+  std::vector<Session*> one = {&a};
+  EXPECT_THROW(engine_->forward_rows(one, std::vector<int>{model_->spec().vocab_size}), Error);
+  EXPECT_THROW(engine_->forward_rows(one, std::vector<int>{1, 2}), Error);
+}
+
 TEST_P(Fixture, StateSizeIsConstantExceptTheKvCache) {
   // Decode cost per token grows only with the attention layers' KV reads:
   // the Gated DeltaNet state has a fixed size, the KV cache one row per token.

@@ -68,6 +68,62 @@ std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all
   return logits;
 }
 
+std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std::span<const int> ids) {
+  const int S = static_cast<int>(sessions.size()), H = spec_.hidden_size, K = spec_.num_experts_per_tok, V = spec_.vocab_size;
+  if (S == 0 || ids.size() != sessions.size()) throw Error("forward_rows: " + std::to_string(ids.size()) + " ids for " + std::to_string(S) + " sessions");
+  for (int i = 0; i < S; ++i) {
+    if (ids[i] < 0 || ids[i] >= V) throw Error("token id " + std::to_string(ids[i]) + " is outside the vocabulary (" + std::to_string(V) + " ids)");
+    for (int j = 0; j < i; ++j)
+      if (sessions[i] == sessions[j]) throw Error("forward_rows: a session appears twice (internal)");
+  }
+  std::vector<float> logits(static_cast<std::size_t>(S) * V);
+  if (S == 1 || (backend_.runs_whole_chunks() && (!heat_ || device_heat_))) {
+    for (int i = 0; i < S; ++i) {
+      const std::vector<float> l = forward(*sessions[i], ids.subspan(i, 1));
+      std::copy(l.begin(), l.end(), logits.begin() + static_cast<std::ptrdiff_t>(i) * V);
+    }
+    return logits;
+  }
+  if (heat_) heat_->add_tokens(S);
+  Buffer<float> x(static_cast<std::size_t>(S) * H), hn(x.size()), shared(x.size()), routed(x.size());
+  std::vector<int> idx(static_cast<std::size_t>(S) * K);
+  std::vector<float> w(idx.size());
+  std::vector<ExpertPair> pairs(idx.size());
+  using clock = std::chrono::steady_clock;
+  auto step = [&](double StageTimes::*stage, auto&& fn) {
+    if (!timing_) return fn();
+    const auto t0 = clock::now();
+    fn();
+    times_.*stage += std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  step(&StageTimes::embed, [&] { backend_.embed(ids.data(), S, x.data()); });
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    const bool sparse = spec_.is_sparse(l);
+    step(&StageTimes::trunk, [&] {
+      for (int i = 0; i < S; ++i) backend_.trunk_step(l, *sessions[i]->state, sessions[i]->n_past, 1, x.data() + static_cast<std::size_t>(i) * H);
+    });
+    step(&StageTimes::router, [&] {
+      backend_.ffn_norm(l, S, x.data(), hn.data());
+      if (sparse) backend_.route(l, S, hn.data(), idx.data(), w.data());
+    });
+    if (sparse && heat_) heat_->add(l, idx.data(), idx.size());
+    step(&StageTimes::shared, [&] { backend_.shared_expert(l, S, hn.data(), shared.data()); });
+    step(&StageTimes::experts, [&] {
+      if (!sparse) {
+        std::fill(routed.data(), routed.data() + routed.size(), 0.0f);
+        return;
+      }
+      for (int t = 0; t < S; ++t)
+        for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
+      backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
+    });
+    step(&StageTimes::combine, [&] { backend_.add_moe_output(x.size(), routed.data(), shared.data(), x.data()); });
+  }
+  for (Session* s : sessions) s->n_past += 1;
+  step(&StageTimes::lm_head, [&] { backend_.logits(S, x.data(), logits.data()); });
+  return logits;
+}
+
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {
   const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
   if (heat_) heat_->add_tokens(T);

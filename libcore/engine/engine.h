@@ -42,6 +42,18 @@ class Engine {
   std::vector<float> forward(Session& s, std::span<const int> tokens, const RouteObserver& observe = {});
   // The same, returning the logits of every token: [tokens.size(), vocab].
   std::vector<float> forward_all(Session& s, std::span<const int> tokens);
+  // One decode step of several sessions at once (coli-serve's parallel
+  // slots): ids[i] is appended to *sessions[i] (distinct sessions, each
+  // with room for one more token); returns [S, vocab], row i what
+  // forward(*sessions[i], {ids[i]}) alone gives (up to the backend's float
+  // rounding of S-row against 1-row matmuls; bit for bit on the CPU
+  // reference). The per-layer path runs the rows through every row-wise
+  // step together (one pass over each weight; the routed experts over the
+  // union of the rows' pairs, an expert two rows share read once) and steps
+  // each row's own attention cache or recurrent state. A backend that runs
+  // whole chunks runs the rows one after another (a batched device step
+  // with per-row caches is not built).
+  std::vector<float> forward_rows(std::span<Session* const> sessions, std::span<const int> ids);
 
   const ModelSpec& spec() const { return spec_; }
   // Per-stage timing (adds a clock read around each backend call).
