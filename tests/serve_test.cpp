@@ -81,7 +81,7 @@ struct Fixture {
   serve::EngineGenerator gen{engine, *tok, 256};
   std::unique_ptr<serve::HttpServer> server;
   std::thread runner;
-  explicit Fixture(serve::ServerOptions o = {}) {
+  explicit Fixture(serve::ServerOptions o = {}, int parallel = 1) : gen{engine, *tok, 256, parallel} {
     o.port = 0;
     o.limits.model_name = "tiny";
     server = std::make_unique<serve::HttpServer>(o, gen);
@@ -281,6 +281,109 @@ TEST(Serve, ConcurrentRequestsGetTheirOwnReplies) {
     });
   for (auto& t : ts) t.join();
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], alone[i / 2]) << "request " << i;
+}
+
+// Parallel slots (--parallel 4): eight concurrent requests, streamed and
+// not, each get the reply they get alone; the scalar reference backend
+// computes each row of a batched step as it computes the row alone, so
+// the replies are equal to the byte.
+TEST(Serve, ParallelSlotsGiveEachRequestItsOwnReply) {
+  Fixture solo, f({}, 4);
+  const std::vector<std::string> prompts = {"Once", "Hello there", "The quick brown", "1 2 3"};
+  std::vector<std::string> alone;
+  for (const std::string& p : prompts) {
+    const Reply r = request(solo.port(), http::verb::post, "/v1/completions", json{{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+    alone.push_back(json::parse(r.body)["choices"][0]["text"]);
+  }
+  std::vector<std::string> got(2 * prompts.size());
+  std::vector<std::thread> ts;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] {
+      const bool stream = i % 2;
+      const std::string body = json{{"prompt", prompts[i / 2]}, {"max_tokens", 10}, {"temperature", 0}, {"stream", stream}}.dump();
+      const Reply r = request(f.port(), http::verb::post, "/v1/completions", body);
+      if (!stream) {
+        got[i] = json::parse(r.body)["choices"][0]["text"];
+        return;
+      }
+      for (const std::string& e : events(r.body))
+        if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
+    });
+  for (auto& t : ts) t.join();
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], alone[i / 2]) << "request " << i;
+  const std::string metrics = request(f.port(), http::verb::get, "/metrics", "").body;
+  EXPECT_NE(metrics.find("coli_slots 4"), std::string::npos) << metrics;
+}
+
+// The scheduler's batching, made certain: four requests wait while the
+// engine is held, then run together: prompts one chunk at a time between
+// decode steps, whose rows grow to all four (more rows than steps), and
+// each greedy reply is the one the request gets alone. A request's
+// sampling errors come back to its caller, not to the others.
+TEST(Serve, DecodeStepsOfTheSlotsRunAsOneBatch) {
+  Fixture solo;
+  std::unique_ptr<Model> m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  cpu::CpuBackend backend{*m};
+  Engine engine{m->spec(), backend};
+  serve::EngineGenerator gen{engine, *solo.tok, 256, 4, 3};
+  const std::vector<std::string> prompts = {"Once upon a time", "Hello there", "The quick brown fox jumps", "1 2 3"};
+  auto request_of = [](const std::string& p) {
+    serve::GenerationRequest r;
+    r.prompt = p, r.max_tokens = 12, r.sampling.temperature = 0;
+    return r;
+  };
+  std::vector<std::string> alone, got(prompts.size());
+  for (const std::string& p : prompts) {
+    const serve::GenerationRequest r = request_of(p);
+    std::string text;
+    solo.gen.run(r, solo.gen.prompt_ids(r), [&](const std::string& s) { return text += s, true; });
+    alone.push_back(text);
+  }
+  std::vector<std::thread> ts;
+  gen.with_engine([&] {
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      ts.emplace_back([&, i] {
+        const serve::GenerationRequest r = request_of(prompts[i]);
+        const serve::GenerationResult g = gen.run(r, gen.prompt_ids(r), [&](const std::string& s) { return got[i] += s, true; });
+        EXPECT_EQ(g.usage.completion_tokens, 12);
+        EXPECT_EQ(g.finish_reason, "length");
+      });
+    while (gen.in_flight() < static_cast<int>(prompts.size())) std::this_thread::yield();
+  });
+  for (auto& t : ts) t.join();
+  for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], alone[i]) << "request " << i;
+  const long long steps = gen.decode_steps(), rows = gen.decode_rows();
+  std::printf("[ info     ] 4 slots: %lld decode steps carried %lld rows\n", steps, rows);
+  EXPECT_EQ(rows, 4 * 11) << "each request's 11 decode steps (its first token comes from the prompt)";
+  EXPECT_LT(steps, rows) << "steps carried several rows";
+  long long chunks = 0;  // prompt chunks of 3 ids: one a scheduler turn, each turn one decode step
+  for (const std::string& p : prompts) chunks += (static_cast<long long>(solo.tok->encode(p).size()) + 2) / 3;
+  EXPECT_LE(steps, 11 + chunks) << "the four requests' decode steps overlapped once their prompts were in";
+  serve::GenerationRequest bad = request_of("Once");
+  bad.sampling.temperature = -1;
+  EXPECT_THROW(gen.run(bad, gen.prompt_ids(request_of("Once")), [](const std::string&) { return true; }), Error);
+}
+
+// Slots hold their conversations: a request takes the slot whose ids are
+// the longest prefix of its prompt, not the one used last.
+TEST(Serve, ARequestTakesTheSlotHoldingItsConversation) {
+  Fixture f({}, 2);
+  const std::string p1 = "Once upon a time\n", p2 = "Once upon a time\nthere was a";
+  const std::vector<int> ids1 = f.tok->encode(p1), ids2 = f.tok->encode(p2);
+  ASSERT_TRUE(std::equal(ids1.begin(), ids1.end(), ids2.begin()));
+  auto complete = [&](const std::string& prompt, int n) {
+    return json::parse(request(f.port(), http::verb::post, "/v1/completions", json{{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}}.dump()).body);
+  };
+  complete(p1, 1);                // a slot holds p1's ids
+  complete("Something else", 1);  // the other slot (it held nothing), not p1's
+  const json b = complete(p2, 4);
+  EXPECT_EQ(b["usage"]["prompt_tokens_details"]["cached_tokens"], ids1.size()) << "p2 found p1's slot";
+  EXPECT_EQ(b["timings"]["prompt_n"], ids2.size() - ids1.size());
+  const json c = complete("Something else entirely", 2);
+  const std::vector<int> se = f.tok->encode("Something else"), see = f.tok->encode("Something else entirely");
+  if (std::equal(se.begin(), se.end(), see.begin())) {
+    EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], se.size()) << "and this one the other slot";
+  }
 }
 
 // Prompt reuse: a prompt that extends what the slot holds feeds only the new

@@ -271,6 +271,10 @@ TEST(ColiServe, UsageErrorsAndASigtermEndsIt) {
   EXPECT_NE(out.find("--model is required"), std::string::npos) << out;
   EXPECT_EQ(coli::test::run_command(serve + " -m x --port 70000 2>&1", &out), 2);
   EXPECT_NE(out.find("--port"), std::string::npos) << out;
+  for (const char* np : {" --parallel 0", " --parallel 257", " --parallel x"}) {
+    EXPECT_EQ(coli::test::run_command(serve + " -m x" + np + " 2>&1", &out), 2) << np;
+    EXPECT_NE(out.find("parallel"), std::string::npos) << np << ": " << out;
+  }
   const std::string model = " -m " + text_model() + " --tokenizer " + coli::test::data_dir() + "/tiny-tokenizer --device cpu";
   EXPECT_EQ(coli::test::run_command(serve + model + " --host not-an-address 2>&1", &out), 1);
   EXPECT_NE(out.find("--host not-an-address"), std::string::npos) << out;
@@ -278,9 +282,10 @@ TEST(ColiServe, UsageErrorsAndASigtermEndsIt) {
   EXPECT_EQ(coli::test::run_command(serve + " -m /nonexistent --device cpu 2>&1", &out), 1);
   // Serves on a free port, then SIGTERM: exit 0 with the closing line.
   coli::test::TempDir d;
-  EXPECT_EQ(coli::test::run_command("(" + serve + model + " --port 0 2>" + d / "err" + " & pid=$!; sleep 1; kill -TERM $pid; wait $pid)", &out), 0);
+  EXPECT_EQ(coli::test::run_command("(" + serve + model + " --port 0 --parallel 3 2>" + d / "err" + " & pid=$!; sleep 1; kill -TERM $pid; wait $pid)", &out), 0);
   const std::string err = coli::test::read_file(d / "err");
   EXPECT_NE(err.find("listening on http://127.0.0.1:"), std::string::npos) << err;
+  EXPECT_NE(err.find("3 slots"), std::string::npos) << err;
   EXPECT_NE(err.find("SIGTERM: finishing the responses in flight"), std::string::npos) << err;
 }
 

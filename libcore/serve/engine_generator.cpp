@@ -4,13 +4,69 @@
 #include <chrono>
 
 #include "engine/chat_session.h"
-#include "engine/generate.h"
+#include "sampling/sampler.h"
 
 namespace coli::serve {
 
-EngineGenerator::EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx)
-    : engine_(engine), tok_(tok), style_(chat_style_of(tok.chat_template())), n_ctx_(n_ctx) {
+using Clock = std::chrono::steady_clock;
+
+// A request between run() and its end. Lives on run()'s stack: the
+// scheduler touches it only until it sets done (under mu, notifying).
+struct EngineGenerator::Job {
+  const GenerationRequest& r;
+  const std::vector<int>& prompt;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> pieces;  // text for the caller, in order
+  bool done = false;
+  std::exception_ptr error;
+  std::atomic<bool> cancel{false};  // set by the caller (its client is gone)
+  GenerationResult res;
+  Job(const GenerationRequest& req, const std::vector<int>& ids) : r(req), prompt(ids) {}
+};
+
+// A slot: its session and the ids in it, and the request it serves.
+struct EngineGenerator::Slot {
+  Session session;
+  std::vector<int> fed;  // the ids in session
+  Job* job = nullptr;
+  // The request's progress.
+  std::size_t prompt_at = 0;  // ids of job->prompt in the session
+  int pending = -1;           // a sampled id the next decode step feeds
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TextStreamer> streamer;
+  std::unique_ptr<StopStrings> stops;
+  std::vector<int> history;  // prompt and generated ids (the sampler's penalties)
+  int n_predict = 0, n_generated = 0, n_fed = 0;
+  Clock::time_point t0, t_first;
+  bool reading() const { return job && prompt_at < job->prompt.size(); }
+  bool generating() const { return job && pending >= 0; }
+};
+
+EngineGenerator::EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx, int parallel, int prompt_chunk)
+    : engine_(engine), tok_(tok), style_(chat_style_of(tok.chat_template())), n_ctx_(n_ctx), prompt_chunk_(prompt_chunk) {
   if (n_ctx_ < 2) throw Error("coli-serve: the context must hold at least 2 tokens");
+  if (parallel < 1) throw Error("coli-serve: --parallel must be at least 1");
+  if (prompt_chunk_ < 1) throw Error("coli-serve: the prompt chunk must be at least 1 token");
+  stop_ids_ = engine.spec().eos_token_ids;
+  const std::vector<int> more = tokenizer_stop_ids(tok);
+  stop_ids_.insert(stop_ids_.end(), more.begin(), more.end());
+  // Every slot's session now: a device backend allocates its state here,
+  // so a slot that does not fit fails at the start, not at a request.
+  for (int i = 0; i < parallel; ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    slots_.back()->session = engine_.new_session();
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+EngineGenerator::~EngineGenerator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
 std::vector<int> EngineGenerator::prompt_ids(const GenerationRequest& r) const {
@@ -33,52 +89,247 @@ std::vector<int> EngineGenerator::prompt_ids(const GenerationRequest& r) const {
 
 GenerationResult EngineGenerator::run(const GenerationRequest& r, const std::vector<int>& prompt,
                                       const std::function<bool(const std::string&)>& on_text) {
-  GenerateOptions go;
-  go.sampling = r.sampling;
-  go.logprobs = false;
-  go.n_ctx = n_ctx_;
-  const int room = n_ctx_ - static_cast<int>(prompt.size());
-  go.n_predict = r.max_tokens > 0 ? std::min(r.max_tokens, room) : room;
-  go.stop_ids = tokenizer_stop_ids(tok_);
-  StopStrings stops(r.stop);
-  TextStreamer streamer(tok_);
-  GenerationResult res;
-  bool stop_string = false, eos = false;
-  auto send = [&](const std::string& piece) {
-    if (!piece.empty() && !res.cancelled && !on_text(piece)) res.cancelled = true;
-  };
-  go.keep_going = [&] { return !stop_string && !res.cancelled; };
-  // Reuse the slot's session when the prompt extends what it holds.
-  const bool reuse = !fed_.empty() && prompt.size() > fed_.size() && std::equal(fed_.begin(), fed_.end(), prompt.begin());
-  if (!reuse) session_ = engine_.new_session(), fed_.clear();
-  res.cached_tokens = static_cast<int>(fed_.size());
-  const std::span<const int> feed(prompt.data() + fed_.size(), prompt.size() - fed_.size());
-  const auto t0 = std::chrono::steady_clock::now();
-  GenerateStats st;
-  try {
-    st = generate(engine_, session_, feed, go, [&](const TokenEvent& ev) {
-      if (ev.is_stop) {
-        eos = true;
-        return;
-      }
-      const StopStrings::Out o = stops.push(streamer.push(ev.id));
-      send(o.text);
-      stop_string = o.stopped;
-    });
-  } catch (...) {
-    fed_.clear();  // the session's state is undefined now
-    throw;
+  if (prompt.empty() || static_cast<long>(prompt.size()) + 1 > n_ctx_) throw Error("coli-serve: a prompt outside the context (internal)");
+  check_sampling_params(r.sampling);  // here, not on the scheduler's thread
+  Job job(r, prompt);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) throw ApiError(503, "server_error", "the server is shutting down");
+    queue_.push_back(&job);
+    ++in_flight_;
   }
-  fed_.insert(fed_.end(), st.fed.begin(), st.fed.end());
-  if (!stop_string) send(stops.push(streamer.flush()).text + stops.flush());
-  const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  res.usage.prompt_tokens = static_cast<int>(prompt.size());
-  res.usage.prompt_fed = st.n_prompt;
-  res.usage.completion_tokens = st.n_generated;
-  res.usage.prompt_ms = st.prefill_seconds * 1000.0;
-  res.usage.predicted_ms = std::max(0.0, total_ms - res.usage.prompt_ms);
-  if (!res.cancelled) res.finish_reason = stop_string || eos ? "stop" : "length";
+  cv_.notify_all();
+  struct Leave {
+    EngineGenerator& g;
+    ~Leave() {
+      std::lock_guard<std::mutex> lock(g.mu_);
+      --g.in_flight_;
+    }
+  } leave{*this};
+  std::unique_lock<std::mutex> lock(job.mu);
+  for (;;) {
+    job.cv.wait(lock, [&] { return job.done || !job.pieces.empty(); });
+    std::deque<std::string> out;
+    out.swap(job.pieces);
+    const bool done = job.done;
+    lock.unlock();
+    for (const std::string& piece : out)
+      if (!job.cancel && !on_text(piece)) job.cancel = true;
+    lock.lock();
+    if (done && job.pieces.empty()) break;
+  }
+  if (job.error) std::rethrow_exception(job.error);
+  GenerationResult res = job.res;
+  if (job.cancel) res.cancelled = true, res.finish_reason.clear();
   return res;
+}
+
+void EngineGenerator::with_engine(const std::function<void()>& fn) {
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  fn();
+}
+
+long long EngineGenerator::decode_steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return steps_;
+}
+
+long long EngineGenerator::decode_rows() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rows_;
+}
+
+int EngineGenerator::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+void EngineGenerator::loop() {
+  for (;;) {
+    auto busy = [&] { return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->job != nullptr; }); };
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto free_slot = [&] { return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->job == nullptr; }); };
+      cv_.wait(lock, [&] { return busy() || (!queue_.empty() && free_slot()) || (stop_ && queue_.empty()); });
+      if (stop_ && queue_.empty() && !busy()) return;
+      while (!queue_.empty() && free_slot()) {
+        Job* j = queue_.front();
+        queue_.pop_front();
+        lock.unlock();
+        admit(j);
+        lock.lock();
+      }
+    }
+    try {
+      // One prompt chunk of one slot reading its prompt (round robin), then
+      // one decode step of every generating slot.
+      for (std::size_t k = 0; k < slots_.size(); ++k) {
+        Slot& s = *slots_[(next_prefill_ + k) % slots_.size()];
+        if (!s.reading()) continue;
+        next_prefill_ = (next_prefill_ + k + 1) % slots_.size();
+        prefill_chunk(s);
+        break;
+      }
+      decode_step();
+    } catch (...) {
+      fail_all(std::current_exception());
+    }
+  }
+}
+
+// Takes the free slot whose ids are the longest prefix of the prompt (a
+// fresh session where none is).
+void EngineGenerator::admit(Job* job) {
+  const std::vector<int>& p = job->prompt;
+  Slot* best = nullptr;
+  std::size_t best_len = 0;
+  for (const auto& s : slots_) {
+    if (s->job) continue;
+    const bool prefix = !s->fed.empty() && p.size() > s->fed.size() && std::equal(s->fed.begin(), s->fed.end(), p.begin());
+    const std::size_t len = prefix ? s->fed.size() : 0;
+    if (!best || len > best_len || (len == best_len && s->fed.empty() && !best->fed.empty())) best = s.get(), best_len = len;
+  }
+  Slot& s = *best;
+  s.job = job;
+  try {
+    if (best_len == 0 && !s.fed.empty()) {
+      std::lock_guard<std::mutex> lock(engine_mu_);
+      s.session = engine_.new_session(), s.fed.clear();
+    }
+    s.prompt_at = s.fed.size();
+    s.pending = -1;
+    s.sampler = std::make_unique<Sampler>(job->r.sampling);
+    s.streamer = std::make_unique<TextStreamer>(tok_);
+    s.stops = std::make_unique<StopStrings>(job->r.stop);
+    s.history = p;
+    const int room = n_ctx_ - static_cast<int>(p.size());
+    s.n_predict = job->r.max_tokens > 0 ? std::min(job->r.max_tokens, room) : room;
+    s.n_generated = 0, s.n_fed = static_cast<int>(p.size() - s.prompt_at);
+    s.t0 = Clock::now();
+    job->res.cached_tokens = static_cast<int>(s.prompt_at);
+  } catch (...) {
+    s.job = nullptr;
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->error = std::current_exception();
+    job->done = true;
+    job->cv.notify_all();
+  }
+}
+
+void EngineGenerator::prefill_chunk(Slot& s) {
+  if (s.job->cancel) return finish(s, "");
+  const std::vector<int>& p = s.job->prompt;
+  const std::size_t n = std::min<std::size_t>(prompt_chunk_, p.size() - s.prompt_at);
+  std::vector<float> logits;
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    logits = engine_.forward(s.session, std::span<const int>(p.data() + s.prompt_at, n));
+  }
+  s.fed.insert(s.fed.end(), p.begin() + static_cast<std::ptrdiff_t>(s.prompt_at), p.begin() + static_cast<std::ptrdiff_t>(s.prompt_at + n));
+  s.prompt_at += n;
+  if (s.prompt_at < p.size()) return;
+  s.t_first = Clock::now();
+  take(s, logits, 0);
+}
+
+void EngineGenerator::decode_step() {
+  std::vector<Slot*> rows;
+  for (const auto& s : slots_) {
+    if (!s->generating()) continue;
+    if (s->job->cancel) {
+      finish(*s, "");
+      continue;
+    }
+    rows.push_back(s.get());
+  }
+  if (rows.empty()) return;
+  std::vector<Session*> sessions;
+  std::vector<int> ids;
+  for (Slot* s : rows) sessions.push_back(&s->session), ids.push_back(s->pending);
+  std::vector<float> logits;
+  {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    logits = engine_.forward_rows(sessions, ids);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++steps_, rows_ += static_cast<long long>(rows.size());
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    Slot& s = *rows[i];
+    s.fed.push_back(s.pending);
+    s.pending = -1;
+    take(s, logits, i);
+  }
+}
+
+// Samples the slot's next id from row `row` of logits and hands its text
+// out; ends the request where it ends.
+void EngineGenerator::take(Slot& s, const std::vector<float>& logits, std::size_t row) {
+  const std::size_t V = static_cast<std::size_t>(engine_.spec().vocab_size);
+  const std::span<const float> l(logits.data() + row * V, V);
+  const std::string step = s.n_generated == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(s.n_generated);
+  check_logits_finite(std::vector<float>(l.begin(), l.end()), step);
+  const int id = s.sampler->sample(l, s.history);
+  ++s.n_generated;
+  s.history.push_back(id);
+  if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) return finish(s, "stop");
+  const StopStrings::Out o = s.stops->push(s.streamer->push(id));
+  if (!o.text.empty() && !s.job->cancel) {
+    std::lock_guard<std::mutex> lock(s.job->mu);
+    s.job->pieces.push_back(o.text);
+    s.job->cv.notify_all();
+  }
+  if (o.stopped) {
+    s.stops.reset();  // nothing after a stop string
+    return finish(s, "stop");
+  }
+  if (s.job->cancel) return finish(s, "");
+  if (s.n_generated >= s.n_predict || s.session.n_past + 1 >= n_ctx_) return finish(s, "length");
+  s.pending = id;
+}
+
+// Ends the slot's request ("": cancelled); the slot keeps its session and
+// ids for the next request that extends them.
+void EngineGenerator::finish(Slot& s, const std::string& reason) {
+  Job& j = *s.job;
+  const Clock::time_point now = Clock::now();
+  std::string tail;
+  if (s.stops && !reason.empty()) tail = s.stops->push(s.streamer->flush()).text + s.stops->flush();
+  j.res.usage.prompt_tokens = static_cast<int>(j.prompt.size());
+  j.res.usage.prompt_fed = s.n_fed;
+  j.res.usage.completion_tokens = s.n_generated;
+  const Clock::time_point first = s.n_generated > 0 ? s.t_first : now;
+  j.res.usage.prompt_ms = std::chrono::duration<double, std::milli>(first - s.t0).count();
+  j.res.usage.predicted_ms = std::chrono::duration<double, std::milli>(now - first).count();
+  j.res.finish_reason = reason;
+  j.res.cancelled = reason.empty();
+  s.job = nullptr, s.pending = -1, s.sampler.reset(), s.streamer.reset(), s.stops.reset();
+  s.prompt_at = 0;
+  std::lock_guard<std::mutex> lock(j.mu);
+  if (!tail.empty() && !j.cancel) j.pieces.push_back(tail);
+  j.done = true;
+  j.cv.notify_all();
+}
+
+// The engine threw: every request in a slot gets the error and its slot
+// starts afresh (a failed step leaves the states undefined).
+void EngineGenerator::fail_all(std::exception_ptr e) {
+  for (const auto& s : slots_) {
+    s->fed.clear();
+    try {
+      std::lock_guard<std::mutex> lock(engine_mu_);
+      s->session = engine_.new_session();
+    } catch (...) {
+    }
+    if (!s->job) continue;
+    Job& j = *s->job;
+    s->job = nullptr, s->pending = -1, s->prompt_at = 0;
+    std::lock_guard<std::mutex> lock(j.mu);
+    j.error = e;
+    j.done = true;
+    j.cv.notify_all();
+  }
 }
 
 }  // namespace coli::serve

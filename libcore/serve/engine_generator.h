@@ -1,4 +1,4 @@
-// EngineGenerator: one generation slot of coli-serve over an Engine and its
+// EngineGenerator: coli-serve's generation slots over an Engine and its
 // Tokenizer. A request's prompt is the chat template rendered over its
 // messages (as coli-run --messages renders them) or a completion's text;
 // the reply is generated with the request's sampling and handed out as text
@@ -6,18 +6,36 @@
 // end-of-sequence id, a stop string, max_tokens or the context ends it, or
 // the caller's callback returns false (a client gone).
 //
-// Prompt reuse: the slot keeps its session and the ids in it; a request
-// whose prompt extends them (a chat's next turn: the earlier prompt, the
-// reply, the new message) feeds only the new ids, so its prompt time does
-// not grow with the conversation. Any other prompt starts a fresh session
-// (a Gated DeltaNet state cannot be rolled back to a shorter prefix).
+// Slots (`parallel` of them): each holds a session and the ids in it. One
+// scheduler thread owns the engine and runs, in turn: one prompt chunk (at
+// most prompt_chunk ids) of a slot still reading its prompt, then one decode
+// step of every slot that is generating, as one batched forward
+// (Engine::forward_rows: the routed experts of all rows read once), so a
+// long prompt does not stall the replies in flight (continuous batching).
+// Each row is sampled with its own request's sampler: a slot's tokens are
+// those it would get alone (greedy: identical where routing is stable).
 //
-// Threads: not thread-safe; the server runs one request at a time on it.
-// The engine and tokenizer must outlive it. One slot (parallel slots with
-// batched decoding are issue 32's next step).
+// Prompt reuse: a request takes the free slot whose ids are the longest
+// prefix of its prompt (a chat's next turn: the earlier prompt, the reply,
+// the new message), and feeds only the rest, so its prompt time does not
+// grow with the conversation; a slot whose ids are not a prefix of the
+// prompt starts a fresh session (a Gated DeltaNet state cannot be rolled
+// back to a shorter prefix).
+//
+// Threads: run() may be called from any number of threads at once; each
+// call waits for a slot, and its on_text runs on the calling thread (a
+// slow client delays only its own generation: pieces queue up for it).
+// The engine and tokenizer must outlive the generator; the destructor
+// waits for the requests in flight.
 #pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -37,25 +55,59 @@ struct GenerationResult {
 
 class EngineGenerator {
  public:
-  // n_ctx: the context in tokens (prompt + reply); > 0.
-  EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx);
+  // n_ctx: the context in tokens (prompt + reply) of each slot; > 1.
+  // parallel: slots (>= 1). prompt_chunk: most prompt ids fed between two
+  // decode steps of the other slots (>= 1).
+  EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx, int parallel = 1, int prompt_chunk = 256);
+  ~EngineGenerator();
+  EngineGenerator(const EngineGenerator&) = delete;
+  EngineGenerator& operator=(const EngineGenerator&) = delete;
 
   // The prompt's ids; ApiError 400 when it leaves no room in the context.
   std::vector<int> prompt_ids(const GenerationRequest& r) const;
   // Generates the reply to r, whose prompt_ids() are `prompt`; on_text gets
-  // each piece (never an empty one) and returns false to cancel.
+  // each piece (never an empty one) and returns false to cancel. Rethrows
+  // what the engine threw for this request (its slot starts afresh).
   GenerationResult run(const GenerationRequest& r, const std::vector<int>& prompt, const std::function<bool(const std::string&)>& on_text);
+  // Runs fn on the calling thread while the engine is between two steps
+  // (the backend's counters for /metrics).
+  void with_engine(const std::function<void()>& fn);
 
   const Tokenizer& tokenizer() const { return tok_; }
   int n_ctx() const { return n_ctx_; }
+  int parallel() const { return static_cast<int>(slots_.size()); }
+  // Decode steps run and the rows they carried (rows / steps: the batch).
+  long long decode_steps() const;
+  long long decode_rows() const;
+  // Requests inside run(): waiting for a slot or in one.
+  int in_flight() const;
 
  private:
+  struct Job;
+  struct Slot;
+  void loop();
+  void admit(Job* job);
+  void prefill_chunk(Slot& s);
+  void decode_step();
+  void take(Slot& s, const std::vector<float>& logits, std::size_t row);
+  void finish(Slot& s, const std::string& reason);
+  void fail_all(std::exception_ptr e);
+
   Engine& engine_;
   const Tokenizer& tok_;
   ChatStyle style_;
-  int n_ctx_;
-  Session session_;
-  std::vector<int> fed_;  // the ids in session_
+  int n_ctx_, prompt_chunk_;
+  std::vector<int> stop_ids_;  // the model's end-of-sequence ids and the tokenizer's
+  std::vector<std::unique_ptr<Slot>> slots_;  // the scheduler's
+  std::size_t next_prefill_ = 0;              // round robin over slots reading their prompts
+  mutable std::mutex mu_;                     // queue_, stop_, the counters
+  std::condition_variable cv_;
+  std::deque<Job*> queue_;
+  bool stop_ = false;
+  long long steps_ = 0, rows_ = 0;
+  int in_flight_ = 0;
+  std::mutex engine_mu_;  // held by the scheduler around each engine call; with_engine takes it
+  std::thread thread_;
 };
 
 }  // namespace coli::serve

@@ -55,7 +55,7 @@ Response error_reply(const Request& req, const ApiError& e) { return reply(req, 
 }  // namespace
 
 HttpServer::HttpServer(const ServerOptions& opt, EngineGenerator& gen, std::function<std::string()> extra_metrics)
-    : impl_(std::make_unique<Impl>()), opt_(opt), gen_(gen), extra_metrics_(std::move(extra_metrics)) {
+    : impl_(std::make_unique<Impl>()), opt_(opt), gen_(gen), extra_metrics_(std::move(extra_metrics)), permits_(gen.parallel()) {
   boost::system::error_code ec;
   const auto addr = net::ip::make_address(opt_.host, ec);
   if (ec) throw Error("coli-serve: --host " + opt_.host + ": not an IP address (" + ec.message() + ")");
@@ -200,10 +200,11 @@ void HttpServer::serve_connection(void* raw) {
           << (c.predicted_ms > 0 ? c.generated_tokens * 1000.0 / c.predicted_ms : 0.0) << "\n";
         m << "# TYPE coli_queue_depth gauge\ncoli_queue_depth " << c.waiting << "\n";
         m << "# TYPE coli_requests_processing gauge\ncoli_requests_processing " << c.active << "\n";
-        if (extra_metrics_) {
-          std::lock_guard<std::mutex> lock(slot_);
-          m << extra_metrics_();
-        }
+        const long long steps = gen_.decode_steps();
+        m << "# TYPE coli_slots gauge\ncoli_slots " << gen_.parallel() << "\n";
+        m << "# TYPE coli_decode_steps_total counter\ncoli_decode_steps_total " << steps << "\n";
+        m << "# TYPE coli_decode_rows_per_step gauge\ncoli_decode_rows_per_step " << (steps ? double(gen_.decode_rows()) / double(steps) : 0.0) << "\n";
+        if (extra_metrics_) gen_.with_engine([&] { m << extra_metrics_(); });
         res = reply(req, http::status::ok, m.str(), "text/plain; version=0.0.4");
       } else if (post && path == "/tokenize") {
         const std::vector<int> ids = gen_.tokenizer().encode(parse_tokenize_request(req.body()));
@@ -219,7 +220,21 @@ void HttpServer::serve_connection(void* raw) {
           --counters_.waiting;
           throw ApiError(503, "server_error", "the server is busy: " + std::to_string(opt_.queue) + " requests are waiting (--queue)");
         }
-        std::unique_lock<std::mutex> slot(slot_);
+        {
+          std::unique_lock<std::mutex> lock(permits_mu_);
+          permits_cv_.wait(lock, [&] { return permits_ > 0; });
+          --permits_;
+        }
+        struct Permit {
+          HttpServer& s;
+          ~Permit() {
+            {
+              std::lock_guard<std::mutex> lock(s.permits_mu_);
+              ++s.permits_;
+            }
+            s.permits_cv_.notify_one();
+          }
+        } permit{*this};
         --counters_.waiting;
         ++counters_.active;
         const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");

@@ -14,8 +14,9 @@
 //
 // Threads: run() accepts on the calling thread and serves each connection
 // on a thread of its own (keep-alive), at most max_connections at once;
-// generations take the one slot in turn (a request waits while the queue
-// holds fewer than `queue`, else 503). A streaming client that goes away
+// up to the generator's parallel() generations run at once (its slots,
+// decoded together); a further request waits while fewer than `queue`
+// wait, else 503. A streaming client that goes away
 // cancels its generation at the next token. stop() (any thread) ends run()
 // once the connections in flight have finished their current response
 // (idle keep-alive connections are woken and closed at once).
@@ -40,7 +41,7 @@ struct ServerOptions {
   int port = 8080;  // 0: a free port (port() says which)
   std::string api_key;  // empty: no key asked for
   std::size_t max_body = 4u << 20;
-  int queue = 16;             // requests that may wait for the slot
+  int queue = 16;             // requests that may wait for a slot
   int max_connections = 1024;  // more are closed at once, the others served
   // A connection that has sent no request for this long is closed (a
   // client holding connections open cannot use up max_connections).
@@ -82,7 +83,11 @@ class HttpServer {
   int port_ = 0;
   ServerCounters counters_;
   std::atomic<bool> stopping_{false};
-  std::mutex slot_;                     // the one generation slot
+  // The generator's slots as permits: a request holds one from before its
+  // generation until its response is out.
+  std::mutex permits_mu_;
+  std::condition_variable permits_cv_;
+  int permits_ = 0;
   std::mutex conn_mu_;
   std::condition_variable conn_cv_;     // connections reaching 0
   // The connections' sockets and since when each has waited for a request

@@ -33,8 +33,9 @@ const char* kUsage =
     "\n"
     "Serves the model over an OpenAI-compatible HTTP API: GET /health, GET /v1/models,\n"
     "POST /v1/chat/completions and /v1/completions (stream: server-sent events),\n"
-    "POST /tokenize, /detokenize, GET /metrics. Logs go to stderr. Requests take the\n"
-    "one generation slot in turn; --queue of them may wait, more get 503.\n";
+    "POST /tokenize, /detokenize, GET /metrics. Logs go to stderr. Up to --parallel\n"
+    "requests generate at once (their decode steps batched); --queue more may wait,\n"
+    "more than that get 503.\n";
 
 po::options_description options() {
   namespace cli = coli::cli;
@@ -49,7 +50,8 @@ po::options_description options() {
       ("api-key", po::value<std::string>(), "require 'Authorization: Bearer KEY' (every endpoint but /health)")
       ("ctx-size,c", po::value<int>()->default_value(4096), "context size in tokens: prompt + reply")
       ("n-predict,n", po::value<int>()->default_value(0), "max_tokens when a request gives none (0: until the context is full)")
-      ("queue", po::value<int>()->default_value(16), "requests that may wait for the slot; more get 503")
+      ("parallel", po::value<int>()->default_value(1), "generation slots: requests served at once, their decode steps run as one batch")
+      ("queue", po::value<int>()->default_value(16), "requests that may wait for a slot; more get 503")
       ("max-body", po::value<int>()->default_value(4 << 20), "largest request body in bytes; larger get 413")
       ("prefill-chunk", po::value<int>(), "prompt tokens per forward chunk (default: the run setup's)");
   cli::add_flags(opts, cli::Tool::kRun, cli::kTierFlags);
@@ -73,7 +75,8 @@ int run(int argc, char** argv) {
   if (!vm.count("model")) throw coli::UsageError("--model is required");
   const std::string model_path = vm["model"].as<std::string>();
   const int n_ctx = vm["ctx-size"].as<int>(), port = vm["port"].as<int>(), queue = vm["queue"].as<int>(), max_body = vm["max-body"].as<int>();
-  const int n_predict = vm["n-predict"].as<int>();
+  const int n_predict = vm["n-predict"].as<int>(), parallel = vm["parallel"].as<int>();
+  if (parallel < 1 || parallel > 256) throw coli::UsageError("--parallel must be in [1, 256]");
   if (n_ctx < 2) throw coli::UsageError("--ctx-size must be at least 2");
   if (port < 0 || port > 65535) throw coli::UsageError("--port must be in [0, 65535]");
   if (queue < 0) throw coli::UsageError("--queue must be >= 0");
@@ -107,8 +110,14 @@ int run(int argc, char** argv) {
   r.env = coli::apply_environment();
   coli::cli::RunSetup s = coli::cli::setup_run(r);
   if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-serve: %s\n", line.c_str());
+  // Under a VRAM budget the ledger holds one sequence's KV cache and state:
+  // more slots would take VRAM the tier's experts were given.
+  if (parallel > 1 && s.backend->tier_stats().tiered)
+    throw coli::UsageError("--parallel " + std::to_string(parallel) +
+                           " with a VRAM budget: not supported yet (the budget's ledger holds one sequence's cache); give --parallel 1, or run the "
+                           "whole model on the GPU or with --device cpu");
   coli::Engine engine(spec, *s.backend, s.chunk);
-  coli::serve::EngineGenerator gen(engine, *tok, n_ctx);
+  coli::serve::EngineGenerator gen(engine, *tok, n_ctx, parallel);
 
   coli::serve::ServerOptions so;
   so.host = vm["host"].as<std::string>(), so.port = port, so.queue = queue, so.max_body = static_cast<std::size_t>(max_body);
@@ -132,8 +141,8 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "coli-serve: %s: finishing the responses in flight\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     server.stop();
   });
-  std::fprintf(stderr, "coli-serve: listening on http://%s:%d (model '%s', backend %s, context %d)\n", so.host.c_str(), server.port(),
-               so.limits.model_name.c_str(), backend.name().c_str(), n_ctx);
+  std::fprintf(stderr, "coli-serve: listening on http://%s:%d (model '%s', backend %s, context %d, %d slot%s)\n", so.host.c_str(), server.port(),
+               so.limits.model_name.c_str(), backend.name().c_str(), n_ctx, parallel, parallel == 1 ? "" : "s");
   server.run();
   pthread_kill(signals.native_handle(), SIGTERM);  // a stop() from elsewhere: the signal thread ends too
   signals.join();
