@@ -52,7 +52,9 @@ def stream_completion(url, key, prompt, max_tokens):
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    ttft, last, gaps, usage, timings = None, None, [], {}, {}
+    # TTFT: the first chunk with text; a reply whose only token has no text
+    # of its own (a special id, part of a UTF-8 character) counts its first chunk.
+    ttft, last, gaps, usage, timings, first = None, None, [], {}, {}, None
     buf = b""
     while True:
         chunk = resp.read1(65536)
@@ -66,8 +68,10 @@ def stream_completion(url, key, prompt, max_tokens):
             data = ev[6:]
             if data == b"[DONE]":
                 conn.close()
-                return ttft, gaps, usage, timings
+                return (ttft if ttft is not None else first), gaps, usage, timings
             j = json.loads(data)
+            if first is None:
+                first = time.perf_counter() - t0
             if j.get("usage"):
                 usage, timings = j["usage"], j.get("timings", {})
             if j.get("choices") and j["choices"][0].get("text"):
@@ -78,7 +82,7 @@ def stream_completion(url, key, prompt, max_tokens):
                     gaps.append(now - last)
                 last = now
     conn.close()
-    return ttft, gaps, usage, timings
+    return (ttft if ttft is not None else first), gaps, usage, timings
 
 
 def words(n, seed=0):
