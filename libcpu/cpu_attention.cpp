@@ -5,13 +5,15 @@
 #include <cmath>
 
 #include "cpu_backend.h"
+#include "util/error.h"
 #include "ref_kernels.h"
 #include "vec_ops.h"
 #include "util/buffer.h"
 
 namespace coli::cpu {
 
-void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out) {
+void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out, LayerState* const* rows,
+                           const int* pos) {
   const AttentionWeights& a = lw.attn;
   const int hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
   const bool gated_out = s_.attention_output_gate;
@@ -19,15 +21,27 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
   Buffer<float> qg(static_cast<std::size_t>(T) * qg_w), k(static_cast<std::size_t>(T) * kv_w), v(k.size());
   mm_many({{&a.q_proj, qg.data()}, {&a.k_proj, k.data()}, {&a.v_proj, v.data()}}, hn, T);
 
+  // Token t's sequence state and position: one sequence from pos0, or
+  // (rows) a sequence per token.
+  auto state_of = [&](int t) -> LayerState& { return rows ? *rows[t] : st; };
+  auto pos_of = [&](int t) { return rows ? pos[t] : pos0 + t; };
   // Normalise and rotate the new keys, then append them to the cache.
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < nkv; ++h) {
       float* kh = k.data() + t * kv_w + h * hd;
       norm_row(kh, a.k_norm.data(), hd, kh);
-      rope(kh, s_.rotary_dim, pos0 + t, s_.rope_theta);
+      rope(kh, s_.rotary_dim, pos_of(t), s_.rope_theta);
     }
-  st.k.insert(st.k.end(), k.begin(), k.end());
-  st.v.insert(st.v.end(), v.begin(), v.end());
+  if (rows) {
+    for (int t = 0; t < T; ++t) {
+      if (static_cast<std::size_t>(pos[t]) * kv_w != rows[t]->k.size()) throw Error("attention: a row's position is not its cache's length (internal)");
+      rows[t]->k.insert(rows[t]->k.end(), k.begin() + t * kv_w, k.begin() + (t + 1) * kv_w);
+      rows[t]->v.insert(rows[t]->v.end(), v.begin() + t * kv_w, v.begin() + (t + 1) * kv_w);
+    }
+  } else {
+    st.k.insert(st.k.end(), k.begin(), k.end());
+    st.v.insert(st.v.end(), v.begin(), v.end());
+  }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Buffer<float> gated(static_cast<std::size_t>(T) * nh * hd);
@@ -37,14 +51,15 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
     thread_local std::vector<float> q, scores, o;
     q.resize(hd);
     o.assign(hd, 0.0f);
-    const int n_ctx = pos0 + t + 1;  // causal: positions 0 .. pos0+t
+    const int n_ctx = pos_of(t) + 1;  // causal: positions 0 .. its own
     scores.resize(n_ctx);
     const float* qsrc = qg.data() + t * qg_w + h * per_head;  // query, then gate
     norm_row(qsrc, a.q_norm.data(), hd, q.data());
-    rope(q.data(), s_.rotary_dim, pos0 + t, s_.rope_theta);
+    rope(q.data(), s_.rotary_dim, pos_of(t), s_.rope_theta);
     const int kvh = h / group;
-    const float* K = st.k.data() + kvh * hd;
-    const float* Vv = st.v.data() + kvh * hd;
+    const LayerState& sq = state_of(t);
+    const float* K = sq.k.data() + kvh * hd;
+    const float* Vv = sq.v.data() + kvh * hd;
     if (fast_) {
       for (int j = 0; j < n_ctx; ++j) scores[j] = vdot(q.data(), K + static_cast<std::size_t>(j) * kv_w, hd) * scale;
       softmax(scores.data(), n_ctx);

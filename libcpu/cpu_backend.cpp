@@ -173,6 +173,23 @@ void CpuBackend::trunk_step(int layer, BackendState& state, int pos0, int T, flo
   });
 }
 
+void CpuBackend::trunk_rows(int layer, BackendState* const* states, const int* positions, int S, int hidden, float* x) {
+  const LayerWeights& lw = m_.layer(layer);
+  const int H = s_.hidden_size;
+  if (hidden != H) throw Error("trunk_rows: rows of " + std::to_string(hidden) + " for a hidden size of " + std::to_string(H) + " (internal)");
+  std::vector<LayerState*> rows(S);
+  for (int i = 0; i < S; ++i) rows[i] = &static_cast<CpuState&>(*states[i]).layers[layer];
+  Buffer<float> hn(static_cast<std::size_t>(S) * H), out(hn.size());
+  parallel_ranges(S, [&](int t0, int t1) {
+    for (int t = t0; t < t1; ++t) norm_row(x + t * H, lw.input_norm.data(), H, hn.data() + t * H);
+  });
+  if (lw.kind == LayerKind::kFullAttention) attention(lw, *rows[0], 0, S, hn.data(), out.data(), rows.data(), positions);
+  else deltanet(lw, *rows[0], S, hn.data(), out.data(), rows.data());
+  parallel_ranges(S, [&](int t0, int t1) {
+    for (std::size_t i = std::size_t(t0) * H; i < std::size_t(t1) * H; ++i) x[i] += out[i];
+  });
+}
+
 void CpuBackend::ffn_norm(int layer, int T, const float* x, float* hn) {
   const int H = s_.hidden_size;
   parallel_ranges(T, [&](int t0, int t1) {

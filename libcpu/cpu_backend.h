@@ -59,6 +59,9 @@ class CpuBackend : public Backend {
   std::unique_ptr<BackendState> new_state() const override;
   void embed(const int* ids, int T, float* x) override;
   void trunk_step(int layer, BackendState& state, int pos0, int T, float* x) override;
+  // The rows' norms and projections as S-row matmuls; each row's conv,
+  // recurrence or attention on its own state (the one-token arithmetic).
+  void trunk_rows(int layer, BackendState* const* states, const int* positions, int S, int hidden, float* x) override;
   void ffn_norm(int layer, int T, const float* x, float* hn) override;
   void route(int layer, int T, const float* hn, int* idx, float* w) override;
   void shared_expert(int layer, int T, const float* hn, float* out) override;
@@ -67,15 +70,18 @@ class CpuBackend : public Backend {
   void add_moe_output(std::size_t n, const float* routed, const float* shared, float* x) override;
 
  private:
-  // out[T, H] = mixer output for normed input hn (no residual).
-  void attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out);
+  // out[T, H] = mixer output for normed input hn (no residual): T tokens of
+  // one sequence (st, from pos0), or with rows T single tokens of T
+  // sequences (rows[t]: token t's state; pos[t]: its position).
+  void attention(const LayerWeights& lw, LayerState& st, int pos0, int T, const float* hn, float* out, LayerState* const* rows = nullptr,
+                 const int* pos = nullptr);
   // y[n] = RMSNorm(x) scaled by the family's norm weight: (1 + w), or w for
   // qwen3_moe (ModelSpec::norm_plus_one).
   void norm_row(const float* x, const float* w, int n, float* y) const {
     if (s_.norm_plus_one) rms_norm_1p(x, w, n, s_.rms_norm_eps, y);
     else rms_norm(x, w, n, s_.rms_norm_eps, y);
   }
-  void deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out);
+  void deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out, LayerState* const* rows = nullptr);
   // y[T, W.rows] = x[T, W.cols] W^T, on the reference or the fast path.
   void mm(const Matrix& W, const float* x, int T, float* y);
   // Several matrices with the same input, as one parallel job on the fast path.

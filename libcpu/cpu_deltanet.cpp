@@ -20,7 +20,7 @@ namespace coli::cpu {
 // Prompts of at least this many tokens take the chunked form.
 constexpr int kGdnChunkMinTokens = 16;
 
-void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out) {
+void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const float* hn, float* out, LayerState* const* rows) {
   const DeltaNetWeights& g = lw.gdn;
   const int nk = s_.linear_num_key_heads, nv = s_.linear_num_value_heads;
   const int dk = s_.linear_key_head_dim, dv = s_.linear_value_head_dim;
@@ -29,6 +29,8 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
   Buffer<float> b(static_cast<std::size_t>(T) * nv), a(b.size());
   mm_many({{&g.in_proj_qkv, qkv.data()}, {&g.in_proj_z, z.data()}, {&g.in_proj_b, b.data()}, {&g.in_proj_a, a.data()}}, hn, T);
 
+  // Token t's state: the one sequence's, or (rows) its own sequence's.
+  auto state_of = [&](int t) -> LayerState& { return rows ? *rows[t] : st; };
   // Three passes over the chunk, each parallel across independent lanes of
   // work, so a T-token prompt costs three parallel jobs, not 2T:
   // (1) causal depthwise conv + SiLU, per channel block, sequential in t;
@@ -38,13 +40,14 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
     const int c0 = blk * kConvBlock, c1 = std::min(cd, (blk + 1) * kConvBlock);
     for (int t = 0; t < T; ++t) {
       const float* xin = qkv.data() + static_cast<std::size_t>(t) * cd;
+      std::vector<float>& conv = state_of(t).conv;
       for (int c = c0; c < c1; ++c) {
         // Window: the K-1 previous inputs (state rows, oldest first), then this one.
         float acc = g.conv1d[c * K + K - 1] * xin[c];
-        for (int j = 0; j < K - 1; ++j) acc += g.conv1d[c * K + j] * st.conv[static_cast<std::size_t>(j) * cd + c];
+        for (int j = 0; j < K - 1; ++j) acc += g.conv1d[c * K + j] * conv[static_cast<std::size_t>(j) * cd + c];
         conv_out[static_cast<std::size_t>(t) * cd + c] = silu(acc);
-        for (int j = 0; j + 1 < K - 1; ++j) st.conv[static_cast<std::size_t>(j) * cd + c] = st.conv[static_cast<std::size_t>(j + 1) * cd + c];
-        if (K > 1) st.conv[static_cast<std::size_t>(K - 2) * cd + c] = xin[c];
+        for (int j = 0; j + 1 < K - 1; ++j) conv[static_cast<std::size_t>(j) * cd + c] = conv[static_cast<std::size_t>(j + 1) * cd + c];
+        if (K > 1) conv[static_cast<std::size_t>(K - 2) * cd + c] = xin[c];
       }
     }
   });
@@ -63,11 +66,11 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
   // head stays on one thread so its state stays in that core's cache.
   // Token steps, or with gdn_chunked a prompt in chunks of kGdnChunk tokens
   // in the chunked form.
-  const bool chunked = gdn_chunked_ && T >= kGdnChunkMinTokens;
+  const bool chunked = gdn_chunked_ && T >= kGdnChunkMinTokens && !rows;
   parallel(nv, [&](int h) {
     thread_local std::vector<float> oh, beta, gl;
     const int kh = h / (nv / nk);
-    float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;  // [dk, dv]
+    float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;  // [dk, dv] (rows: token t's own, below)
     const float a_h = -std::exp(g.A_log[h]);
     // Gated RMSNorm of token t's head output: norm, then weight, then silu(z).
     auto finish = [&](int t, const float* o) {
@@ -100,8 +103,9 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       const float* vh = row + 2 * kd + h * dv;
       const float beta_t = sigmoid(b[t * nv + h]);
       const float decay = std::exp(a_h * softplus(a[t * nv + h] + g.dt_bias[h]));
-      if (fast_) gdn_head_step(S, qh, khv, vh, beta_t, decay, dk, dv, oh.data());
-      else gdn_head_step_ref(S, qh, khv, vh, beta_t, decay, dk, dv, oh.data());
+      float* St = rows ? rows[t]->S.data() + static_cast<std::size_t>(h) * dk * dv : S;
+      if (fast_) gdn_head_step(St, qh, khv, vh, beta_t, decay, dk, dv, oh.data());
+      else gdn_head_step_ref(St, qh, khv, vh, beta_t, decay, dk, dv, oh.data());
       finish(t, oh.data());
     }
   }, /*fixed=*/true);

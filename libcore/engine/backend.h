@@ -109,6 +109,13 @@ class Backend {
   // pos0 .. pos0+T-1, where the mixer is gated attention or Gated DeltaNet
   // by the layer's kind. Appends to / advances the layer's state.
   virtual void trunk_step(int layer, BackendState& state, int pos0, int T, float* x) = 0;
+  // The trunk step of S rows of S sessions, one token each at its own
+  // position (Engine::forward_rows): row i of x[S, hidden] gets
+  // x[i] += mixer(input_norm(x[i])) with *states[i] at positions[i]. The
+  // states are distinct. Default: trunk_step row by row; a backend may
+  // batch the rows' row-wise work (projections) and step each row's own
+  // cache or state.
+  virtual void trunk_rows(int layer, BackendState* const* states, const int* positions, int S, int hidden, float* x);
   // hn[T, H] = post_attention_norm(x).
   virtual void ffn_norm(int layer, int T, const float* x, float* hn) = 0;
   // Router: softmax over experts, top-k (most probable first, ties to the

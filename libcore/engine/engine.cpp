@@ -25,6 +25,10 @@ void Backend::add_moe_output(std::size_t n, const float* routed, const float* sh
   for (std::size_t i = 0; i < n; ++i) x[i] += routed[i] + shared[i];
 }
 
+void Backend::trunk_rows(int layer, BackendState* const* states, const int* positions, int S, int hidden, float* x) {
+  for (int i = 0; i < S; ++i) trunk_step(layer, *states[i], positions[i], 1, x + static_cast<std::size_t>(i) * hidden);
+}
+
 Engine::Engine(const ModelSpec& spec, Backend& backend, int prefill_chunk)
     : spec_(spec), backend_(backend), prefill_chunk_(std::max(1, prefill_chunk)) {}
 
@@ -89,6 +93,9 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
   std::vector<int> idx(static_cast<std::size_t>(S) * K);
   std::vector<float> w(idx.size());
   std::vector<ExpertPair> pairs(idx.size());
+  std::vector<BackendState*> states;
+  std::vector<int> positions;
+  for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
   using clock = std::chrono::steady_clock;
   auto step = [&](double StageTimes::*stage, auto&& fn) {
     if (!timing_) return fn();
@@ -99,9 +106,7 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
   step(&StageTimes::embed, [&] { backend_.embed(ids.data(), S, x.data()); });
   for (int l = 0; l < spec_.num_layers; ++l) {
     const bool sparse = spec_.is_sparse(l);
-    step(&StageTimes::trunk, [&] {
-      for (int i = 0; i < S; ++i) backend_.trunk_step(l, *sessions[i]->state, sessions[i]->n_past, 1, x.data() + static_cast<std::size_t>(i) * H);
-    });
+    step(&StageTimes::trunk, [&] { backend_.trunk_rows(l, states.data(), positions.data(), S, H, x.data()); });
     step(&StageTimes::router, [&] {
       backend_.ffn_norm(l, S, x.data(), hn.data());
       if (sparse) backend_.route(l, S, hn.data(), idx.data(), w.data());
