@@ -87,6 +87,8 @@ TEST(ServeApi, BadFieldsAreNamedWithTheirStatus) {
       {R"({"messages":[]})", 400, "messages", "non-empty"},
       {R"({"messages":[{"role":"wizard","content":"x"}]})", 400, "messages[0].role", "not 'wizard'"},
       {R"({"messages":[{"content":"x"}]})", 400, "messages[0].role", "must be a string"},
+      {R"({"messages":[{"role":"user"}]})", 400, "messages[0].content", "is required"},
+      {R"({"messages":[{"role":"system","content":null},{"role":"user","content":"x"}]})", 400, "messages[0].content", "is required"},
       {R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", 400, "messages[0].content", "only text"},
       {R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})", 404, "model", "'gpt-4' does not exist"},
       {R"({"model":7,"messages":[{"role":"user","content":"x"}]})", 400, "model", "must be a string"},

@@ -189,6 +189,10 @@ TEST(Serve, BadRequestsGetTheirStatusAndTheServerGoesOn) {
   EXPECT_EQ(model.status, 404);
   Reply big = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":")" + std::string(8000, 'a') + R"("})", key);
   EXPECT_EQ(big.status, 413);
+  // A body far over the limit: the client is still sending when the 413
+  // is written; it gets to send the rest and read the 413 (no reset).
+  Reply huger = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":")" + std::string(4 << 20, 'a') + R"("})", key);
+  EXPECT_EQ(huger.status, 413);
   Reply ctx = request(f.port(), http::verb::post, "/v1/completions", R"({"prompt":")" + std::string(3000, 'a') + R"("})", key);
   EXPECT_EQ(ctx.status, 400) << "a prompt longer than the context (256)";
   EXPECT_NE(err(ctx)["message"].get<std::string>().find("exceeds the context size of 256"), std::string::npos);

@@ -165,6 +165,20 @@ void HttpServer::serve_connection(void* raw) {
       Response res = error_reply(req, e);
       res.keep_alive(false);
       http::write(*sock, res, ec);
+      // A client still sending its body would get a reset instead of the
+      // 413 if the socket closed now: stop sending, read what it sends
+      // (at most 64 MiB, 5 s), then close.
+      sock->shutdown(tcp::socket::shutdown_send, ec);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      char sink[65536];
+      for (std::size_t drained = 0; drained < (64u << 20) && std::chrono::steady_clock::now() < until;) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 200) < 0) break;
+        if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::recv(fd, sink, sizeof sink, 0);
+        if (n <= 0) break;
+        drained += static_cast<std::size_t>(n);
+      }
       break;
     }
     if (ec) break;  // closed, or not HTTP

@@ -156,7 +156,11 @@ GenerationRequest parse_chat_request(const std::string& body, const ApiLimits& l
       throw bad(where + ".role", "must be system, developer, user, assistant or tool, not '" + role + "'");
     ChatMessage cm;
     cm.role = role == "developer" ? "system" : role;
-    cm.content = m.contains("content") && !m["content"].is_null() ? text_of_content(m["content"], i) : std::string();
+    // OpenAI's rule: every message carries content, but an assistant turn
+    // may leave it null (its tool calls said it; none are taken here).
+    const bool has_content = m.contains("content") && !m["content"].is_null();
+    if (!has_content && role != "assistant") throw bad(where + ".content", "is required");
+    cm.content = has_content ? text_of_content(m["content"], i) : std::string();
     if (m.contains("reasoning_content") && m["reasoning_content"].is_string()) cm.reasoning_content = m["reasoning_content"].get<std::string>();
     r.messages.push_back(std::move(cm));
   }
