@@ -64,7 +64,7 @@ def main():
     cmd = [binary, "-m", args.model, "--tokenizer", args.tokenizer, "--device", "cpu", "--port", str(port), "--parallel", str(args.parallel),
            "--queue", "4", "--max-body", "65536", "-c", "256"]
     server = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    for _ in range(200):
+    for _ in range(600):  # 30 s: a sanitizer build starts slowly
         try:
             if request(port, "GET", "/health")[0] == 200:
                 break

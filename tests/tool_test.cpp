@@ -289,6 +289,21 @@ TEST(ColiServe, UsageErrorsAndASigtermEndsIt) {
   EXPECT_NE(err.find("SIGTERM: finishing the responses in flight"), std::string::npos) << err;
 }
 
+// The hostile-client sweep (scripts/serve-sweep.py, stdlib Python): every
+// case gets its status, the server keeps answering with its greedy reply,
+// every slot serves afterwards and SIGTERM ends it cleanly.
+TEST(ColiServe, HostileClientsSweep) {
+  std::string out;
+  if (coli::test::run_command("python3 --version 2>&1", &out) != 0) GTEST_SKIP() << "no python3: " << out;
+  const std::string data = coli::test::data_dir();
+  const std::string script = data + "/../../scripts/serve-sweep.py";
+  const int rc = coli::test::run_command("BIN=" + coli::test::bin_dir() + " python3 " + script + " --model " + data + "/tiny-qwen35moe-text --tokenizer " +
+                                             data + "/tiny-tokenizer 2>&1",
+                                         &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("0 bad"), std::string::npos) << out;
+}
+
 // A real client: the official openai npm package (tests/node, installed by
 // scripts/install-deps.sh) lists the models, streams a chat, asks the same
 // chat unstreamed and a completion from coli-serve with an API key; the
