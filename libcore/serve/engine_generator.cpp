@@ -219,7 +219,11 @@ void EngineGenerator::admit(Job* job) {
 void EngineGenerator::prefill_chunk(Slot& s) {
   if (s.job->cancel) return finish(s, "");
   const std::vector<int>& p = s.job->prompt;
-  const std::size_t n = std::min<std::size_t>(prompt_chunk_, p.size() - s.prompt_at);
+  // Capped only while other slots wait for decode steps; alone, the whole
+  // prompt at once (a device backend's prompt chunks are its own, larger:
+  // under a VRAM budget each one uploads the layers' experts again).
+  const bool others = std::any_of(slots_.begin(), slots_.end(), [&](const auto& o) { return o.get() != &s && o->generating(); });
+  const std::size_t rest = p.size() - s.prompt_at, n = others ? std::min<std::size_t>(prompt_chunk_, rest) : rest;
   std::vector<float> logits;
   {
     std::lock_guard<std::mutex> lock(engine_mu_);

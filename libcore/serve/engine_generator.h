@@ -8,8 +8,9 @@
 //
 // Slots (`parallel` of them): each holds a session and the ids in it. One
 // scheduler thread owns the engine and runs, in turn: one prompt chunk (at
-// most prompt_chunk ids) of a slot still reading its prompt, then one decode
-// step of every slot that is generating, as one batched forward
+// most prompt_chunk ids while other slots are generating; else the whole
+// prompt) of a slot still reading its prompt, then one decode step of every
+// slot that is generating, as one batched forward
 // (Engine::forward_rows: the routed experts of all rows read once), so a
 // long prompt does not stall the replies in flight (continuous batching).
 // Each row is sampled with its own request's sampler: a slot's tokens are
