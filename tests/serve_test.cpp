@@ -14,6 +14,9 @@
 #include <thread>
 
 #include "cpu_backend.h"
+#include "cpu_expert_host.h"
+#include "cuda_backend.h"
+#include "cuda_device.h"
 #include "engine/chat_session.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
@@ -72,6 +75,8 @@ std::vector<std::string> events(const std::string& body) {
   }
   return out;
 }
+
+std::string text_of_reply(const Reply& r) { return json::parse(r.body)["choices"][0]["text"].get<std::string>(); }
 
 struct Fixture {
   std::unique_ptr<Model> m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
@@ -435,4 +440,54 @@ TEST(Serve, IdleConnectionsAreClosedAndDoNotCrowdOutOthers) {
   EXPECT_LT(waited, 5.0) << "closed after about idle_timeout_s";
   for (int i = 0; i < 100 && f.server->counters().connections.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(f.server->counters().connections.load(), 0) << "every idle connection closed";
+}
+
+// The same server over the CUDA backend (issue 32: the checks on the GPU
+// machine): the whole model with two slots (a batched step's rows run in
+// turn) and a quarter of the experts in VRAM with the host computing the
+// others (one slot: the budget's ledger holds one sequence) give every
+// greedy reply the CPU reference gives, streamed and not, concurrently.
+// Skipped, saying why, without a device.
+TEST(ServeCuda, GreedyRepliesWholeAndUnderABudget) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  Fixture ref;
+  const std::vector<std::string> prompts = {"Once", "Hello there", "The quick brown", "1 2 3"};
+  std::vector<std::string> want;
+  for (const std::string& p : prompts)
+    want.push_back(text_of_reply(request(ref.port(), http::verb::post, "/v1/completions", json{{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}}.dump())));
+  const long long all = static_cast<long long>(ref.m->spec().num_layers) * ref.m->spec().num_experts;
+  for (const long long slots : {-1LL, all / 4}) {
+    SCOPED_TRACE(slots < 0 ? "whole" : "a quarter of the experts");
+    cuda::CudaOptions o;
+    if (slots >= 0) o.expert_slots = slots, o.expert_host = std::make_shared<cpu::CpuExpertHost>(*ref.m, 2);
+    auto backend = cuda::make_cuda_backend(*ref.m, o);
+    Engine engine(ref.m->spec(), *backend);
+    serve::EngineGenerator gen(engine, *ref.tok, 256, slots < 0 ? 2 : 1);
+    serve::ServerOptions so;
+    so.port = 0, so.limits.model_name = "tiny";
+    serve::HttpServer server(so, gen);
+    std::thread runner([&] { server.run(); });
+    std::vector<std::string> got(2 * prompts.size());
+    std::vector<std::thread> ts;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ts.emplace_back([&, i] {
+        const bool stream = i % 2;
+        const Reply r = request(server.port(), http::verb::post, "/v1/completions",
+                                json{{"prompt", prompts[i / 2]}, {"max_tokens", 10}, {"temperature", 0}, {"stream", stream}}.dump());
+        if (!stream) {
+          got[i] = text_of_reply(r);
+          return;
+        }
+        for (const std::string& e : events(r.body))
+          if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
+      });
+    for (auto& t : ts) t.join();
+    server.stop();
+    runner.join();
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i / 2]) << "request " << i;
+    if (slots >= 0) {
+      EXPECT_GT(backend->tier_stats().misses, 0) << "the host computed experts";
+    }
+  }
 }
