@@ -133,6 +133,11 @@ TEST(Hardening, NonFiniteLogitsNameTheStep) {
   EXPECT_NE(error_of([&] { coli::check_logits_finite(ok, "decode step 9"); }).find("decode step 9: the logits are not finite (id 2 is inf)"),
             std::string::npos);
   EXPECT_THROW(coli::check_logits_finite({-std::numeric_limits<float>::infinity()}, "x"), coli::Error) << "all -inf";
+  // A row of a batch, checked in place (coli-serve's slots): ids count from the row.
+  const std::vector<float> rows = {1.f, 2.f, 5.f, std::numeric_limits<float>::quiet_NaN(), 0.f, 1.f};
+  EXPECT_NO_THROW(coli::check_logits_finite(std::span<const float>(rows.data(), 3), "row 0"));
+  EXPECT_NE(error_of([&] { coli::check_logits_finite(std::span<const float>(rows.data() + 3, 3), "row 1"); }).find("row 1: the logits are not finite (id 0 is nan)"),
+            std::string::npos);
 }
 
 // Item 7: NaN, infinite and negative sampler settings are usage errors.

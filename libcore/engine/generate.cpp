@@ -21,7 +21,7 @@ double log_sum_exp(const std::vector<float>& logits) {
   return m + std::log(sum);
 }
 
-[[noreturn]] void not_finite(const std::vector<float>& logits, const std::string& step) {
+[[noreturn]] void not_finite(std::span<const float> logits, const std::string& step) {
   std::size_t bad = 0;
   while (bad < logits.size() && (std::isfinite(logits[bad]) || logits[bad] == -std::numeric_limits<float>::infinity())) ++bad;
   throw Error(step + ": the logits are not finite (" +
@@ -30,7 +30,9 @@ double log_sum_exp(const std::vector<float>& logits) {
 }
 }  // namespace
 
-void check_logits_finite(const std::vector<float>& logits, const std::string& step) {
+void check_logits_finite(const std::vector<float>& logits, const std::string& step) { check_logits_finite(std::span<const float>(logits), step); }
+
+void check_logits_finite(std::span<const float> logits, const std::string& step) {
   if (logits.empty()) throw Error(step + ": no logits");
   // v * 0 is NaN exactly when v is NaN or infinite; eight running sums
   // vectorize (25 us for 248,320 logits against 2 ms for a log-softmax).

@@ -60,5 +60,6 @@ std::vector<float> log_softmax(const std::vector<float>& logits, const std::stri
 // The same check alone, one pass without exponentials: NaN or +Inf is a
 // coli::Error naming `step` and the first such id (-Inf is a legal "never").
 void check_logits_finite(const std::vector<float>& logits, const std::string& step);
+void check_logits_finite(std::span<const float> logits, const std::string& step);  // a row of a batch, in place
 
 }  // namespace coli

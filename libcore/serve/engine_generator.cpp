@@ -273,7 +273,7 @@ void EngineGenerator::take(Slot& s, const std::vector<float>& logits, std::size_
   const std::size_t V = static_cast<std::size_t>(engine_.spec().vocab_size);
   const std::span<const float> l(logits.data() + row * V, V);
   const std::string step = s.n_generated == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(s.n_generated);
-  check_logits_finite(std::vector<float>(l.begin(), l.end()), step);
+  check_logits_finite(l, step);
   const int id = s.sampler->sample(l, s.history);
   ++s.n_generated;
   s.history.push_back(id);
