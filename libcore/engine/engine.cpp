@@ -73,7 +73,7 @@ std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all
 }
 
 std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std::span<const int> ids) {
-  const int S = static_cast<int>(sessions.size()), H = spec_.hidden_size, K = spec_.num_experts_per_tok, V = spec_.vocab_size;
+  const int S = static_cast<int>(sessions.size()), V = spec_.vocab_size;
   if (S == 0 || ids.size() != sessions.size()) throw Error("forward_rows: " + std::to_string(ids.size()) + " ids for " + std::to_string(S) + " sessions");
   for (int i = 0; i < S; ++i) {
     if (ids[i] < 0 || ids[i] >= V) throw Error("token id " + std::to_string(ids[i]) + " is outside the vocabulary (" + std::to_string(V) + " ids)");
@@ -89,51 +89,19 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
     return logits;
   }
   if (heat_) heat_->add_tokens(S);
-  Buffer<float> x(static_cast<std::size_t>(S) * H), hn(x.size()), shared(x.size()), routed(x.size());
-  std::vector<int> idx(static_cast<std::size_t>(S) * K);
-  std::vector<float> w(idx.size());
-  std::vector<ExpertPair> pairs(idx.size());
   std::vector<BackendState*> states;
   std::vector<int> positions;
   for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
-  using clock = std::chrono::steady_clock;
-  auto step = [&](double StageTimes::*stage, auto&& fn) {
-    if (!timing_) return fn();
-    const auto t0 = clock::now();
-    fn();
-    times_.*stage += std::chrono::duration<double>(clock::now() - t0).count();
-  };
-  step(&StageTimes::embed, [&] { backend_.embed(ids.data(), S, x.data()); });
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    const bool sparse = spec_.is_sparse(l);
-    step(&StageTimes::trunk, [&] { backend_.trunk_rows(l, states.data(), positions.data(), S, H, x.data()); });
-    step(&StageTimes::router, [&] {
-      backend_.ffn_norm(l, S, x.data(), hn.data());
-      if (sparse) backend_.route(l, S, hn.data(), idx.data(), w.data());
-    });
-    if (sparse && heat_) heat_->add(l, idx.data(), idx.size());
-    step(&StageTimes::shared, [&] { backend_.shared_expert(l, S, hn.data(), shared.data()); });
-    step(&StageTimes::experts, [&] {
-      if (!sparse) {
-        std::fill(routed.data(), routed.data() + routed.size(), 0.0f);
-        return;
-      }
-      for (int t = 0; t < S; ++t)
-        for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
-      backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
-    });
-    step(&StageTimes::combine, [&] { backend_.add_moe_output(x.size(), routed.data(), shared.data(), x.data()); });
-  }
+  run_layers(
+      ids.data(), S, [&](int l, float* x) { backend_.trunk_rows(l, states.data(), positions.data(), S, spec_.hidden_size, x); }, {}, S, logits.data());
   for (Session* s : sessions) s->n_past += 1;
-  step(&StageTimes::lm_head, [&] { backend_.logits(S, x.data(), logits.data()); });
   return logits;
 }
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {
-  const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
   if (heat_) heat_->add_tokens(T);
+  const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;
   if (backend_.runs_whole_chunks() && !observe && (!heat_ || device_heat_)) {
-    const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;
     const auto t0 = std::chrono::steady_clock::now();
     backend_.start_chunk(*s.state, ids, T, s.n_past, rows);  // the logits are allocated while the device runs
     std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
@@ -142,33 +110,40 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
     s.n_past += T;
     return logits;
   }
+  std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
+  run_layers(ids, T, [&](int l, float* x) { backend_.trunk_step(l, *s.state, s.n_past, T, x); }, observe, rows, logits.data());
+  s.n_past += T;
+  return logits;
+}
+
+template <class F>
+void Engine::timed(double StageTimes::*stage, F&& fn) {
+  if (!timing_) return fn();
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  times_.*stage += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Engine::run_layers(const int* ids, int T, const TrunkStep& trunk, const RouteObserver& observe, int logit_rows, float* logits) {
+  const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
   Buffer<float> x(static_cast<std::size_t>(T) * H), hn(x.size()), shared(x.size()), routed(x.size());
   std::vector<int> idx(static_cast<std::size_t>(T) * K);
   std::vector<float> w(idx.size());
   std::vector<ExpertPair> pairs(idx.size());
-
-  // Runs one step, charging its time to a stage when timing is on.
-  using clock = std::chrono::steady_clock;
-  auto step = [&](double StageTimes::*stage, auto&& fn) {
-    if (!timing_) return fn();
-    const auto t0 = clock::now();
-    fn();
-    times_.*stage += std::chrono::duration<double>(clock::now() - t0).count();
-  };
-  step(&StageTimes::embed, [&] { backend_.embed(ids, T, x.data()); });
+  timed(&StageTimes::embed, [&] { backend_.embed(ids, T, x.data()); });
   for (int l = 0; l < spec_.num_layers; ++l) {
     // A dense layer (qwen3_moe, qwen3_next where configured) has no routing:
     // its MLP is the backend's shared_expert step, the routed part is 0.
     const bool sparse = spec_.is_sparse(l);
-    step(&StageTimes::trunk, [&] { backend_.trunk_step(l, *s.state, s.n_past, T, x.data()); });
-    step(&StageTimes::router, [&] {
+    timed(&StageTimes::trunk, [&] { trunk(l, x.data()); });
+    timed(&StageTimes::router, [&] {
       backend_.ffn_norm(l, T, x.data(), hn.data());
       if (sparse) backend_.route(l, T, hn.data(), idx.data(), w.data());
     });
     if (sparse && observe) observe(l, T, idx.data(), w.data());
     if (sparse && heat_) heat_->add(l, idx.data(), idx.size());
-    step(&StageTimes::shared, [&] { backend_.shared_expert(l, T, hn.data(), shared.data()); });
-    step(&StageTimes::experts, [&] {
+    timed(&StageTimes::shared, [&] { backend_.shared_expert(l, T, hn.data(), shared.data()); });
+    timed(&StageTimes::experts, [&] {
       if (!sparse) {
         std::fill(routed.data(), routed.data() + routed.size(), 0.0f);
         return;
@@ -178,14 +153,10 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
       backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
     });
     // Combine: the MoE output is routed + shared, added to the residual.
-    step(&StageTimes::combine, [&] { backend_.add_moe_output(x.size(), routed.data(), shared.data(), x.data()); });
+    timed(&StageTimes::combine, [&] { backend_.add_moe_output(x.size(), routed.data(), shared.data(), x.data()); });
   }
-  s.n_past += T;
-  if (want == Logits::kNone) return {};
-  const int rows = want == Logits::kAll ? T : 1;
-  std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
-  step(&StageTimes::lm_head, [&] { backend_.logits(rows, x.data() + static_cast<std::size_t>(T - rows) * H, logits.data()); });
-  return logits;
+  if (logit_rows == 0) return;
+  timed(&StageTimes::lm_head, [&] { backend_.logits(logit_rows, x.data() + static_cast<std::size_t>(T - logit_rows) * H, logits); });
 }
 
 }  // namespace coli

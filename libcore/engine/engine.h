@@ -77,6 +77,14 @@ class Engine {
   std::vector<float> run(Session& s, std::span<const int> tokens, bool all_logits, const RouteObserver& observe);
   // One chunk; returns the logits it was asked for.
   std::vector<float> forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe);
+  // The per-layer path over T rows: the embedding, then per layer
+  // trunk(l, x) (one sequence's chunk, or one row of each of T sessions)
+  // and the MoE block; the last logit_rows rows' logits into logits.
+  using TrunkStep = std::function<void(int layer, float* x)>;
+  void run_layers(const int* ids, int T, const TrunkStep& trunk, const RouteObserver& observe, int logit_rows, float* logits);
+  // fn(), its time charged to a stage when timing is on.
+  template <class F>
+  void timed(double StageTimes::*stage, F&& fn);
 
   const ModelSpec& spec_;
   Backend& backend_;
