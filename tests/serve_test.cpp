@@ -78,6 +78,37 @@ std::vector<std::string> events(const std::string& body) {
 
 std::string text_of_reply(const Reply& r) { return json::parse(r.body)["choices"][0]["text"].get<std::string>(); }
 
+const std::vector<std::string> kPrompts = {"Once", "Hello there", "The quick brown", "1 2 3"};
+
+// Greedy 10-token completions of prompts, one after another.
+std::vector<std::string> replies_in_turn(int port, const std::vector<std::string>& prompts) {
+  std::vector<std::string> out;
+  for (const std::string& p : prompts)
+    out.push_back(text_of_reply(request(port, http::verb::post, "/v1/completions", json{{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}}.dump())));
+  return out;
+}
+
+// The same, each prompt twice and all at once: request i is prompt i / 2,
+// streamed when i is odd (its events' text joined).
+std::vector<std::string> replies_at_once(int port, const std::vector<std::string>& prompts) {
+  std::vector<std::string> got(2 * prompts.size());
+  std::vector<std::thread> ts;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] {
+      const bool stream = i % 2;
+      const std::string body = json{{"prompt", prompts[i / 2]}, {"max_tokens", 10}, {"temperature", 0}, {"stream", stream}}.dump();
+      const Reply r = request(port, http::verb::post, "/v1/completions", body);
+      if (!stream) {
+        got[i] = text_of_reply(r);
+        return;
+      }
+      for (const std::string& e : events(r.body))
+        if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
+    });
+  for (auto& t : ts) t.join();
+  return got;
+}
+
 struct Fixture {
   std::unique_ptr<Model> m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(test::data_dir() + "/tiny-tokenizer");
@@ -268,27 +299,8 @@ TEST(Serve, StopClosesIdleConnections) {
 // slot serves them in turn), streamed or not.
 TEST(Serve, ConcurrentRequestsGetTheirOwnReplies) {
   Fixture f;
-  const std::vector<std::string> prompts = {"Once", "Hello there", "The quick brown", "1 2 3"};
-  std::vector<std::string> alone;
-  for (const std::string& p : prompts) {
-    const Reply r = request(f.port(), http::verb::post, "/v1/completions", json{{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}}.dump());
-    alone.push_back(json::parse(r.body)["choices"][0]["text"]);
-  }
-  std::vector<std::string> got(2 * prompts.size());
-  std::vector<std::thread> ts;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    ts.emplace_back([&, i] {
-      const bool stream = i % 2;
-      const std::string body = json{{"prompt", prompts[i / 2]}, {"max_tokens", 10}, {"temperature", 0}, {"stream", stream}}.dump();
-      const Reply r = request(f.port(), http::verb::post, "/v1/completions", body);
-      if (!stream) {
-        got[i] = json::parse(r.body)["choices"][0]["text"];
-        return;
-      }
-      for (const std::string& e : events(r.body))
-        if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
-    });
-  for (auto& t : ts) t.join();
+  const std::vector<std::string> alone = replies_in_turn(f.port(), kPrompts);
+  const std::vector<std::string> got = replies_at_once(f.port(), kPrompts);
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], alone[i / 2]) << "request " << i;
 }
 
@@ -298,27 +310,8 @@ TEST(Serve, ConcurrentRequestsGetTheirOwnReplies) {
 // the replies are equal to the byte.
 TEST(Serve, ParallelSlotsGiveEachRequestItsOwnReply) {
   Fixture solo, f({}, 4);
-  const std::vector<std::string> prompts = {"Once", "Hello there", "The quick brown", "1 2 3"};
-  std::vector<std::string> alone;
-  for (const std::string& p : prompts) {
-    const Reply r = request(solo.port(), http::verb::post, "/v1/completions", json{{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}}.dump());
-    alone.push_back(json::parse(r.body)["choices"][0]["text"]);
-  }
-  std::vector<std::string> got(2 * prompts.size());
-  std::vector<std::thread> ts;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    ts.emplace_back([&, i] {
-      const bool stream = i % 2;
-      const std::string body = json{{"prompt", prompts[i / 2]}, {"max_tokens", 10}, {"temperature", 0}, {"stream", stream}}.dump();
-      const Reply r = request(f.port(), http::verb::post, "/v1/completions", body);
-      if (!stream) {
-        got[i] = json::parse(r.body)["choices"][0]["text"];
-        return;
-      }
-      for (const std::string& e : events(r.body))
-        if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
-    });
-  for (auto& t : ts) t.join();
+  const std::vector<std::string> alone = replies_in_turn(solo.port(), kPrompts);
+  const std::vector<std::string> got = replies_at_once(f.port(), kPrompts);
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], alone[i / 2]) << "request " << i;
   const std::string metrics = request(f.port(), http::verb::get, "/metrics", "").body;
   EXPECT_NE(metrics.find("coli_slots 4"), std::string::npos) << metrics;
@@ -452,10 +445,7 @@ TEST(ServeCuda, GreedyRepliesWholeAndUnderABudget) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
   Fixture ref;
-  const std::vector<std::string> prompts = {"Once", "Hello there", "The quick brown", "1 2 3"};
-  std::vector<std::string> want;
-  for (const std::string& p : prompts)
-    want.push_back(text_of_reply(request(ref.port(), http::verb::post, "/v1/completions", json{{"prompt", p}, {"max_tokens", 10}, {"temperature", 0}}.dump())));
+  const std::vector<std::string> want = replies_in_turn(ref.port(), kPrompts);
   const long long all = static_cast<long long>(ref.m->spec().num_layers) * ref.m->spec().num_experts;
   for (const long long slots : {-1LL, all / 4}) {
     SCOPED_TRACE(slots < 0 ? "whole" : "a quarter of the experts");
@@ -468,21 +458,7 @@ TEST(ServeCuda, GreedyRepliesWholeAndUnderABudget) {
     so.port = 0, so.limits.model_name = "tiny";
     serve::HttpServer server(so, gen);
     std::thread runner([&] { server.run(); });
-    std::vector<std::string> got(2 * prompts.size());
-    std::vector<std::thread> ts;
-    for (std::size_t i = 0; i < got.size(); ++i)
-      ts.emplace_back([&, i] {
-        const bool stream = i % 2;
-        const Reply r = request(server.port(), http::verb::post, "/v1/completions",
-                                json{{"prompt", prompts[i / 2]}, {"max_tokens", 10}, {"temperature", 0}, {"stream", stream}}.dump());
-        if (!stream) {
-          got[i] = text_of_reply(r);
-          return;
-        }
-        for (const std::string& e : events(r.body))
-          if (e != "[DONE]") got[i] += json::parse(e)["choices"][0]["text"].get<std::string>();
-      });
-    for (auto& t : ts) t.join();
+    const std::vector<std::string> got = replies_at_once(server.port(), kPrompts);
     server.stop();
     runner.join();
     for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i / 2]) << "request " << i;
