@@ -118,9 +118,8 @@ void ExpertTier::swap_tick() {
     const bool idle = std::all_of(swap_jobs_.begin(), swap_jobs_.end(), [](const SwapJob& j) { return j.state == SwapJob::kFree; });
     if (idle) {
       std::vector<uint8_t> frozen(layer_full_.begin(), layer_full_.end());
-      std::vector<ExpertSwap> picked = swap_policy_->choose(plan_.resident, frozen, swap_busy_);
-      // A dense layer has no experts to swap in (its counts stay 0).
-      std::erase_if(picked, [&](const ExpertSwap& w) { return !plan_.has_experts(w.candidate / s_.num_experts); });
+      // A dense layer never swaps: its counts stay 0 and it has no resident to evict (victims come from the candidate's layer).
+      const std::vector<ExpertSwap> picked = swap_policy_->choose(plan_.resident, frozen, swap_busy_);
       for (std::size_t i = 0; i < picked.size(); ++i) {
         SwapJob& j = swap_jobs_[i];
         j.victim = picked[i].victim, j.candidate = picked[i].candidate, j.slot = slot_of_[j.victim];
