@@ -34,11 +34,16 @@ void CpuBackend::attention(const LayerWeights& lw, LayerState& st, int pos0, int
     }
   if (rows) {
     for (int t = 0; t < T; ++t) {
-      if (static_cast<std::size_t>(pos[t]) * kv_w != rows[t]->k.size()) throw Error("attention: a row's position is not its cache's length (internal)");
+      if (static_cast<std::size_t>(pos[t]) * kv_w > rows[t]->k.size()) throw Error("attention: a row's position is past its cache's end (internal)");
+      rows[t]->k.resize(static_cast<std::size_t>(pos[t]) * kv_w), rows[t]->v.resize(static_cast<std::size_t>(pos[t]) * kv_w);  // a rewound session
       rows[t]->k.insert(rows[t]->k.end(), k.begin() + t * kv_w, k.begin() + (t + 1) * kv_w);
       rows[t]->v.insert(rows[t]->v.end(), v.begin() + t * kv_w, v.begin() + (t + 1) * kv_w);
     }
   } else {
+    // From pos0 on: a rewound session's cache (or the MTP layer's, drafting
+    // again from an earlier position) is cut there.
+    if (static_cast<std::size_t>(pos0) * kv_w > st.k.size()) throw Error("attention: position " + std::to_string(pos0) + " is past the cache's end (internal)");
+    st.k.resize(static_cast<std::size_t>(pos0) * kv_w), st.v.resize(static_cast<std::size_t>(pos0) * kv_w);
     st.k.insert(st.k.end(), k.begin(), k.end());
     st.v.insert(st.v.end(), v.begin(), v.end());
   }

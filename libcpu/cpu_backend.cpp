@@ -10,6 +10,7 @@
 #include "kernels_amx.h"
 #include "kernels_amx_bf16.h"
 #include "kernels_vnni.h"
+#include "deltanet_step.h"
 #include "ref_kernels.h"
 #include "thread_pool.h"
 #include "util/buffer.h"
@@ -143,7 +144,7 @@ void CpuBackend::swiglu_mm(const ExpertWeights& e, const float* x, int T, float*
 
 std::unique_ptr<BackendState> CpuBackend::new_state() const {
   auto st = std::make_unique<CpuState>();
-  st->layers.resize(s_.num_layers);
+  st->layers.resize(s_.num_layers_with_mtp());  // the MTP layer's KV cache last
   for (int l = 0; l < s_.num_layers; ++l) {
     if (s_.layer_kinds[l] != LayerKind::kLinearAttention) continue;
     st->layers[l].conv.assign(static_cast<std::size_t>(s_.linear_conv_kernel - 1) * s_.linear_conv_dim(), 0.0f);
@@ -411,10 +412,74 @@ void CpuBackend::add_moe_output(std::size_t n, const float* routed, const float*
 }
 
 void CpuBackend::logits(int T, const float* x, float* out) {
+  Buffer<float> hn(static_cast<std::size_t>(T) * s_.hidden_size);
+  output_norm(T, x, hn.data(), false);
+  lm_head(T, hn.data(), out);
+}
+
+void CpuBackend::output_norm(int T, const float* x, float* h, bool mtp) {
+  if (mtp && !m_.has_mtp()) throw Error("output_norm: the model has no MTP module (internal)");
   const int H = s_.hidden_size;
-  Buffer<float> hn(static_cast<std::size_t>(T) * H);
-  for (int t = 0; t < T; ++t) norm_row(x + t * H, m_.final_norm().data(), H, hn.data() + t * H);
-  mm(m_.lm_head(), hn.data(), T, out);
+  const float* w = mtp ? m_.mtp().norm.data() : m_.final_norm().data();
+  for (int t = 0; t < T; ++t) norm_row(x + t * H, w, H, h + t * H);
+}
+
+void CpuBackend::lm_head(int T, const float* h, float* out) { mm(m_.lm_head(), h, T, out); }
+
+void CpuBackend::mtp_input(int T, const float* e, const float* h, float* x) {
+  if (!m_.has_mtp()) throw Error("mtp_input: the model has no MTP module (internal)");
+  const int H = s_.hidden_size;
+  const MtpWeights& w = m_.mtp();
+  Buffer<float> cat(static_cast<std::size_t>(T) * 2 * H);
+  for (int t = 0; t < T; ++t) {
+    norm_row(e + std::size_t(t) * H, w.norm_embedding.data(), H, cat.data() + std::size_t(t) * 2 * H);
+    norm_row(h + std::size_t(t) * H, w.norm_hidden.data(), H, cat.data() + std::size_t(t) * 2 * H + H);
+  }
+  mm(w.fc, cat.data(), T, x);
+}
+
+void CpuBackend::mark_state(BackendState& state) {
+  for (LayerState& st : static_cast<CpuState&>(state).layers) {
+    if (st.S.empty()) continue;  // attention layers (the MTP layer among them)
+    st.keep = true, st.kept = 0;
+    st.conv0 = st.conv, st.S0 = st.S;
+    st.in.clear(), st.qkv.clear(), st.beta.clear(), st.decay.clear();
+  }
+}
+
+void CpuBackend::rewind_state(BackendState& state, int tokens) {
+  const int nk = s_.linear_num_key_heads, nv = s_.linear_num_value_heads;
+  const int dk = s_.linear_key_head_dim, dv = s_.linear_value_head_dim;
+  const int kd = nk * dk, cd = s_.linear_conv_dim(), K = s_.linear_conv_kernel;
+  for (LayerState& st : static_cast<CpuState&>(state).layers) {
+    if (st.S.empty()) continue;
+    if (!st.keep) throw Error("rewind_state without mark_state (internal)");
+    if (tokens < 0 || tokens > st.kept) throw Error("rewind_state: " + std::to_string(tokens) + " tokens of " + std::to_string(st.kept) + " kept (internal)");
+    st.keep = false;
+    if (tokens == st.kept) continue;
+    // The conv window: the last K-1 inputs of [window at the mark, in_0 .. in_{tokens-1}].
+    st.conv = st.conv0;
+    for (int j = 0; j < tokens; ++j) {
+      const float* xin = st.in.data() + std::size_t(j) * cd;
+      for (int r = 0; r + 1 < K - 1; ++r) std::copy_n(st.conv.data() + std::size_t(r + 1) * cd, cd, st.conv.data() + std::size_t(r) * cd);
+      if (K > 1) std::copy_n(xin, cd, st.conv.data() + std::size_t(K - 2) * cd);
+    }
+    // The recurrence from S0 over the same inputs, with the same step the
+    // chunk ran (deltanet(): the token form while keeping).
+    st.S = st.S0;
+    parallel(nv, [&](int h) {
+      thread_local std::vector<float> oh;
+      oh.resize(dv);
+      const int kh = h / (nv / nk);
+      float* S = st.S.data() + static_cast<std::size_t>(h) * dk * dv;
+      for (int j = 0; j < tokens; ++j) {
+        const float* row = st.qkv.data() + std::size_t(j) * cd;
+        const float b = st.beta[std::size_t(j) * nv + h], d = st.decay[std::size_t(j) * nv + h];
+        if (fast_) gdn_head_step(S, row + kh * dk, row + kd + kh * dk, row + 2 * kd + h * dv, b, d, dk, dv, oh.data());
+        else gdn_head_step_ref(S, row + kh * dk, row + kd + kh * dk, row + 2 * kd + h * dv, b, d, dk, dv, oh.data());
+      }
+    }, /*fixed=*/true);
+  }
 }
 
 }  // namespace coli::cpu

@@ -26,6 +26,14 @@ struct LayerState {
   // Gated DeltaNet: the last (kernel - 1) conv inputs, oldest first,
   // [kernel - 1, conv_dim]; and the recurrent state [v_heads, k_dim, v_dim].
   std::vector<float> conv, S;
+  // Speculative verification (mark_state .. rewind_state), Gated DeltaNet
+  // layers: conv and S at the mark, and per token fed since: its conv
+  // input row [conv_dim] (in), its q, k, v after conv, SiLU and the q/k
+  // normalisation [conv_dim] (qkv), and beta and the decay per value head.
+  // Rewinding replays the recurrence from S0 over the first tokens.
+  bool keep = false;
+  int kept = 0;  // tokens fed since the mark
+  std::vector<float> conv0, S0, in, qkv, beta, decay;
 };
 
 struct CpuState : BackendState {
@@ -67,6 +75,11 @@ class CpuBackend : public Backend {
   void shared_expert(int layer, int T, const float* hn, float* out) override;
   void routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) override;
   void logits(int T, const float* x, float* out) override;
+  void output_norm(int T, const float* x, float* h, bool mtp) override;
+  void lm_head(int T, const float* h, float* out) override;
+  void mtp_input(int T, const float* e, const float* h, float* x) override;
+  void mark_state(BackendState& state) override;
+  void rewind_state(BackendState& state, int tokens) override;
   void add_moe_output(std::size_t n, const float* routed, const float* shared, float* x) override;
 
  private:

@@ -62,11 +62,21 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       for (int i = 0; i < dk; ++i) q[h * dk + i] *= qscale;
     }
   });
+  // A session being verified (mark_state) keeps each token's inputs so that
+  // rewind_state can replay the recurrence over the ones it accepts.
+  const bool keep = !rows && st.keep;
+  const std::size_t j0 = keep ? static_cast<std::size_t>(st.kept) : 0;
+  if (keep) {
+    st.in.insert(st.in.end(), qkv.data(), qkv.data() + static_cast<std::size_t>(T) * cd);
+    st.qkv.insert(st.qkv.end(), conv_out.data(), conv_out.data() + static_cast<std::size_t>(T) * cd);
+    st.beta.resize((j0 + T) * nv), st.decay.resize((j0 + T) * nv);
+    st.kept += T;
+  }
   // (3) the recurrence, per value head (independent), sequential in t; each
   // head stays on one thread so its state stays in that core's cache.
   // Token steps, or with gdn_chunked a prompt in chunks of kGdnChunk tokens
-  // in the chunked form.
-  const bool chunked = gdn_chunked_ && T >= kGdnChunkMinTokens && !rows;
+  // in the chunked form (not while keeping: the replay runs token steps).
+  const bool chunked = gdn_chunked_ && T >= kGdnChunkMinTokens && !rows && !keep;
   parallel(nv, [&](int h) {
     thread_local std::vector<float> oh, beta, gl;
     const int kh = h / (nv / nk);
@@ -103,6 +113,7 @@ void CpuBackend::deltanet(const LayerWeights& lw, LayerState& st, int T, const f
       const float* vh = row + 2 * kd + h * dv;
       const float beta_t = sigmoid(b[t * nv + h]);
       const float decay = std::exp(a_h * softplus(a[t * nv + h] + g.dt_bias[h]));
+      if (keep) st.beta[(j0 + t) * nv + h] = beta_t, st.decay[(j0 + t) * nv + h] = decay;
       float* St = rows ? rows[t]->S.data() + static_cast<std::size_t>(h) * dk * dv : S;
       if (fast_) gdn_head_step(St, qh, khv, vh, beta_t, decay, dk, dv, oh.data());
       else gdn_head_step_ref(St, qh, khv, vh, beta_t, decay, dk, dv, oh.data());

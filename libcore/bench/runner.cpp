@@ -30,9 +30,11 @@ namespace {
 
 struct Test {
   int n_prompt, n_gen, n_depth;
+  int n_verify = 1;  // tokens a decode step feeds (> 1: a speculative verify step, logits of every row)
   std::string name() const {
     std::string s = n_gen == 0 ? "pp" + std::to_string(n_prompt) : n_prompt == 0 ? "tg" + std::to_string(n_gen)
                                                                                  : "pp" + std::to_string(n_prompt) + "+tg" + std::to_string(n_gen);
+    if (n_verify > 1) s += " x" + std::to_string(n_verify);
     return n_depth ? s + " @ d" + std::to_string(n_depth) : s;
   }
 };
@@ -110,7 +112,8 @@ std::vector<Test> tests_of(const BenchOptions& opt) {
     for (int p : opt.n_prompt)
       if (p > 0) tests.push_back({p, 0, d});
     for (int n : opt.n_gen)
-      if (n > 0) tests.push_back({0, n, d});
+      for (int v : opt.n_verify)
+        if (n > 0) tests.push_back({0, n, d, v});
     for (auto [p, n] : opt.prompt_gen) tests.push_back({p, n, d});
   }
   return tests;
@@ -151,7 +154,7 @@ struct TestIds {
       for (int i = 0; i < n; ++i) v[i] = cur.text_ids.empty() ? static_cast<int>(rng() % V) : cur.text_ids[i % cur.text_ids.size()];
       return v;
     };
-    depth = ids(t.n_depth), prompt = ids(t.n_prompt), gen = ids(t.n_gen);
+    depth = ids(t.n_depth), prompt = ids(t.n_prompt), gen = ids(t.n_gen * t.n_verify);
   }
 };
 
@@ -214,7 +217,13 @@ struct ExpertReads {
     const double picks = double(T) * cur.model->spec().num_experts_per_tok;
     for (std::size_t l = 0; l < cur.bytes->experts.size(); ++l) bytes += std::min<double>(cur.bytes->experts[l].size(), picks) * cur.bytes->expert_mean[l];
   }
-  void forward(Engine& engine, Session& s, std::span<const int> tokens) {
+  // all_logits: every row's logits (a verify step's), else the last's.
+  void forward(Engine& engine, Session& s, std::span<const int> tokens, bool all_logits = false) {
+    if (all_logits) {  // the tier's counters and the estimate cover its experts
+      engine.forward_all(s, tokens);
+      estimate(static_cast<int>(tokens.size()));
+      return;
+    }
     if (observable) {
       engine.forward(s, tokens, [this](int layer, int T, const int* idx, const float*) { observe(layer, T, idx); });
       return;
@@ -241,7 +250,7 @@ void run_repetition(Engine& engine, Backend& backend, const Loaded& cur, const T
   }
   for (int i = 0; i < t.n_gen; ++i) {
     const auto s0 = clock_type::now();
-    reads.forward(engine, s, std::span<const int>(&ids.gen[i], 1));
+    reads.forward(engine, s, std::span<const int>(&ids.gen[std::size_t(i) * t.n_verify], t.n_verify), t.n_verify > 1);
     const double dt = std::chrono::duration<double>(clock_type::now() - s0).count();
     if (timed) {
       sm.latencies.push_back(dt);
@@ -327,7 +336,7 @@ void write_tier(json& rec, const Samples& sm, const TierStats& ts, double reps) 
 // Test t measured into rec: the warm-up, then the timed repetitions.
 void measure(json& rec, const Test& t, Engine& engine, Backend& backend, const Loaded& cur, int n_ubatch, const BenchOptions& opt) {
   const int max_pos = cur.model->spec().max_position_embeddings;
-  if (max_pos > 0 && int64_t(t.n_depth) + t.n_prompt + t.n_gen > max_pos)
+  if (max_pos > 0 && int64_t(t.n_depth) + t.n_prompt + int64_t(t.n_gen) * t.n_verify > max_pos)
     throw Error("depth " + std::to_string(t.n_depth) + " + prompt " + std::to_string(t.n_prompt) + " + generation " + std::to_string(t.n_gen) +
                 " tokens exceed the model's context of " + std::to_string(max_pos) + " (max_position_embeddings)");
   const TestIds ids(t, cur, opt.seed);
@@ -436,6 +445,7 @@ void BenchRun::write_records(const Config& c, int n_ubatch, const json& base, co
     rec["test"] = t.name();
     rec["n_prompt"] = t.n_prompt;
     rec["n_gen"] = t.n_gen;
+    rec["n_verify"] = t.n_verify;
     rec["n_depth"] = t.n_depth;
     rec["test_time"] = utc_now();
     if (!error.empty()) {

@@ -6,6 +6,7 @@
 // untimed, in every repetition):
 //   pp N      prompt processing of N tokens          ts = N / time
 //   tg N      N decode steps, one token each          ts = N / time
+//   tg N xk   N verify steps of k tokens each         ts = N / time (steps)
 //   pp P+tg G P prompt tokens then G decode steps      ts = (P + G) / time
 // Inputs are deterministic random token ids (seeded) or the ids of a text
 // file. A warm-up run precedes the timed repetitions. A configuration that
@@ -33,6 +34,10 @@ struct BenchOptions {
   std::vector<int> n_gen = {128};
   std::vector<std::pair<int, int>> prompt_gen;  // pp+tg pairs
   std::vector<int> n_depth = {0};
+  // Tokens each tg step feeds: 1, or k > 1 for the cost of a speculative
+  // verify step of k tokens (logits of every row; the context grows by k a
+  // step; ts is then steps per second). Test "tgN xk".
+  std::vector<int> n_verify = {1};
   std::vector<int> threads = {0};
   std::vector<int> n_batch = {2048};
   std::vector<int> n_ubatch = {512};        // 0: the factory's choice

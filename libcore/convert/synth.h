@@ -46,6 +46,11 @@ struct SynthOptions {
   // DeltaNet projections in the checkpoint). synth_shapes() gives its real
   // shapes.
   ModelFamily family = ModelFamily::kQwen35Moe;
+  // With the multi-token-prediction module the released checkpoints carry
+  // (mtp.*: fc, norms and one decoder layer with its own experts; config
+  // mtp_num_hidden_layers 1). Off by default: benchmarks of the main model
+  // stay comparable. Not for qwen3_moe.
+  bool mtp = false;
   // Shapes (Qwen3.6-35B-A3B); tests shrink them (not on the command line).
   int vocab = 248320, hidden = 2048, experts = 256, top_k = 8, moe_inter = 512, shared_inter = 512;
   int heads = 16, kv_heads = 2, head_dim = 256, lin_k_heads = 16, lin_v_heads = 32, lin_k_dim = 128, lin_v_dim = 128, conv = 4;

@@ -104,6 +104,8 @@ SynthModel::SynthModel(const SynthOptions& o) : opt_(o) {
   }
   spec.num_experts = E, spec.num_experts_per_tok = o.top_k, spec.moe_intermediate_size = I, spec.shared_expert_intermediate_size = moe_only ? 0 : SI;
   spec.sparse_layers.assign(o.layers, 1);
+  if (o.mtp && moe_only) throw Error("synth: --mtp: qwen3_moe checkpoints have no MTP module");
+  spec.mtp_layers = o.mtp ? 1 : 0;
   std::vector<std::string> layer_types;
   for (int l = 0; l < o.layers; ++l) {
     const bool attn = moe_only || (l + 1) % 4 == 0;
@@ -139,6 +141,13 @@ SynthModel::SynthModel(const SynthOptions& o) : opt_(o) {
       case TensorRole::kLinearNorm: return add(t.name, t.shape, Init::Ones);
       case TensorRole::kALog: return add(t.name, t.shape, Init::ALog, 0.5f, 16.0f);
       case TensorRole::kRouter: return add(t.name, t.shape, Init::Router, router_std, 0, t.layer);
+      // The MTP module: the embedding's channel 0 (the routing constant)
+      // masked out of fc's input, and fc never writes it (so the MTP layer
+      // routes without the Zipf bias).
+      case TensorRole::kMtpNormEmbed: return add(t.name, t.shape, skew ? masked_init : norm_init);
+      case TensorRole::kMtpNormHidden:
+      case TensorRole::kMtpNorm: return add(t.name, t.shape, norm_init);
+      case TensorRole::kMtpFc: return add(t.name, t.shape, Init::Normal, 0.02f, 0, -1, true);
       // Output projections: channel 0 of the residual is never written.
       case TensorRole::kOProj:
       case TensorRole::kOutProj:
@@ -159,11 +168,15 @@ SynthModel::SynthModel(const SynthOptions& o) : opt_(o) {
   }
   for (const TensorDesc& t : outer)
     if (t.role != TensorRole::kEmbed) add_entry(t);
+  // The MTP layer last (after its module's fc and norms, which follow the
+  // lm_head in the table's model-level order).
+  for (int l = o.layers; l < spec.num_layers_with_mtp(); ++l)
+    for (const TensorDesc& t : layer_tensors(spec, l)) add_entry(t);
   for (std::size_t i = 0; i < plan_.size(); ++i) index_.emplace(plan_[i].name, i);
 
-  // Per-layer expert ranking for the Zipf bias.
-  ranks_.assign(o.layers, std::vector<int>(E));
-  for (int l = 0; l < o.layers; ++l) {
+  // Per-layer expert ranking for the Zipf bias (the MTP layer's unused).
+  ranks_.assign(spec.num_layers_with_mtp(), std::vector<int>(E));
+  for (int l = 0; l < spec.num_layers_with_mtp(); ++l) {
     std::iota(ranks_[l].begin(), ranks_[l].end(), 1);
     uint64_t r = splitmix(o.seed * 1000003 + l);
     for (int i = E - 1; i > 0; --i) {
@@ -256,6 +269,7 @@ SynthModel::SynthModel(const SynthOptions& o) : opt_(o) {
       cfg["linear_num_value_heads"] = o.lin_v_heads;
     }
   }
+  if (o.mtp) cfg["mtp_num_hidden_layers"] = 1, cfg["mtp_use_dedicated_embeddings"] = false;
   cfg["coli_synthetic"] = {{"seed", o.seed}, {"routing_skew", o.routing_skew}, {"note", "random weights for benchmarks; see coli-convert(1)"}};
   config_ = cfg.dump(2) + "\n";
   generation_config_ = fam == ModelFamily::kQwen35Moe

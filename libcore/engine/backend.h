@@ -107,7 +107,9 @@ class Backend {
   virtual void embed(const int* ids, int T, float* x) = 0;
   // Trunk step: x += mixer(input_norm(x)) for tokens at positions
   // pos0 .. pos0+T-1, where the mixer is gated attention or Gated DeltaNet
-  // by the layer's kind. Appends to / advances the layer's state.
+  // by the layer's kind. Appends to / advances the layer's state (an
+  // attention cache longer than pos0 is cut to pos0 first: a rewound
+  // session, or the MTP layer drafting again from an earlier position).
   virtual void trunk_step(int layer, BackendState& state, int pos0, int T, float* x) = 0;
   // The trunk step of S rows of S sessions, one token each at its own
   // position (Engine::forward_rows): row i of x[S, hidden] gets
@@ -135,6 +137,32 @@ class Backend {
   virtual void add_moe_output(std::size_t n, const float* routed, const float* shared, float* x);
   // logits[T, V] = lm_head(final_norm(x)).
   virtual void logits(int T, const float* x, float* out) = 0;
+
+  // Multi-token prediction (ModelSpec::mtp_layers; Engine::mtp_forward).
+  // The MTP decoder layer runs through the per-layer steps above as layer
+  // num_layers (its KV cache is in the session's state like any layer's);
+  // these are the module's parts around it. Defaults throw: a backend that
+  // has not built them names itself.
+  // h[T, H] = final_norm(x) (mtp false: the hidden the main model gives the
+  // MTP layer) or the MTP module's norm (mtp true: the MTP's own output,
+  // which a chained draft reads back); logits() is lm_head(output_norm).
+  virtual void output_norm(int T, const float* x, float* h, bool mtp);
+  // logits[T, V] = lm_head(h) for rows h already normed.
+  virtual void lm_head(int T, const float* h, float* out);
+  // x[T, H] = fc([pre_fc_norm_embedding(e) | pre_fc_norm_hidden(h)]): the
+  // MTP layer's input from token embeddings e and hidden rows h.
+  virtual void mtp_input(int T, const float* e, const float* h, float* x);
+
+  // Speculative verification (Engine::mark / Engine::rewind): mark_state
+  // starts keeping, in the state, what rewinding the recurrent (Gated
+  // DeltaNet) layers needs: their state now and the inputs of the tokens
+  // the trunk steps feed from now on. rewind_state(tokens) sets those
+  // layers to their state after the first `tokens` tokens fed since the
+  // mark (all of them: as they are) and stops keeping. Attention caches
+  // need nothing: a trunk step at position p drops the cache from p on.
+  // Defaults throw.
+  virtual void mark_state(BackendState& state);
+  virtual void rewind_state(BackendState& state, int tokens);
 
   // A backend that keeps activations on its own device runs a whole chunk
   // (embedding, every layer, the logits) in one call: the engine then calls

@@ -25,9 +25,24 @@ void Backend::add_moe_output(std::size_t n, const float* routed, const float* sh
   for (std::size_t i = 0; i < n; ++i) x[i] += routed[i] + shared[i];
 }
 
+void Backend::output_norm(int, const float*, float*, bool) { throw Error("backend " + name() + " does not run the MTP layer"); }
+void Backend::lm_head(int, const float*, float*) { throw Error("backend " + name() + " does not run the MTP layer"); }
+void Backend::mtp_input(int, const float*, const float*, float*) { throw Error("backend " + name() + " does not run the MTP layer"); }
+void Backend::mark_state(BackendState&) { throw Error("backend " + name() + " cannot rewind a session (speculative decoding)"); }
+void Backend::rewind_state(BackendState&, int) { throw Error("backend " + name() + " cannot rewind a session (speculative decoding)"); }
+
 void Backend::trunk_rows(int layer, BackendState* const* states, const int* positions, int S, int hidden, float* x) {
   for (int i = 0; i < S; ++i) trunk_step(layer, *states[i], positions[i], 1, x + static_cast<std::size_t>(i) * hidden);
 }
+
+struct Engine::Scratch {
+  Buffer<float> hn, shared, routed;
+  std::vector<int> idx;
+  std::vector<float> w;
+  std::vector<ExpertPair> pairs;
+  Scratch(int T, int H, int K)
+      : hn(static_cast<std::size_t>(T) * H), shared(hn.size()), routed(hn.size()), idx(static_cast<std::size_t>(T) * K), w(idx.size()), pairs(idx.size()) {}
+};
 
 Engine::Engine(const ModelSpec& spec, Backend& backend, int prefill_chunk)
     : spec_(spec), backend_(backend), prefill_chunk_(std::max(1, prefill_chunk)) {}
@@ -47,36 +62,81 @@ void Engine::collect_heat() {
   heat_->add_counts(heat_buf_);
 }
 
-Session Engine::new_session() const { return Session{backend_.new_state(), 0}; }
-
-std::vector<float> Engine::forward(Session& s, std::span<const int> tokens, const RouteObserver& observe) {
-  return run(s, tokens, /*all_logits=*/false, observe);
+Session Engine::new_session() const {
+  Session s;
+  s.state = backend_.new_state();
+  return s;
 }
 
-std::vector<float> Engine::forward_all(Session& s, std::span<const int> tokens) { return run(s, tokens, /*all_logits=*/true, {}); }
+std::vector<float> Engine::forward(Session& s, std::span<const int> tokens, const RouteObserver& observe, std::vector<float>* hidden) {
+  return run(s, tokens, /*all_logits=*/false, observe, hidden);
+}
 
-std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all_logits, const RouteObserver& observe) {
-  if (tokens.empty()) throw Error("forward: no tokens");
-  for (int id : tokens)
+std::vector<float> Engine::forward_all(Session& s, std::span<const int> tokens, std::vector<float>* hidden) {
+  return run(s, tokens, /*all_logits=*/true, {}, hidden);
+}
+
+void Engine::check_ids(std::span<const int> ids) const {
+  for (int id : ids)
     if (id < 0 || id >= spec_.vocab_size)
       throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(spec_.vocab_size) + ")");
+}
+
+std::vector<float> Engine::run(Session& s, std::span<const int> tokens, bool all_logits, const RouteObserver& observe, std::vector<float>* hidden) {
+  if (tokens.empty()) throw Error("forward: no tokens");
+  check_ids(tokens);
+  if (hidden) hidden->clear();
   std::vector<float> logits;
   for (std::size_t i = 0; i < tokens.size(); i += prefill_chunk_) {
     const int T = static_cast<int>(std::min<std::size_t>(prefill_chunk_, tokens.size() - i));
     const bool last = i + T == tokens.size();
     const Logits want = all_logits ? Logits::kAll : last ? Logits::kLast : Logits::kNone;
-    auto l = forward_chunk(s, tokens.data() + i, T, want, observe);
+    auto l = forward_chunk(s, tokens.data() + i, T, want, observe, hidden);
     if (logits.empty()) logits = std::move(l);  // one chunk (every decode step): no copy
     else logits.insert(logits.end(), l.begin(), l.end());
   }
   return logits;
 }
 
+std::vector<float> Engine::mtp_forward(Session& s, std::span<const int> ids, const float* h, int pos0, bool all_logits, std::vector<float>* g) {
+  if (!has_mtp()) throw Error("the model has no MTP module (mtp.* tensors)");
+  if (ids.empty()) throw Error("mtp_forward: no tokens");
+  check_ids(ids);
+  const int T = static_cast<int>(ids.size()), H = spec_.hidden_size, L = spec_.mtp_layer();
+  const auto t0 = std::chrono::steady_clock::now();
+  Buffer<float> e(static_cast<std::size_t>(T) * H), x(e.size()), out(e.size());
+  backend_.embed(ids.data(), T, e.data());
+  backend_.mtp_input(T, e.data(), h, x.data());
+  Scratch scratch(T, H, spec_.num_experts_per_tok);
+  run_layer(L, T, x.data(), [&](int l, float* xl) { backend_.trunk_step(l, *s.state, pos0, T, xl); }, {}, scratch);
+  backend_.output_norm(T, x.data(), out.data(), /*mtp=*/true);
+  const int rows = all_logits ? T : 1;
+  std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
+  backend_.lm_head(rows, out.data() + static_cast<std::size_t>(T - rows) * H, logits.data());
+  if (g) g->assign(out.data(), out.data() + out.size());
+  if (timing_) times_.mtp += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return logits;
+}
+
+void Engine::mark(Session& s) {
+  backend_.mark_state(*s.state);
+  s.mark = s.n_past;
+}
+
+void Engine::rewind(Session& s, int n_past) {
+  if (s.mark < 0) throw Error("rewind without mark (internal)");
+  if (n_past < s.mark || n_past > s.n_past)
+    throw Error("rewind to " + std::to_string(n_past) + " tokens outside [" + std::to_string(s.mark) + ", " + std::to_string(s.n_past) + "] (internal)");
+  backend_.rewind_state(*s.state, n_past - s.mark);
+  s.n_past = n_past;
+  s.mark = -1;
+}
+
 std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std::span<const int> ids) {
   const int S = static_cast<int>(sessions.size()), V = spec_.vocab_size;
   if (S == 0 || ids.size() != sessions.size()) throw Error("forward_rows: " + std::to_string(ids.size()) + " ids for " + std::to_string(S) + " sessions");
+  check_ids(ids);
   for (int i = 0; i < S; ++i) {
-    if (ids[i] < 0 || ids[i] >= V) throw Error("token id " + std::to_string(ids[i]) + " is outside the vocabulary (" + std::to_string(V) + " ids)");
     for (int j = 0; j < i; ++j)
       if (sessions[i] == sessions[j]) throw Error("forward_rows: a session appears twice (internal)");
   }
@@ -98,10 +158,10 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
   return logits;
 }
 
-std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe) {
+std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe, std::vector<float>* hidden) {
   if (heat_) heat_->add_tokens(T);
   const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;
-  if (backend_.runs_whole_chunks() && !observe && (!heat_ || device_heat_)) {
+  if (backend_.runs_whole_chunks() && !observe && !hidden && (!heat_ || device_heat_)) {
     const auto t0 = std::chrono::steady_clock::now();
     backend_.start_chunk(*s.state, ids, T, s.n_past, rows);  // the logits are allocated while the device runs
     std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
@@ -111,7 +171,7 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
     return logits;
   }
   std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
-  run_layers(ids, T, [&](int l, float* x) { backend_.trunk_step(l, *s.state, s.n_past, T, x); }, observe, rows, logits.data());
+  run_layers(ids, T, [&](int l, float* x) { backend_.trunk_step(l, *s.state, s.n_past, T, x); }, observe, rows, logits.data(), hidden);
   s.n_past += T;
   return logits;
 }
@@ -124,39 +184,59 @@ void Engine::timed(double StageTimes::*stage, F&& fn) {
   times_.*stage += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void Engine::run_layers(const int* ids, int T, const TrunkStep& trunk, const RouteObserver& observe, int logit_rows, float* logits) {
-  const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
-  Buffer<float> x(static_cast<std::size_t>(T) * H), hn(x.size()), shared(x.size()), routed(x.size());
-  std::vector<int> idx(static_cast<std::size_t>(T) * K);
-  std::vector<float> w(idx.size());
-  std::vector<ExpertPair> pairs(idx.size());
+void Engine::run_layers(const int* ids, int T, const TrunkStep& trunk, const RouteObserver& observe, int logit_rows, float* logits,
+                        std::vector<float>* hidden) {
+  const int H = spec_.hidden_size;
+  Buffer<float> x(static_cast<std::size_t>(T) * H);
   timed(&StageTimes::embed, [&] { backend_.embed(ids, T, x.data()); });
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    // A dense layer (qwen3_moe, qwen3_next where configured) has no routing:
-    // its MLP is the backend's shared_expert step, the routed part is 0.
-    const bool sparse = spec_.is_sparse(l);
-    timed(&StageTimes::trunk, [&] { trunk(l, x.data()); });
-    timed(&StageTimes::router, [&] {
-      backend_.ffn_norm(l, T, x.data(), hn.data());
-      if (sparse) backend_.route(l, T, hn.data(), idx.data(), w.data());
-    });
-    if (sparse && observe) observe(l, T, idx.data(), w.data());
-    if (sparse && heat_) heat_->add(l, idx.data(), idx.size());
-    timed(&StageTimes::shared, [&] { backend_.shared_expert(l, T, hn.data(), shared.data()); });
-    timed(&StageTimes::experts, [&] {
-      if (!sparse) {
-        std::fill(routed.data(), routed.data() + routed.size(), 0.0f);
-        return;
-      }
-      for (int t = 0; t < T; ++t)
-        for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
-      backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
-    });
-    // Combine: the MoE output is routed + shared, added to the residual.
-    timed(&StageTimes::combine, [&] { backend_.add_moe_output(x.size(), routed.data(), shared.data(), x.data()); });
+  Scratch scratch(T, H, spec_.num_experts_per_tok);
+  for (int l = 0; l < spec_.num_layers; ++l) run_layer(l, T, x.data(), trunk, observe, scratch);
+  if (!hidden) {
+    if (logit_rows == 0) return;
+    timed(&StageTimes::lm_head, [&] { backend_.logits(logit_rows, x.data() + static_cast<std::size_t>(T - logit_rows) * H, logits); });
+    return;
   }
-  if (logit_rows == 0) return;
-  timed(&StageTimes::lm_head, [&] { backend_.logits(logit_rows, x.data() + static_cast<std::size_t>(T - logit_rows) * H, logits); });
+  // The hidden rows the MTP layer reads, and the logits from them (the
+  // same arithmetic as logits()).
+  const std::size_t at = hidden->size();
+  hidden->resize(at + x.size());
+  float* h = hidden->data() + at;
+  timed(&StageTimes::lm_head, [&] {
+    backend_.output_norm(T, x.data(), h, /*mtp=*/false);
+    if (logit_rows) backend_.lm_head(logit_rows, h + static_cast<std::size_t>(T - logit_rows) * H, logits);
+  });
+}
+
+void Engine::run_layer(int l, int T, float* x, const TrunkStep& trunk, const RouteObserver& observe, Scratch& scratch) {
+  const int H = spec_.hidden_size, K = spec_.num_experts_per_tok;
+  const std::size_t n = static_cast<std::size_t>(T) * H;
+  Buffer<float>&hn = scratch.hn, &shared = scratch.shared, &routed = scratch.routed;
+  std::vector<int>& idx = scratch.idx;
+  std::vector<float>& w = scratch.w;
+  std::vector<ExpertPair>& pairs = scratch.pairs;
+  // A dense layer (qwen3_moe, qwen3_next where configured) has no routing:
+  // its MLP is the backend's shared_expert step, the routed part is 0. The
+  // MTP layer (l == num_layers) is not in the heat.
+  const bool sparse = spec_.is_sparse(l), counted = l < spec_.num_layers;
+  timed(&StageTimes::trunk, [&] { trunk(l, x); });
+  timed(&StageTimes::router, [&] {
+    backend_.ffn_norm(l, T, x, hn.data());
+    if (sparse) backend_.route(l, T, hn.data(), idx.data(), w.data());
+  });
+  if (sparse && observe && counted) observe(l, T, idx.data(), w.data());
+  if (sparse && heat_ && counted) heat_->add(l, idx.data(), idx.size());
+  timed(&StageTimes::shared, [&] { backend_.shared_expert(l, T, hn.data(), shared.data()); });
+  timed(&StageTimes::experts, [&] {
+    if (!sparse) {
+      std::fill(routed.data(), routed.data() + routed.size(), 0.0f);
+      return;
+    }
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k) pairs[t * K + k] = ExpertPair{t, idx[t * K + k], w[t * K + k]};
+    backend_.routed_experts(l, pairs.data(), static_cast<int>(pairs.size()), hn.data(), routed.data());
+  });
+  // Combine: the MoE output is routed + shared, added to the residual.
+  timed(&StageTimes::combine, [&] { backend_.add_moe_output(n, routed.data(), shared.data(), x); });
 }
 
 }  // namespace coli

@@ -20,13 +20,22 @@ namespace coli {
 struct Session {
   std::unique_ptr<BackendState> state;
   int n_past = 0;  // tokens already in the state
+  int mark = -1;   // n_past at Engine::mark (speculative verification); -1: none
+  // The MTP layer's progress (engine/speculative.h): its cache holds
+  // positions [0, mtp_past); the main model's hidden rows of positions
+  // [mtp_past, n_past) wait in mtp_hidden, the ids fed at positions
+  // mtp_past + 1 .. n_past - 1 in mtp_ids.
+  int mtp_past = 0;
+  std::vector<float> mtp_hidden;
+  std::vector<int> mtp_ids;
 };
 
 // Time spent in each kind of step, accumulated while stats are enabled.
 struct StageTimes {
   double embed = 0, trunk = 0, router = 0, shared = 0, experts = 0, combine = 0, lm_head = 0;  // seconds
   double device = 0;  // whole chunks run by a device backend (forward_chunk)
-  double total() const { return embed + trunk + router + shared + experts + combine + lm_head + device; }
+  double mtp = 0;     // the MTP layer (drafts), all its steps
+  double total() const { return embed + trunk + router + shared + experts + combine + lm_head + device + mtp; }
 };
 
 // Called once per layer per chunk with the chunk's router choices:
@@ -39,9 +48,28 @@ class Engine {
 
   Session new_session() const;
   // Appends `tokens` to the session and returns the logits of the last one.
-  std::vector<float> forward(Session& s, std::span<const int> tokens, const RouteObserver& observe = {});
+  // With hidden: also every token's final-normed hidden row, [tokens.size(),
+  // hidden] (what the MTP layer reads; the per-layer path computes it).
+  std::vector<float> forward(Session& s, std::span<const int> tokens, const RouteObserver& observe = {}, std::vector<float>* hidden = nullptr);
   // The same, returning the logits of every token: [tokens.size(), vocab].
-  std::vector<float> forward_all(Session& s, std::span<const int> tokens);
+  std::vector<float> forward_all(Session& s, std::span<const int> tokens, std::vector<float>* hidden = nullptr);
+
+  // Multi-token prediction (engine/speculative.h drives these).
+  bool has_mtp() const { return spec_.mtp_layers > 0; }
+  // The MTP layer over T rows: row i reads token ids[i] and hidden row
+  // h[i] (the main model's final-normed hidden at the position before the
+  // token's, or the MTP's own output for a chained draft) at position
+  // pos0 + i of the session's MTP cache, which it cuts at pos0 first.
+  // Returns the logits of the last row, or of every row with all_logits;
+  // with g also the MTP's output rows [T, hidden] after its norm (the
+  // hidden a chained draft reads). The session's n_past is not changed.
+  std::vector<float> mtp_forward(Session& s, std::span<const int> ids, const float* h, int pos0, bool all_logits, std::vector<float>* g = nullptr);
+  // Verification: mark(s) before feeding drafted tokens; rewind(s, n) then
+  // returns the session to n tokens (mark <= n <= n_past), exactly as if
+  // only those had been fed (recurrent layers replayed, caches cut), and
+  // ends the mark.
+  void mark(Session& s);
+  void rewind(Session& s, int n_past);
   // One decode step of several sessions at once (coli-serve's parallel
   // slots): ids[i] is appended to *sessions[i] (distinct sessions, each
   // with room for one more token); returns [S, vocab], row i what
@@ -73,15 +101,23 @@ class Engine {
 
  private:
   enum class Logits { kNone, kLast, kAll };
-  // Checks the ids, then runs them chunk by chunk; last-token or all logits.
-  std::vector<float> run(Session& s, std::span<const int> tokens, bool all_logits, const RouteObserver& observe);
+  // Checks the ids, then runs them chunk by chunk; last-token or all
+  // logits, and every token's hidden row appended to hidden when given.
+  std::vector<float> run(Session& s, std::span<const int> tokens, bool all_logits, const RouteObserver& observe, std::vector<float>* hidden);
   // One chunk; returns the logits it was asked for.
-  std::vector<float> forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe);
+  std::vector<float> forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe, std::vector<float>* hidden);
   // The per-layer path over T rows: the embedding, then per layer
   // trunk(l, x) (one sequence's chunk, or one row of each of T sessions)
-  // and the MoE block; the last logit_rows rows' logits into logits.
+  // and the MoE block; the last logit_rows rows' logits into logits, and
+  // with hidden every row's final-normed hidden appended to it.
   using TrunkStep = std::function<void(int layer, float* x)>;
-  void run_layers(const int* ids, int T, const TrunkStep& trunk, const RouteObserver& observe, int logit_rows, float* logits);
+  void run_layers(const int* ids, int T, const TrunkStep& trunk, const RouteObserver& observe, int logit_rows, float* logits,
+                  std::vector<float>* hidden = nullptr);
+  // Layer l's trunk step and MoE block over x[T, hidden], with arrays
+  // allocated once per pass.
+  struct Scratch;
+  void run_layer(int l, int T, float* x, const TrunkStep& trunk, const RouteObserver& observe, Scratch& scratch);
+  void check_ids(std::span<const int> ids) const;
   // fn(), its time charged to a stage when timing is on.
   template <class F>
   void timed(double StageTimes::*stage, F&& fn);

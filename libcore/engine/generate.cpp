@@ -7,13 +7,14 @@
 #include <numeric>
 #include <string>
 
+#include "engine/speculative.h"
 #include "util/error.h"
 
 namespace coli {
 
 namespace {
 // The log of the softmax's normaliser; NaN or +Inf when a logit is.
-double log_sum_exp(const std::vector<float>& logits) {
+double log_sum_exp(std::span<const float> logits) {
   float m = -std::numeric_limits<float>::infinity();
   for (float v : logits) m = std::max(m, v);  // a NaN logit is caught by the sum below
   double sum = 0;
@@ -54,7 +55,9 @@ void check_logits_finite(std::span<const float> logits, const std::string& step)
   if (!any) not_finite(logits, step);
 }
 
-std::vector<float> log_softmax(const std::vector<float>& logits, const std::string& step) {
+std::vector<float> log_softmax(const std::vector<float>& logits, const std::string& step) { return log_softmax(std::span<const float>(logits), step); }
+
+std::vector<float> log_softmax(std::span<const float> logits, const std::string& step) {
   if (logits.empty()) throw Error(step + ": no logits");
   const double lse = log_sum_exp(logits);
   if (!std::isfinite(lse)) not_finite(logits, step);
@@ -63,13 +66,36 @@ std::vector<float> log_softmax(const std::vector<float>& logits, const std::stri
   return out;
 }
 
-GenerateStats generate(Engine& engine, Session& session, std::span<const int> prompt, const GenerateOptions& opt,
-                       const std::function<void(const TokenEvent&)>& on_token) {
+TokenEvent token_event(std::span<const float> logits, int id, const GenerateOptions& opt, const std::vector<int>& stops, const std::string& step) {
+  TokenEvent ev;
+  ev.id = id;
+  ev.is_stop = !opt.ignore_eos && std::find(stops.begin(), stops.end(), id) != stops.end();
+  if (!opt.logprobs && opt.top_logprobs <= 0) return ev;
+  const std::vector<float> lp = log_softmax(logits, step);
+  ev.logprob = lp[id];
+  if (opt.top_logprobs > 0) {
+    std::vector<int> ids(lp.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const int k = std::min<int>(opt.top_logprobs, static_cast<int>(ids.size()));
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+    for (int j = 0; j < k; ++j) ev.top.emplace_back(ids[j], lp[ids[j]]);
+  }
+  return ev;
+}
+
+void check_generate_args(const Session& session, std::span<const int> prompt, const GenerateOptions& opt) {
   if (prompt.empty()) throw Error("the prompt is empty");
   if (opt.n_ctx > 0 && session.n_past + static_cast<long>(prompt.size()) + 1 > opt.n_ctx)
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens" +
                 (session.n_past ? " after " + std::to_string(session.n_past) + " in the conversation" : std::string()) +
                 ": with one generated token that exceeds the context size of " + std::to_string(opt.n_ctx) + " tokens (-c/--ctx-size)");
+}
+
+GenerateStats generate(Engine& engine, Session& session, std::span<const int> prompt, const GenerateOptions& opt,
+                       const std::function<void(const TokenEvent&)>& on_token) {
+  if (opt.draft < 0 || opt.draft > kMaxDraft) throw Error("draft: " + std::to_string(opt.draft) + " tokens a step (0 to " + std::to_string(kMaxDraft) + ")");
+  if (opt.draft > 0) return generate_speculative(engine, session, prompt, opt, on_token);
+  check_generate_args(session, prompt, opt);
   using clock = std::chrono::steady_clock;
   GenerateStats st;
   st.n_prompt = static_cast<int>(prompt.size());
@@ -84,22 +110,9 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
   st.fed = history;
 
   for (int i = 0; i < opt.n_predict; ++i) {
-    TokenEvent ev;
     const std::string step = i == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(i);
-    const bool want_lp = opt.logprobs || opt.top_logprobs > 0;
-    std::vector<float> lp;
-    if (want_lp) lp = log_softmax(logits, step);
-    else check_logits_finite(logits, step);
-    ev.id = sampler.sample(logits, history);
-    if (want_lp) ev.logprob = lp[ev.id];
-    if (opt.top_logprobs > 0) {
-      std::vector<int> ids(lp.size());
-      std::iota(ids.begin(), ids.end(), 0);
-      const int k = std::min<int>(opt.top_logprobs, static_cast<int>(ids.size()));
-      std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
-      for (int j = 0; j < k; ++j) ev.top.emplace_back(ids[j], lp[ids[j]]);
-    }
-    ev.is_stop = !opt.ignore_eos && std::find(stops.begin(), stops.end(), ev.id) != stops.end();
+    check_logits_finite(logits, step);
+    const TokenEvent ev = token_event(logits, sampler.sample(logits, history), opt, stops, step);
     on_token(ev);
     ++st.n_generated;
     history.push_back(ev.id);

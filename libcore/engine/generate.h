@@ -17,6 +17,9 @@
 
 namespace coli {
 
+// The most tokens GenerateOptions::draft may ask a step to draft.
+constexpr int kMaxDraft = 8;
+
 struct GenerateOptions {
   int n_predict = 16;
   SamplingParams sampling;
@@ -31,6 +34,13 @@ struct GenerateOptions {
   // Asked after each token's callback: false ends the generation there (a
   // stop string, a client gone); GenerateStats::stopped_by_caller says so.
   std::function<bool()> keep_going;
+  // Speculative decoding with the model's MTP layer (engine/speculative.h):
+  // up to `draft` drafted tokens verified per step; 0: off. The model must
+  // have an MTP module (Engine::has_mtp).
+  int draft = 0;
+  // Tests: a draft proposed for generated token i (from 0) becomes
+  // draft_hook(i, proposed): a drafter right or wrong where a test says.
+  std::function<int(int i, int proposed)> draft_hook;
 };
 
 struct TokenEvent {
@@ -49,14 +59,30 @@ struct GenerateStats {
   bool context_full = false;  // generation stopped at n_ctx
   bool stopped_by_caller = false;  // GenerateOptions::keep_going said no
   std::vector<int> fed;  // ids fed to the session by this call (prompt + generated but the last)
+  // Speculative decoding (GenerateOptions::draft): tokens drafted and of
+  // them accepted; rounds (verify chunks, also in n_decode_steps); the MTP
+  // layer's share of the decode time; why drafting was off ("" when on or
+  // not asked for).
+  int n_drafted = 0, n_accepted = 0, n_rounds = 0;
+  double mtp_seconds = 0;
+  std::string draft_off;
 };
 
 GenerateStats generate(Engine& engine, Session& session, std::span<const int> prompt, const GenerateOptions& opt,
                        const std::function<void(const TokenEvent&)>& on_token);
 
+// The event of choosing `id` from logits (its logprob and the top ones
+// when asked for, whether it stops); `step` names the step in errors. The
+// caller has checked the logits (check_logits_finite) before sampling.
+// generate()'s and generate_speculative()'s.
+TokenEvent token_event(std::span<const float> logits, int id, const GenerateOptions& opt, const std::vector<int>& stops, const std::string& step);
+// The prompt is not empty and fits opt.n_ctx with one generated token.
+void check_generate_args(const Session& session, std::span<const int> prompt, const GenerateOptions& opt);
+
 // log-softmax of logits (double accumulation). Throws coli::Error naming
 // `step` when a logit is NaN or +Inf (which make the normaliser non-finite).
 std::vector<float> log_softmax(const std::vector<float>& logits, const std::string& step);
+std::vector<float> log_softmax(std::span<const float> logits, const std::string& step);
 // The same check alone, one pass without exponentials: NaN or +Inf is a
 // coli::Error naming `step` and the first such id (-Inf is a legal "never").
 void check_logits_finite(const std::vector<float>& logits, const std::string& step);

@@ -15,6 +15,7 @@ using F = TensorForm;
 // Which entries a row yields.
 enum class Scope {
   kModel,      // one, outside the layers
+  kMtp,        // one, outside the layers, in a model with an MTP module (ModelSpec::mtp_layers)
   kLayer,      // one in every layer
   kAttention,  // one in every full-attention layer
   kDeltaNet,   // one in every Gated DeltaNet layer
@@ -31,6 +32,10 @@ TensorSlot outer_matrix(OuterWeights& w) { return {&(w .* ... .* Path), nullptr}
 template <auto... Path>
 TensorSlot outer_vector(OuterWeights& w) { return {nullptr, &(w .* ... .* Path)}; }
 template <auto... Path>
+TensorSlot mtp_matrix(OuterWeights& w) { return {&(w.mtp .* ... .* Path), nullptr}; }
+template <auto... Path>
+TensorSlot mtp_vector(OuterWeights& w) { return {nullptr, &(w.mtp .* ... .* Path)}; }
+template <auto... Path>
 TensorSlot matrix_at(LayerWeights& w, int) { return {&(w .* ... .* Path), nullptr}; }
 template <auto... Path>
 TensorSlot vector_at(LayerWeights& w, int) { return {nullptr, &(w .* ... .* Path)}; }
@@ -41,7 +46,7 @@ TensorSlot no_slot(LayerWeights&, int) { return {}; }
 struct Row {
   TensorRole role;
   Scope scope;
-  const char* name;  // kModel: the whole name; kExpert: after "model.layers.N.mlp.experts.E."; else after "model.layers.N."
+  const char* name;  // kModel, kMtp: the whole name; kExpert: after "model.layers.N.mlp.experts.E."; else after "model.layers.N." (or "mtp.layers.0.")
   TensorClass cls;
   TensorForm form;
   Shape (*shape)(const ModelSpec&);
@@ -61,6 +66,18 @@ const Row kRows[] = {
      outer_vector<&OuterWeights::final_norm>},
     {R::kLmHead, Scope::kModel, "lm_head.weight", C::kLmHead, F::kMatrix, [](const ModelSpec& s) -> Shape { return {s.vocab_size, hidden(s)}; },
      outer_matrix<&OuterWeights::lm_head>},
+
+    // The MTP module (its decoder layer is layer num_layers, named
+    // "mtp.layers.0."): x = fc([pre_fc_norm_embedding(embed(t)) |
+    // pre_fc_norm_hidden(h)]), the layer, then norm before the lm_head.
+    {R::kMtpFc, Scope::kMtp, "mtp.fc.weight", C::kTrunk, F::kMatrix, [](const ModelSpec& s) -> Shape { return {hidden(s), 2 * hidden(s)}; },
+     mtp_matrix<&MtpWeights::fc>},
+    {R::kMtpNormEmbed, Scope::kMtp, "mtp.pre_fc_norm_embedding.weight", C::kF32, F::kVector, [](const ModelSpec& s) -> Shape { return {hidden(s)}; },
+     mtp_vector<&MtpWeights::norm_embedding>},
+    {R::kMtpNormHidden, Scope::kMtp, "mtp.pre_fc_norm_hidden.weight", C::kF32, F::kVector, [](const ModelSpec& s) -> Shape { return {hidden(s)}; },
+     mtp_vector<&MtpWeights::norm_hidden>},
+    {R::kMtpNorm, Scope::kMtp, "mtp.norm.weight", C::kF32, F::kVector, [](const ModelSpec& s) -> Shape { return {hidden(s)}; },
+     mtp_vector<&MtpWeights::norm>},
 
     {R::kInputNorm, Scope::kLayer, "input_layernorm.weight", C::kF32, F::kVector, [](const ModelSpec& s) -> Shape { return {hidden(s)}; },
      nullptr, vector_at<&LayerWeights::input_norm>},
@@ -169,16 +186,22 @@ const char* tensor_class_name(TensorClass c) {
   return "?";
 }
 
+std::string layer_prefix(const ModelSpec& spec, int layer) {
+  return layer < spec.num_layers ? "model.layers." + std::to_string(layer) + "." : "mtp.layers." + std::to_string(layer - spec.num_layers) + ".";
+}
+
 std::vector<TensorDesc> model_tensors(const ModelSpec& spec, bool own_lm_head) {
   std::vector<TensorDesc> out;
   for (const Row& r : kRows)
-    if (r.scope == Scope::kModel && (own_lm_head || r.role != R::kLmHead)) out.push_back(entry(r, spec, r.name, -1, -1));
+    if ((r.scope == Scope::kModel && (own_lm_head || r.role != R::kLmHead)) || (r.scope == Scope::kMtp && spec.mtp_layers > 0))
+      out.push_back(entry(r, spec, r.name, -1, -1));
   return out;
 }
 
 std::vector<TensorDesc> layer_tensors(const ModelSpec& spec, int layer, ExpertLayout experts) {
-  const std::string L = "model.layers." + std::to_string(layer) + ".";
-  const bool attention = spec.layer_kinds.at(layer) == LayerKind::kFullAttention, sparse = spec.is_sparse(layer);
+  if (layer < 0 || layer >= spec.num_layers_with_mtp()) throw Error("tensor table: no layer " + std::to_string(layer) + " (internal)");
+  const std::string L = layer_prefix(spec, layer);
+  const bool attention = spec.kind_of(layer) == LayerKind::kFullAttention, sparse = spec.is_sparse(layer);
   std::vector<TensorDesc> out;
   for (const Row& r : kRows) {
     const bool here = r.scope == Scope::kLayer || (r.scope == Scope::kAttention && attention) || (r.scope == Scope::kDeltaNet && !attention) ||
@@ -209,7 +232,7 @@ TensorSlot slot_of(LayerWeights& w, const TensorDesc& t) {
 
 std::vector<TensorDesc> tensors_of(const ModelSpec& spec, bool own_lm_head) {
   std::vector<TensorDesc> out = model_tensors(spec, own_lm_head);
-  for (int l = 0; l < spec.num_layers; ++l) {
+  for (int l = 0; l < spec.num_layers_with_mtp(); ++l) {
     std::vector<TensorDesc> layer = layer_tensors(spec, l);
     out.insert(out.end(), std::make_move_iterator(layer.begin()), std::make_move_iterator(layer.end()));
   }

@@ -11,7 +11,8 @@
 // it), its conversion class and its shape from the ModelSpec.
 //
 // Order, which is also a container's blob order: embed, final norm,
-// lm_head; then per layer its two norms, the mixer's matrices, the mixer's
+// lm_head, the MTP module's fc and norms; then per layer (the MTP layer
+// after the others) its two norms, the mixer's matrices, the mixer's
 // vectors, router, shared expert (gate, up, down, then its 1-row gate) and
 // the routed experts one by one (gate, up, down), or for a dense layer its
 // MLP (gate, up, down); qwen3_next's DeltaNet projections in the split
@@ -33,6 +34,7 @@ class Model;
 
 enum class TensorRole {
   kEmbed, kFinalNorm, kLmHead,
+  kMtpFc, kMtpNormEmbed, kMtpNormHidden, kMtpNorm,  // the MTP module outside its layer
   kInputNorm, kPostNorm,
   // gated full attention
   kQProj, kKProj, kVProj, kOProj, kQNorm, kKNorm,
@@ -75,10 +77,15 @@ struct TensorDesc {
   int expert = -1;  // a routed expert's part: the expert
 };
 
-// embed, final norm and (when own_lm_head: not tied to embed) lm_head.
+// embed, final norm and (when own_lm_head: not tied to embed) lm_head;
+// in a model with an MTP module (ModelSpec::mtp_layers) also its fc and
+// three norms.
 std::vector<TensorDesc> model_tensors(const ModelSpec& spec, bool own_lm_head);
-// The tensors of layer `layer` (its kind from spec.layer_kinds).
+// The tensors of layer `layer` (its kind from spec.kind_of); layer
+// num_layers is the MTP decoder layer, named "mtp.layers.0.".
 std::vector<TensorDesc> layer_tensors(const ModelSpec& spec, int layer, ExpertLayout experts = ExpertLayout::kPerExpert);
+// "model.layers.N." or, for the MTP layer, "mtp.layers.0.".
+std::string layer_prefix(const ModelSpec& spec, int layer);
 
 // Where a model-level or layer entry lives in weights being bound. Stacked
 // entries have no slot of their own (the binder slices them).
@@ -90,7 +97,8 @@ TensorSlot slot_of(OuterWeights& w, const TensorDesc& t);
 TensorSlot slot_of(LayerWeights& w, const TensorDesc& t);
 
 // Every tensor a model of this spec holds (lm_head only when own_lm_head),
-// model-level first, experts per expert: a container's blob order.
+// model-level first, then the layers (the MTP layer last), experts per
+// expert: a container's blob order.
 std::vector<TensorDesc> tensors_of(const ModelSpec& spec, bool own_lm_head);
 // The same for a bound model (lm_head unless tied to embed), and each one's
 // storage in it.

@@ -195,6 +195,22 @@ ModelSpec parse_model_spec(const std::string& text, const std::string& path) {
       s.layer_kinds.push_back((i + 1) % interval ? LayerKind::kLinearAttention : LayerKind::kFullAttention);
   }
 
+  // The multi-token-prediction module (Qwen3.5/3.6 and Qwen3-Next
+  // checkpoints: mtp.*): its decoder layers, full attention with routed and
+  // shared experts, after the main ones. qwen3_moe has none. Model::bind
+  // keeps it only where the checkpoint has its tensors.
+  if (!moe_only) {
+    const char* key = tc->contains("mtp_num_hidden_layers") ? "mtp_num_hidden_layers" : "num_nextn_predict_layers";
+    const auto it = tc->find(key);
+    if (it != tc->end() && !it->is_null()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0) throw r.err(key, "must be a non-negative integer");
+      if (it->get<int64_t>() > 1) throw r.err(key, "= " + it->dump() + " is not supported (0 or 1 MTP layer)");
+      s.mtp_layers = it->get<int>();
+    }
+    if (s.mtp_layers && r.bool_or("mtp_use_dedicated_embeddings", false))
+      throw r.err("mtp_use_dedicated_embeddings", "= true is not supported (the MTP layer shares the model's embedding)");
+  }
+
   for (const json* src : std::initializer_list<const json*>{tc, &root}) {
     auto e = src->find("eos_token_id");
     if (e == src->end() || e->is_null() || !s.eos_token_ids.empty()) continue;

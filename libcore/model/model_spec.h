@@ -64,12 +64,25 @@ struct ModelSpec {
   std::vector<uint8_t> sparse_layers;     // [num_layers] 1: routed experts; 0: a dense MLP of intermediate_size
   int intermediate_size = 0;              // the dense MLP layers' width (0: no dense layer)
 
+  // Multi-token prediction (speculative decoding, engine/speculative.h):
+  // 0 or 1 MTP decoder layer, bound as layer num_layers (a full-attention
+  // layer with routed experts and a shared expert, tensors under
+  // "mtp.layers.0.") next to mtp.fc and its three norms. 0 when the config
+  // has none or the checkpoint left its tensors out (Model::bind).
+  int mtp_layers = 0;
+  // The MTP layer's index (== num_layers) and every layer a session holds.
+  int mtp_layer() const { return num_layers; }
+  int num_layers_with_mtp() const { return num_layers + mtp_layers; }
+  // Layer l's kind, the MTP layer's included (full attention).
+  LayerKind kind_of(int l) const { return l < num_layers ? layer_kinds.at(l) : LayerKind::kFullAttention; }
+
   int linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
   int linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
   int linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
   int num_attention_layers() const;
-  // Layer l has routed experts (else a dense MLP of intermediate_size).
-  bool is_sparse(int l) const { return sparse_layers.empty() || sparse_layers.at(l) != 0; }
+  // Layer l has routed experts (else a dense MLP of intermediate_size); the
+  // MTP layer always.
+  bool is_sparse(int l) const { return l >= num_layers || sparse_layers.empty() || sparse_layers.at(l) != 0; }
   int num_sparse_layers() const {
     int n = 0;
     for (int l = 0; l < num_layers; ++l) n += is_sparse(l);

@@ -105,9 +105,10 @@ class Binder {
     }
   }
 
-  void check_no_unknown() const {
+  // With the MTP module bound, an mtp.* tensor it did not use is unknown too.
+  void check_no_unknown(bool mtp_bound) const {
     for (const auto& n : src_.names())
-      if (!used_.count(n) && !is_ignored_tensor(n)) throw Error(where_ + ": unknown tensor '" + n + "'");
+      if (!used_.count(n) && !(is_ignored_tensor(n) && !(mtp_bound && n.rfind("mtp.", 0) == 0))) throw Error(where_ + ": unknown tensor '" + n + "'");
   }
 
  private:
@@ -145,6 +146,9 @@ std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<Tensor
   m->dir_ = where;
   m->spec_ = spec;
   m->source_ = std::move(source);
+  // An MTP module the config declares is kept where the checkpoint has it
+  // (quantized repacks often leave it out: the model then has none).
+  if (m->spec_.mtp_layers > 0 && !m->source_->find("mtp.fc.weight")) m->spec_.mtp_layers = 0;
   const ModelSpec& s = m->spec_;
   Binder b(*m->source_, where);
   for (const TensorDesc& t : model_tensors(s, true)) {
@@ -154,9 +158,9 @@ std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<Tensor
     }
     b.bind(t, slot_of(m->outer_, t));
   }
-  for (int i = 0; i < s.num_layers; ++i) {
+  for (int i = 0; i < s.num_layers_with_mtp(); ++i) {
     LayerWeights lw;
-    lw.kind = s.layer_kinds[i];
+    lw.kind = s.kind_of(i);
     if (s.is_sparse(i)) lw.moe.experts.resize(s.num_experts);  // a dense layer has none
     // Routed experts come one tensor per part, or stacked in transformers'
     // fused layout (recognised by its first stack).
@@ -166,7 +170,7 @@ std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<Tensor
     if (!lw.moe.fused_layout) ts = layer_tensors(s, i, ExpertLayout::kPerExpert);
     // qwen3_next checkpoints fuse the DeltaNet's input projections
     // (containers store them split, as qwen3_5_moe does).
-    const std::string L = "model.layers." + std::to_string(i) + ".";
+    const std::string L = layer_prefix(s, i);
     const bool fused_gdn = s.fused_linear_projections && lw.kind == LayerKind::kLinearAttention && b.has(L + kFusedQkvz);
     if (fused_gdn) b.split_fused_projections(s, L, ts, lw, m->owned_);
     for (const TensorDesc& t : ts) {
@@ -185,7 +189,7 @@ std::unique_ptr<Model> Model::bind(const ModelSpec& spec, std::shared_ptr<Tensor
     }
     m->layers_.push_back(std::move(lw));
   }
-  b.check_no_unknown();
+  b.check_no_unknown(s.mtp_layers > 0);
   return m;
 }
 

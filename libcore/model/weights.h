@@ -5,9 +5,10 @@
 // f16, f32, block-scaled fp8 from checkpoints; the quantized formats of
 // quant/format.h from containers); small vectors (norms, A_log, dt_bias, conv
 // taps) are upcast to f32 at load. Binding checks every expected tensor's
-// presence and shape and rejects any tensor it does not know (mtp.* and
-// *visual.* are ignored on purpose): each problem is a coli::Error naming
-// the tensor.
+// presence and shape and rejects any tensor it does not know (*visual.*
+// is ignored on purpose, and mtp.* unless the config declares an MTP layer
+// and the checkpoint holds mtp.fc.weight: then every MTP tensor must be
+// there): each problem is a coli::Error naming the tensor.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -63,11 +64,20 @@ struct MoeWeights {
   bool fused_layout = false;  // the checkpoint stored gate_up_proj/down_proj 3-D tensors
 };
 
+// The multi-token-prediction module outside its decoder layer (bound when
+// ModelSpec::mtp_layers is 1; its layer is Model::layer(num_layers)).
+struct MtpWeights {
+  Matrix fc;                                      // [hidden, 2 * hidden]: [embedding | hidden] -> hidden
+  std::vector<float> norm_embedding, norm_hidden;  // pre-fc norms, (1 + w)
+  std::vector<float> norm;                        // after the layer, before the lm_head, (1 + w)
+};
+
 // The tensors outside the layers.
 struct OuterWeights {
   Matrix embed;                   // [vocab, hidden]
   Matrix lm_head;                 // [vocab, hidden]; embed itself when tied
   std::vector<float> final_norm;  // (1 + w)
+  MtpWeights mtp;                 // empty without an MTP module
 };
 
 struct LayerWeights {
@@ -96,7 +106,11 @@ class Model {
   const Matrix& lm_head() const { return outer_.lm_head; }
   const std::vector<float>& final_norm() const { return outer_.final_norm; }
   const OuterWeights& outer() const { return outer_; }
+  // Layers 0 .. num_layers - 1, and num_layers: the MTP layer when bound.
   const LayerWeights& layer(int i) const { return layers_[i]; }
+  // The MTP module is bound (spec().mtp_layers == 1).
+  bool has_mtp() const { return spec_.mtp_layers > 0; }
+  const MtpWeights& mtp() const { return outer_.mtp; }
 
  private:
   Model() = default;
@@ -115,7 +129,7 @@ class Model {
 std::string container_file_of(const std::string& path);
 
 // True for checkpoint tensors the text model deliberately ignores
-// (vision tower, multi-token-prediction head).
+// (vision tower; the multi-token-prediction module where it is not bound).
 bool is_ignored_tensor(const std::string& name);
 
 }  // namespace coli

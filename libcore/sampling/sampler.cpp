@@ -159,9 +159,14 @@ int Sampler::sample(std::span<const float> logits, std::span<const int> history)
       if (l[i] == m) return static_cast<int>(i);
     return 0;  // no logit above -Inf (or every one NaN): the first
   }
-  const auto d = distribution(logits, history, buf_);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  double r = u(rng_), cum = 0;
+  return draw(distribution(logits, history, buf_));
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+int Sampler::draw(std::span<const std::pair<int, float>> d) {
+  if (d.empty()) throw Error("sampler: an empty distribution (internal)");
+  double r = uniform(), cum = 0;
   for (const auto& [id, p] : d) {
     cum += p;
     if (r < cum) return id;

@@ -37,6 +37,11 @@ class Sampler {
   // The probability of each candidate left after the filters, for tests:
   // (id, p) sorted by p descending; empty when greedy.
   std::vector<std::pair<int, float>> distribution(std::span<const float> logits, std::span<const int> history) const;
+  // A draw from a distribution of (id, p) whose p sum to 1 (distribution's,
+  // or speculative sampling's residual), and a uniform number in [0, 1),
+  // both from this sampler's RNG (engine/speculative.h).
+  int draw(std::span<const std::pair<int, float>> dist);
+  double uniform();
 
  private:
   // The logits after the penalties: logits itself when none applies, else

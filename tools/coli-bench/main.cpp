@@ -12,6 +12,7 @@
 
 #include "bench/record_writer.h"
 #include "bench/runner.h"
+#include "engine/generate.h"
 #include "common/run_flags.h"
 #include "common/run_options.h"
 #include "common/run_setup.h"
@@ -77,6 +78,8 @@ po::options_description options() {
       ("n-gen", po::value<std::string>()->default_value("128"), "generation lengths of tg tests (0: none)")
       ("n-pg", po::value<std::vector<std::string>>()->composing(), "pp+tg test P,G (repeatable)")
       ("n-depth", po::value<std::string>()->default_value("0"), "context depths to prefill (untimed) before each test")
+      ("n-verify", po::value<std::string>()->default_value("1"), "tokens each tg step feeds: k > 1 times a speculative verify step of k tokens "
+                                                                 "(test \"tgN xk\", ts in steps/s)")
       ("repetitions", po::value<int>()->default_value(5), "timed repetitions per test")
       ("threads", po::value<std::string>()->default_value("0"), "CPU threads (0: all cores)")
       ("batch-size", po::value<std::string>()->default_value("2048"), "logical batch size (recorded)")
@@ -115,6 +118,9 @@ void read_tests(const po::variables_map& vm, coli::BenchOptions& o) {
       o.prompt_gen.emplace_back(v[0], v[1]);
     }
   o.n_depth = coli::parse_int_list(vm["n-depth"].as<std::string>(), "-d");
+  o.n_verify = coli::parse_int_list(vm["n-verify"].as<std::string>(), "--n-verify");
+  for (int v : o.n_verify)
+    if (v < 1 || v > 1 + coli::kMaxDraft) throw coli::UsageError("--n-verify values must be 1 to " + std::to_string(1 + coli::kMaxDraft));
   o.threads = coli::parse_int_list(vm["threads"].as<std::string>(), "-t");
   for (int t : o.threads) coli::check_thread_count(t, "-t");
   o.n_batch = coli::parse_int_list(vm["batch-size"].as<std::string>(), "-b");

@@ -25,7 +25,7 @@ namespace {
 
 const char* kUsage =
     "usage: coli-convert SRC_DIR -o OUT.coli [--experts FMT] [--down FMT] [--trunk FMT] ... [--force]\n"
-    "       coli-convert synth -o DIR [--family F] [--layers N] [--seed S] [--routing-skew X] [--tokenizer DIR] [--force]\n"
+    "       coli-convert synth -o DIR [--family F] [--layers N] [--mtp] [--seed S] [--routing-skew X] [--tokenizer DIR] [--force]\n"
     "       coli-convert synth -o OUT.coli [--container] [--experts FMT] ... [--layers N] [--seed S] ... [--force]\n"
     "       coli-convert verify FILE.coli [--fingerprint HEX]\n"
     "       coli-convert info FILE.coli\n"
@@ -108,6 +108,7 @@ int cmd_synth(int argc, char** argv) {
       ("container", po::bool_switch(), "write a coli container (as synth then convert would), not a checkpoint")
       ("family", po::value<std::string>()->default_value("qwen3_5_moe"), "model family at its released shapes: qwen3_5_moe (Qwen3.6-35B-A3B), qwen3_moe (Qwen3-30B-A3B) or qwen3_next (Qwen3-Next-80B-A3B)")
       ("layers", po::value<int>()->default_value(8), "number of layers (every 4th is full attention; qwen3_moe: all)")
+      ("mtp", po::bool_switch(), "with the multi-token-prediction module of the released checkpoints (mtp.*: one more layer; not qwen3_moe)")
       ("seed", po::value<std::string>()->default_value("0"), "random seed")
       ("routing-skew", po::value<double>()->default_value(0.0), "Zipf exponent of expert popularity per layer (0: unbiased)")
       ("tokenizer", po::value<std::string>(), "copy tokenizer.json and tokenizer_config.json from this directory")
@@ -140,6 +141,8 @@ int cmd_synth(int argc, char** argv) {
   else throw coli::UsageError("--family " + fam + ": expected qwen3_5_moe, qwen3_moe or qwen3_next");
   o.layers = vm["layers"].as<int>();
   if (o.layers < 1) throw coli::UsageError("--layers must be at least 1");
+  o.mtp = vm["mtp"].as<bool>();
+  if (o.mtp && o.family == coli::ModelFamily::kQwen3Moe) throw coli::UsageError("--mtp: qwen3_moe checkpoints have no MTP module");
   o.seed = coli::parse_seed(vm["seed"].as<std::string>(), "--seed");
   o.routing_skew = vm["routing-skew"].as<double>();
   if (o.routing_skew < 0) throw coli::UsageError("--routing-skew must be >= 0");

@@ -82,6 +82,11 @@ coli::GenerateOptions generate_options(const Flags& f) {
   g.ignore_eos = f.get<bool>("ignore-eos");
   g.n_ctx = f.get<int>("ctx-size");
   if (g.n_ctx < 0) throw coli::UsageError("--ctx-size must be >= 0 (0: the model's max_position_embeddings)");
+  if (f.has("draft")) {
+    g.draft = f.get<int>("draft");
+    if (g.draft < 0 || g.draft > coli::kMaxDraft)
+      throw coli::UsageError("--draft " + std::to_string(g.draft) + ": must be 0 (off) to " + std::to_string(coli::kMaxDraft) + " drafted tokens a step");
+  }
   return g;
 }
 
@@ -110,13 +115,18 @@ std::string fixed1(double v) {
 void print_stats(const char* backend, const coli::GenerateStats& st, uint64_t seed, int n_ctx) {
   if (st.context_full)
     std::fprintf(stderr, "coli-run: the context is full (%d tokens, -c/--ctx-size): generation stopped after %d tokens\n", n_ctx, st.n_generated);
-  char decode[96];
-  if (st.n_decode_steps)
-    std::snprintf(decode, sizeof decode, "decode %.1f tok/s (%d tokens)", st.n_decode_steps / std::max(st.decode_seconds, 1e-9), st.n_generated);
+  char decode[160];
+  if (st.n_decode_steps)  // the tokens after the first, which came from the prompt's logits
+    std::snprintf(decode, sizeof decode, "decode %.1f tok/s (%d tokens)", (st.n_generated - 1) / std::max(st.decode_seconds, 1e-9), st.n_generated);
   else  // the first token came from the prompt's logits: no decode step to time
     std::snprintf(decode, sizeof decode, "no decode step (%d token%s)", st.n_generated, st.n_generated == 1 ? "" : "s");
   std::fprintf(stderr, "coli-run: backend %s, prompt %d tokens, prefill %.1f tok/s, %s, seed %llu\n", backend, st.n_prompt,
                st.n_prompt / std::max(st.prefill_seconds, 1e-9), decode, static_cast<unsigned long long>(seed));
+  if (st.n_rounds)
+    std::fprintf(stderr, "coli-run: drafts: %d of %d accepted (%.1f %%), %.2f tokens a step, MTP layer %.1f %% of the decode time\n", st.n_accepted,
+                 st.n_drafted, st.n_drafted ? 100.0 * st.n_accepted / st.n_drafted : 0.0, double(st.n_generated - 1) / st.n_rounds,
+                 100 * st.mtp_seconds / std::max(st.decode_seconds, 1e-9));
+  if (!st.draft_off.empty()) std::fprintf(stderr, "coli-run: --draft: off for this reply (%s)\n", st.draft_off.c_str());
 }
 
 std::string prompt_text(const Flags& f) {
@@ -217,6 +227,8 @@ po::options_description options() {
       ("json", po::bool_switch(), "one JSON object per generated token")
       ("top-logprobs", po::value<int>()->default_value(0), "with --json: the K most likely ids and their logprobs")
       ("ignore-eos", po::bool_switch(), "do not stop at end-of-sequence ids")
+      ("draft", po::value<int>(), "speculative decoding: N tokens a step drafted by the model's MTP layer and verified at once (0: off, the default; "
+                                  "needs mtp.* tensors and the CPU backend)")
       ("prefill-chunk", po::value<int>(), "prompt tokens per forward chunk (default: under a VRAM budget the plan's, 512 to 4096; else 512)");
   cli::add_flags(opts, cli::Tool::kRun, cli::kTierFlags);
   cli::add_flags(opts, cli::Tool::kRun, {cli::Flag::kDevice, cli::Flag::kThreads, cli::Flag::kReference, cli::Flag::kHeat});
@@ -352,6 +364,15 @@ coli::cli::RunSetup start_run(const Job& j, const Loaded& l, const coli::HeatRec
   return s;
 }
 
+// --draft N asked for what this model and backend can run.
+void check_draft(const Job& j, const coli::Model& model, const coli::Backend& backend) {
+  if (!model.has_mtp())
+    throw coli::UsageError("--draft " + std::to_string(j.go.draft) + ": " + j.model +
+                           " has no MTP module (no mtp.* tensors, or config.json declares none); run without --draft");
+  if (backend.runs_whole_chunks())
+    throw coli::UsageError("--draft: the MTP layer does not run on the " + backend.name() + " backend yet; use --device cpu or run without --draft");
+}
+
 // -v: where the start's time went (time to first token = this + the prompt).
 void print_start(Clock::time_point t_start, double load_ms, Clock::time_point t_backend, const coli::cli::RunSetup& run) {
   const auto now = Clock::now();
@@ -472,6 +493,7 @@ int run(int argc, char** argv) {
   coli::cli::RunSetup run = start_run(j, l, heat, file_plan);
   const std::unique_ptr<coli::Backend>& backend = run.backend;
   if (j.verbose) print_start(t_start, l.load_ms, t_backend, run);
+  if (j.go.draft > 0) check_draft(j, l.model(), *backend);
   coli::Engine engine(l.model().spec(), *backend, run.chunk);
   engine.set_heat(heat.run());
   Generator g{j, l, engine, *backend, [&] {

@@ -1,0 +1,391 @@
+// The multi-token-prediction module and speculative decoding (issue 33):
+// config and tensor table, binding (present, left out, broken), the
+// session's mark / rewind against fresh sessions, the MTP layer's cache,
+// and greedy generation with --draft 1-3 giving draft 0's tokens whatever
+// the drafter proposes (an oracle drafter, one wrong at chosen positions,
+// the MTP layer itself), with the session left exactly as draft 0 leaves
+// it.
+//
+// The fixture: tests/data/tiny-qwen35moe-text (trained-scale, transformers
+// goldens) with MTP tensors added at test time (random: what the MTP layer
+// proposes does not decide any token; the oracle hook makes drafts right).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "formats/container.h"
+#include "cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "model/layer_tensors.h"
+#include "model/model_spec.h"
+#include "model/weights.h"
+#include "engine_util.h"
+#include "test_util.h"
+
+namespace coli::test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string with_mtp_key(const std::string& config_text, int n) {
+  json c = json::parse(config_text);
+  c["mtp_num_hidden_layers"] = n;
+  return c.dump(2);
+}
+
+// Names in a safetensors file's header.
+std::vector<std::string> header_names(const std::string& file) {
+  const std::string b = read_file(file);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(b[i])) << (8 * i);
+  std::vector<std::string> out;
+  const json h = json::parse(b.substr(8, n));
+  for (const auto& [k, v] : h.items())
+    if (k != "__metadata__") out.push_back(k);
+  return out;
+}
+
+// tiny-qwen35moe-text with an MTP module in mtp.safetensors (f32, seeded):
+// every MTP tensor of the table, minus `drop` (a broken checkpoint).
+void write_mtp_fixture(const std::string& dir, const std::string& drop = "") {
+  const std::string src = data_dir() + "/tiny-qwen35moe-text";
+  fs::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+  fs::copy_file(src + "/generation_config.json", dir + "/generation_config.json");
+  write_file(dir + "/config.json", with_mtp_key(read_file(src + "/config.json"), 1));
+  ModelSpec spec = load_model_spec(dir);
+  std::vector<TensorDesc> ts;
+  for (const TensorDesc& t : model_tensors(spec, true))
+    if (t.name.rfind("mtp.", 0) == 0) ts.push_back(t);
+  for (const TensorDesc& t : layer_tensors(spec, spec.mtp_layer())) ts.push_back(t);
+  std::mt19937 rng(33);
+  std::vector<RawTensor> raw;
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  for (const TensorDesc& t : ts) {
+    if (t.name == drop) continue;
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    // Norms around 0 (applied as 1 + w), matrices at a trained scale.
+    const float std = t.form == TensorForm::kVector ? 0.2f : 1.0f / std::sqrt(float(t.shape.back()));
+    std::normal_distribution<float> nd(0.0f, std);
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (float& x : v) x = nd(rng);
+    raw.push_back({t.name, "F32", t.shape, pod_bytes(v)});
+    index["weight_map"][t.name] = "mtp.safetensors";
+  }
+  write_file(dir + "/mtp.safetensors", safetensors_bytes(raw));
+  for (const std::string& n : header_names(dir + "/model.safetensors")) index["weight_map"][n] = "model.safetensors";
+  write_file(dir + "/model.safetensors.index.json", index.dump());
+}
+
+struct MtpFixture {
+  TempDir dir;
+  std::unique_ptr<Model> model;
+  MtpFixture() {
+    write_mtp_fixture(dir.path());
+    model = Model::load(dir.path());
+  }
+};
+
+MtpFixture& fixture() {
+  static MtpFixture f;
+  return f;
+}
+
+std::vector<int> golden_prompt(int i) { return tiny_goldens()["prompts"][i]["ids"].get<std::vector<int>>(); }
+std::vector<int> golden_greedy(int i) { return tiny_goldens()["prompts"][i]["greedy"].get<std::vector<int>>(); }
+
+struct GenRun {
+  std::vector<int> tokens;
+  GenerateStats stats;
+};
+
+// Greedy generation of n tokens with `draft` drafts a step and a hook.
+GenRun greedy(Engine& e, Session& s, const std::vector<int>& prompt, int n, int draft, std::function<int(int, int)> hook = {}) {
+  GenerateOptions o;
+  o.n_predict = n;
+  o.ignore_eos = true;
+  o.sampling.temperature = 0;
+  o.draft = draft;
+  o.draft_hook = std::move(hook);
+  GenRun r;
+  r.stats = generate(e, s, prompt, o, [&](const TokenEvent& ev) { r.tokens.push_back(ev.id); });
+  return r;
+}
+
+// max |a - b|.
+float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST(Mtp, ConfigDeclaresTheModule) {
+  const std::string cfg = read_file(data_dir() + "/tiny-qwen35moe-text/config.json");
+  EXPECT_EQ(parse_model_spec(cfg, "c").mtp_layers, 0);
+  const ModelSpec s = parse_model_spec(with_mtp_key(cfg, 1), "c");
+  EXPECT_EQ(s.mtp_layers, 1);
+  EXPECT_EQ(s.mtp_layer(), s.num_layers);
+  EXPECT_EQ(s.kind_of(s.mtp_layer()), LayerKind::kFullAttention);
+  EXPECT_TRUE(s.is_sparse(s.mtp_layer()));
+  // Qwen3-Next's key.
+  json c = json::parse(cfg);
+  c["num_nextn_predict_layers"] = 1;
+  EXPECT_EQ(parse_model_spec(c.dump(), "c").mtp_layers, 1);
+  EXPECT_NE(error_of([&] { parse_model_spec(with_mtp_key(cfg, 2), "c"); }).find("'mtp_num_hidden_layers' = 2 is not supported"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_model_spec(with_mtp_key(cfg, -1), "c"); }).find("'mtp_num_hidden_layers' must be a non-negative integer"), std::string::npos);
+  c = json::parse(with_mtp_key(cfg, 1));
+  c["mtp_use_dedicated_embeddings"] = true;
+  EXPECT_NE(error_of([&] { parse_model_spec(c.dump(), "c"); }).find("mtp_use_dedicated_embeddings"), std::string::npos);
+}
+
+TEST(Mtp, TensorTableNamesTheModule) {
+  const ModelSpec s = parse_model_spec(with_mtp_key(read_file(data_dir() + "/tiny-qwen35moe-text/config.json"), 1), "c");
+  std::map<std::string, std::vector<int64_t>> shape;
+  for (const TensorDesc& t : tensors_of(s, true)) shape[t.name] = t.shape;
+  const int64_t H = s.hidden_size;
+  EXPECT_EQ(shape["mtp.fc.weight"], (std::vector<int64_t>{H, 2 * H}));
+  EXPECT_EQ(shape["mtp.pre_fc_norm_embedding.weight"], (std::vector<int64_t>{H}));
+  EXPECT_EQ(shape["mtp.pre_fc_norm_hidden.weight"], (std::vector<int64_t>{H}));
+  EXPECT_EQ(shape["mtp.norm.weight"], (std::vector<int64_t>{H}));
+  EXPECT_EQ(shape["mtp.layers.0.self_attn.q_proj.weight"], (std::vector<int64_t>{2 * s.num_heads * s.head_dim, H}));
+  EXPECT_EQ(shape["mtp.layers.0.mlp.gate.weight"], (std::vector<int64_t>{s.num_experts, H}));
+  EXPECT_EQ(shape["mtp.layers.0.mlp.shared_expert_gate.weight"], (std::vector<int64_t>{1, H}));
+  EXPECT_EQ(shape["mtp.layers.0.mlp.experts.15.down_proj.weight"], (std::vector<int64_t>{H, s.moe_intermediate_size}));
+  EXPECT_EQ(shape.count("mtp.layers.0.linear_attn.A_log"), 0u);
+  // The MTP layer's entries carry its index; the rest of the table is the
+  // model without the module plus these.
+  ModelSpec plain = s;
+  plain.mtp_layers = 0;
+  EXPECT_EQ(tensors_of(s, true).size(), tensors_of(plain, true).size() + 4 + layer_tensors(s, s.mtp_layer()).size());
+  for (const TensorDesc& t : layer_tensors(s, s.mtp_layer())) EXPECT_EQ(t.layer, s.num_layers) << t.name;
+}
+
+TEST(Mtp, BindsWhereTheCheckpointHasIt) {
+  const Model& m = *fixture().model;
+  ASSERT_TRUE(m.has_mtp());
+  EXPECT_EQ(m.mtp().fc.rows, m.spec().hidden_size);
+  EXPECT_EQ(m.layer(m.spec().num_layers).kind, LayerKind::kFullAttention);
+  EXPECT_EQ(m.layer(m.spec().num_layers).moe.experts.size(), static_cast<std::size_t>(m.spec().num_experts));
+  // Declared but left out (a repack without mtp.*): a model without it.
+  TempDir d;
+  for (const char* f : {"model.safetensors", "generation_config.json"}) fs::copy_file(data_dir() + "/tiny-qwen35moe-text/" + f, d / f);
+  write_file(d / "config.json", with_mtp_key(read_file(data_dir() + "/tiny-qwen35moe-text/config.json"), 1));
+  EXPECT_FALSE(Model::load(d.path())->has_mtp());
+  // Part of it: the missing tensor is named.
+  TempDir b;
+  write_mtp_fixture(b.path(), "mtp.layers.0.mlp.experts.3.up_proj.weight");
+  EXPECT_NE(error_of([&] { Model::load(b.path()); }).find("missing tensor 'mtp.layers.0.mlp.experts.3.up_proj.weight'"), std::string::npos);
+}
+
+TEST(Mtp, ConvertedContainerKeepsTheModule) {
+  TempDir d;
+  auto m = convert_all(fixture().dir.path(), d / "m.coli", QuantFormat::BF16);
+  ASSERT_TRUE(m->has_mtp());
+  cpu::CpuBackend a(*fixture().model), b(*m);
+  Engine ea(fixture().model->spec(), a), eb(m->spec(), b);
+  // The MTP layer's logits from the container match the checkpoint's
+  // within bf16 rounding of its f32 weights.
+  Session sa = ea.new_session(), sb = eb.new_session();
+  std::vector<float> ha, hb;
+  const std::vector<int> p = golden_prompt(1);
+  ea.forward(sa, p, {}, &ha), eb.forward(sb, p, {}, &hb);
+  const std::vector<int> next(p.begin() + 1, p.end());
+  std::vector<int> ids = next;
+  ids.push_back(7);
+  const auto la = ea.mtp_forward(sa, ids, ha.data(), 0, false), lb = eb.mtp_forward(sb, ids, hb.data(), 0, false);
+  float range = 0;
+  for (float v : la) range = std::max(range, std::abs(v));
+  EXPECT_LT(max_diff(la, lb), 0.05f * range);
+  // The experts of the MTP layer are blobs like the others.
+  Container c(d / "m.coli");
+  int mtp_experts = 0;
+  for (const Blob& bl : c.manifest().blobs) mtp_experts += bl.kind == "expert" && bl.layer == m->spec().num_layers;
+  EXPECT_EQ(mtp_experts, m->spec().num_experts);
+}
+
+// A session marked, fed, and rewound is the session fed only what was kept:
+// the logits of what follows are bit for bit those of a fresh session.
+TEST(Mtp, RewindIsTheSessionFedLess) {
+  for (bool fast : {false, true}) {
+    cpu::CpuBackend be(*fixture().model, {2, fast});
+    Engine e(fixture().model->spec(), be);
+    const std::vector<int> p = golden_prompt(1), more = {11, 300, 42, 7, 99};
+    for (int keep : {0, 1, 3, 5}) {
+      Session s = e.new_session();
+      e.forward(s, p);
+      e.mark(s);
+      e.forward_all(s, more);
+      e.rewind(s, static_cast<int>(p.size()) + keep);
+      const std::vector<int> then = {5, 250};
+      const auto got = e.forward_all(s, then);
+      Session f = e.new_session();
+      std::vector<int> all = p;
+      all.insert(all.end(), more.begin(), more.begin() + keep);
+      e.forward(f, all);
+      const auto want = e.forward_all(f, then);
+      if (!fast) {
+        EXPECT_EQ(got, want) << "keep " << keep;
+      } else {
+        EXPECT_LT(max_diff(got, want), 1e-3f) << "keep " << keep;
+      }
+    }
+  }
+  cpu::CpuBackend be(*fixture().model);
+  Engine e(fixture().model->spec(), be);
+  Session s = e.new_session();
+  e.forward(s, golden_prompt(0));
+  EXPECT_NE(error_of([&] { e.rewind(s, 0); }).find("rewind without mark"), std::string::npos);
+}
+
+// The MTP layer's cache: rows fed at once or one by one give the same
+// logits, and drafting again from an earlier position overwrites.
+TEST(Mtp, MtpCacheRowsAtOnceOrOneByOne) {
+  cpu::CpuBackend be(*fixture().model);
+  Engine e(fixture().model->spec(), be);
+  Session s = e.new_session();
+  std::vector<float> h;
+  const std::vector<int> p = golden_prompt(1);
+  e.forward(s, p, {}, &h);
+  const int H = fixture().model->spec().hidden_size, n = static_cast<int>(p.size());
+  std::vector<int> ids(p.begin() + 1, p.end());
+  ids.push_back(3);
+  const auto all = e.mtp_forward(s, ids, h.data(), 0, true);
+  Session t = e.new_session();
+  std::vector<float> row;
+  for (int i = 0; i < n; ++i) {
+    const auto l = e.mtp_forward(t, std::span<const int>(&ids[i], 1), h.data() + std::size_t(i) * H, i, false);
+    row.insert(row.end(), l.begin(), l.end());
+  }
+  EXPECT_EQ(all, row);
+  // A draft chain written at positions n, n+1, then redone from n.
+  e.mtp_forward(t, std::vector<int>{9}, h.data(), n, false);
+  e.mtp_forward(t, std::vector<int>{10}, h.data(), n + 1, false);
+  const auto again = e.mtp_forward(t, std::vector<int>{9}, h.data(), n, false);
+  Session u = e.new_session();
+  e.mtp_forward(u, ids, h.data(), 0, false);
+  EXPECT_EQ(e.mtp_forward(u, std::vector<int>{9}, h.data(), n, false), again);
+}
+
+// Greedy drafts 1-3 give draft 0's tokens (the transformers goldens) with
+// every drafter: the MTP layer's own proposals, an oracle (every draft
+// right), and the oracle wrong at chosen positions; and leave the session
+// as draft 0 does.
+TEST(Mtp, GreedyDraftsGiveDraftZerosTokens) {
+  for (bool fast : {false, true}) {
+    cpu::CpuBackend be(*fixture().model, {2, fast});
+    Engine e(fixture().model->spec(), be);
+    for (int pi : fast ? std::vector<int>{1} : std::vector<int>{0, 2}) {
+      const std::vector<int> p = golden_prompt(pi), want = golden_greedy(pi);
+      Session s0 = e.new_session();
+      const GenRun base = greedy(e, s0, p, 16, 0);
+      ASSERT_EQ(base.tokens, want) << "prompt " << pi;
+      const auto oracle = [&](int i, int) { return want.at(i); };
+      const std::set<int> wrong = {1, 2, 6, 11, 15};
+      const auto flaky = [&](int i, int proposed) { return wrong.count(i) ? (want.at(i) + 1) % 512 : want.at(i); };
+      for (int draft : {1, 2, 3}) {
+        for (int kind = 0; kind < 3; ++kind) {
+          SCOPED_TRACE("fast " + std::to_string(fast) + " prompt " + std::to_string(pi) + " draft " + std::to_string(draft) + " drafter " +
+                       std::to_string(kind));
+          Session s = e.new_session();
+          std::function<int(int, int)> hook;
+          if (kind == 1) hook = oracle;
+          if (kind == 2) hook = flaky;
+          const GenRun r = greedy(e, s, p, 16, draft, hook);
+          EXPECT_EQ(r.tokens, want);
+          EXPECT_EQ(r.stats.fed, base.stats.fed);
+          EXPECT_EQ(s.n_past, s0.n_past);
+          EXPECT_TRUE(r.stats.draft_off.empty());
+          EXPECT_GT(r.stats.n_drafted, 0);
+          if (kind == 1) {
+            EXPECT_EQ(r.stats.n_accepted, r.stats.n_drafted);
+            EXPECT_EQ(r.stats.n_rounds, (15 + draft) / (draft + 1));
+          }
+          if (kind == 2) {
+            EXPECT_LT(r.stats.n_accepted, r.stats.n_drafted);
+          }
+          // What follows: the same logits as after draft 0.
+          const std::vector<int> then = {want.back(), 17};
+          const auto a = e.forward_all(s, then);
+          Session c = e.new_session();
+          std::vector<int> fed = base.stats.fed;
+          e.forward(c, fed);
+          const auto b = e.forward_all(c, then);
+          if (!fast) {
+            EXPECT_EQ(a, b);
+          } else {
+            EXPECT_LT(max_diff(a, b), 1e-3f);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Stops inside a verified chunk: an eos among accepted drafts ends the
+// generation there, and the session holds what draft 0's holds.
+TEST(Mtp, StopInsideARound) {
+  cpu::CpuBackend be(*fixture().model);
+  Engine e(fixture().model->spec(), be);
+  const std::vector<int> p = golden_prompt(2), want = golden_greedy(2);
+  for (int stop_at : {1, 2, 4, 5}) {
+    GenerateOptions o;
+    o.n_predict = 16;
+    o.sampling.temperature = 0;
+    o.stop_ids = {want[stop_at]};
+    std::vector<int> a, b;
+    Session s0 = e.new_session(), s1 = e.new_session();
+    const auto st0 = generate(e, s0, p, o, [&](const TokenEvent& ev) { a.push_back(ev.id); });
+    o.draft = 3;
+    o.draft_hook = [&](int i, int) { return want.at(i); };
+    const auto st1 = generate(e, s1, p, o, [&](const TokenEvent& ev) { b.push_back(ev.id); });
+    EXPECT_EQ(a, b) << stop_at;
+    EXPECT_EQ(st0.fed, st1.fed) << stop_at;
+    EXPECT_EQ(s0.n_past, s1.n_past) << stop_at;
+    // n_predict inside a round, and the context limit.
+    o.stop_ids.clear();
+    o.n_predict = stop_at + 1;
+    b.clear();
+    Session s2 = e.new_session();
+    const auto st2 = generate(e, s2, p, o, [&](const TokenEvent& ev) { b.push_back(ev.id); });
+    EXPECT_EQ(b, std::vector<int>(want.begin(), want.begin() + stop_at + 1));
+    EXPECT_EQ(st2.fed.size(), p.size() + stop_at);
+    o.n_predict = 16;
+    o.n_ctx = static_cast<int>(p.size()) + stop_at + 1;
+    b.clear();
+    Session s3 = e.new_session();
+    const auto st3 = generate(e, s3, p, o, [&](const TokenEvent& ev) { b.push_back(ev.id); });
+    EXPECT_TRUE(st3.context_full);
+    EXPECT_LE(s3.n_past, o.n_ctx - 1);
+    EXPECT_EQ(b, std::vector<int>(want.begin(), want.begin() + b.size()));
+    EXPECT_EQ(static_cast<int>(b.size()), o.n_ctx - static_cast<int>(p.size()));
+  }
+}
+
+TEST(Mtp, RefusalsNameTheProblem) {
+  auto plain = Model::load(data_dir() + "/tiny-qwen35moe-text");
+  cpu::CpuBackend be(*plain);
+  Engine e(plain->spec(), be);
+  Session s = e.new_session();
+  EXPECT_NE(error_of([&] { greedy(e, s, golden_prompt(0), 4, 2); }).find("--draft 2: the model has no MTP module"), std::string::npos);
+  EXPECT_NE(error_of([&] { greedy(e, s, golden_prompt(0), 4, -1); }).find("draft: -1"), std::string::npos);
+  // A conversation fed without the MTP layer: no drafts, the same tokens.
+  cpu::CpuBackend bm(*fixture().model);
+  Engine em(fixture().model->spec(), bm);
+  Session t = em.new_session();
+  greedy(em, t, golden_prompt(0), 2, 0);
+  Session u = em.new_session();
+  greedy(em, u, golden_prompt(0), 2, 0);
+  const GenRun a = greedy(em, t, {5, 6}, 4, 0), b = greedy(em, u, {5, 6}, 4, 2);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_FALSE(b.stats.draft_off.empty());
+  EXPECT_EQ(b.stats.n_drafted, 0);
+}
+
+}  // namespace coli::test
