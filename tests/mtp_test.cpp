@@ -11,11 +11,14 @@
 // proposes does not decide any token; the oracle hook makes drafts right).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <random>
 #include <set>
 
 #include "formats/container.h"
+#include "mirror/mirror.h"
 #include "cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
@@ -79,6 +82,23 @@ void write_mtp_fixture(const std::string& dir, const std::string& drop = "") {
   write_file(dir + "/mtp.safetensors", safetensors_bytes(raw));
   for (const std::string& n : header_names(dir + "/model.safetensors")) index["weight_map"][n] = "model.safetensors";
   write_file(dir + "/model.safetensors.index.json", index.dump());
+}
+
+// The torch reference's fixture (scripts/make_mtp_fixture.py): the main
+// model's files with its mtp.safetensors; false when it is not generated.
+bool write_reference_fixture(const std::string& dir) {
+  const std::string mtp = data_dir() + "/tiny-qwen35moe-mtp/mtp.safetensors";
+  if (!fs::exists(mtp)) return false;
+  const std::string src = data_dir() + "/tiny-qwen35moe-text";
+  fs::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+  fs::copy_file(src + "/generation_config.json", dir + "/generation_config.json");
+  fs::copy_file(mtp, dir + "/mtp.safetensors");
+  write_file(dir + "/config.json", with_mtp_key(read_file(src + "/config.json"), 1));
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  for (const std::string& n : header_names(dir + "/model.safetensors")) index["weight_map"][n] = "model.safetensors";
+  for (const std::string& n : header_names(dir + "/mtp.safetensors")) index["weight_map"][n] = "mtp.safetensors";
+  write_file(dir + "/model.safetensors.index.json", index.dump());
+  return true;
 }
 
 struct MtpFixture {
@@ -208,6 +228,77 @@ TEST(Mtp, ConvertedContainerKeepsTheModule) {
   int mtp_experts = 0;
   for (const Blob& bl : c.manifest().blobs) mtp_experts += bl.kind == "expert" && bl.layer == m->spec().num_layers;
   EXPECT_EQ(mtp_experts, m->spec().num_experts);
+}
+
+// The MTP forward against the torch reference written from the module's
+// published structure (vLLM's Qwen3_5MultiTokenPredictor; transformers'
+// decoder layer): each prompt's MTP logits at every row, its first draft
+// and the chained second draft's logits, within the family's 1e-3.
+TEST(Mtp, ForwardMatchesTheTorchReference) {
+  TempDir d;
+  if (!write_reference_fixture(d.path()))
+    GTEST_SKIP() << "tests/data/tiny-qwen35moe-mtp is not generated yet (scripts/make_mtp_fixture.py runs on the GPU machine, with torch)";
+  const json g = json::parse(read_file(data_dir() + "/goldens/tiny-qwen35moe-mtp.json"));
+  auto model = Model::load(d.path());
+  ASSERT_TRUE(model->has_mtp());
+  for (bool fast : {false, true}) {
+    cpu::CpuBackend be(*model, {2, fast});
+    Engine e(model->spec(), be);
+    for (const auto& p : g["prompts"]) {
+      const std::vector<int> ids = p["ids"].get<std::vector<int>>();
+      Session s = e.new_session();
+      std::vector<float> h, out;
+      e.forward(s, ids, {}, &h);
+      std::vector<int> rows(ids.begin() + 1, ids.end());
+      rows.push_back(p["next"].get<int>());
+      const auto logits = e.mtp_forward(s, rows, h.data(), 0, true, &out);
+      std::vector<float> want;
+      for (const auto& r : p["mtp_logits"])
+        for (float v : r) want.push_back(v);
+      EXPECT_LT(max_diff(logits, want), 1e-3f) << "prompt of " << ids.size();
+      const std::size_t V = model->spec().vocab_size, H = model->spec().hidden_size;
+      const std::vector<float> last(logits.end() - V, logits.end());
+      EXPECT_EQ(std::max_element(last.begin(), last.end()) - last.begin(), p["draft"].get<int>());
+      const std::vector<float> g_last(out.end() - H, out.end());
+      const int draft = p["draft"].get<int>();
+      const auto chain = e.mtp_forward(s, std::span<const int>(&draft, 1), g_last.data(), static_cast<int>(ids.size()), false);
+      EXPECT_LT(max_diff(chain, p["chain_logits"].get<std::vector<float>>()), 1e-3f) << "chained, prompt of " << ids.size();
+    }
+  }
+}
+
+// A mirror of a container with an MTP module: its heat table is the main
+// layers' (what runs count and add), the MTP layer's experts still mirrored,
+// and drafting through it gives the same tokens.
+TEST(Mtp, MirrorOfAContainerWithTheModule) {
+  TempDir d;
+  const std::string path = d / "m.coli";
+  convert_all(fixture().dir.path(), path, QuantFormat::I8);
+  auto c = std::make_shared<Container>(path);
+  const ModelSpec& s = fixture().model->spec();
+  const std::string name = "coli-test-" + std::to_string(::getpid()) + "-mtp";
+  remove_mirror(name);
+  MirrorBuildOptions o;
+  o.name = name, o.trunk = true;
+  o.heat.assign(std::size_t(s.num_layers) * s.num_experts, 1);
+  {
+    MirrorBuilder b(*c, path, o);
+    b.fill();
+    auto m = std::make_shared<MirrorAttachment>(name, *c);
+    EXPECT_EQ(m->header().layers, static_cast<uint32_t>(s.num_layers));
+    EXPECT_EQ(m->header().expert_blobs, static_cast<uint64_t>(s.num_layers + 1) * s.num_experts);
+    m->add_heat(std::vector<uint64_t>(std::size_t(s.num_layers) * s.num_experts, 2));
+    auto model = Model::bind_container(*c, mirrored_source(c, m), path);
+    ASSERT_TRUE(model->has_mtp());
+    const auto* p = static_cast<const uint8_t*>(model->layer(s.num_layers).moe.experts[2].up.data);
+    EXPECT_TRUE(p >= m->base() && p < m->base() + m->size()) << "the MTP layer's experts come from the segment";
+    cpu::CpuBackend be(*model, {2, true});
+    Engine e(model->spec(), be);
+    Session s0 = e.new_session(), s1 = e.new_session();
+    const std::vector<int> want = greedy(e, s0, golden_prompt(1), 8, 0).tokens;
+    EXPECT_EQ(greedy(e, s1, golden_prompt(1), 8, 2).tokens, want);
+  }
+  remove_mirror(name);
 }
 
 // A session marked, fed, and rewound is the session fed only what was kept:
@@ -366,6 +457,33 @@ TEST(Mtp, StopInsideARound) {
     EXPECT_EQ(b, std::vector<int>(want.begin(), want.begin() + b.size()));
     EXPECT_EQ(static_cast<int>(b.size()), o.n_ctx - static_cast<int>(p.size()));
   }
+}
+
+// coli-run --draft: the ids of a draft-0 run (the goldens), the drafts'
+// line on stderr; refusals with exit 2 naming the flag.
+TEST(Mtp, ColiRunDraft) {
+  const std::string run = bin_dir() + "/coli-run --device cpu --model " + fixture().dir.path() + " --prompt-ids ";
+  std::string ids;
+  for (int id : golden_prompt(2)) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  std::string want;
+  for (int id : golden_greedy(2)) want += (want.empty() ? "" : " ") + std::to_string(id);
+  TempDir d;
+  std::string out;
+  for (const char* draft : {"", " --draft 1", " --draft 3"}) {
+    EXPECT_EQ(run_command(run + ids + " -n 16 --temp 0 --ignore-eos" + draft + " 2>" + (d / "err"), &out), 0) << draft;
+    EXPECT_EQ(out, want + "\n") << draft;
+    if (*draft) {
+      EXPECT_NE(read_file(d / "err").find("coli-run: drafts: "), std::string::npos) << read_file(d / "err");
+    }
+  }
+  EXPECT_EQ(run_command(run + ids + " -n 4 --draft -1 2>" + (d / "err"), &out), 2);
+  EXPECT_NE(read_file(d / "err").find("--draft -1: must be 0 (off) to 8"), std::string::npos) << read_file(d / "err");
+  EXPECT_EQ(run_command(run + ids + " -n 4 --draft 99 2>" + (d / "err"), &out), 2);
+  EXPECT_EQ(run_command(bin_dir() + "/coli-run --device cpu --model " + data_dir() + "/tiny-qwen35moe-text --prompt-ids " + ids + " -n 4 --draft 2 2>" +
+                            (d / "err"),
+                        &out),
+            2);
+  EXPECT_NE(read_file(d / "err").find("--draft 2: " + data_dir() + "/tiny-qwen35moe-text has no MTP module"), std::string::npos) << read_file(d / "err");
 }
 
 TEST(Mtp, RefusalsNameTheProblem) {

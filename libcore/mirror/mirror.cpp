@@ -231,9 +231,13 @@ MirrorBuilder::MirrorBuilder(const Container& c, const std::string& model_path, 
     remove_mirror(name_);
   }
   const Manifest& mf = c.manifest();
+  // The heat table: the main layers' experts (the MTP layer's, mtp.*, are
+  // not in the runs' heat: they count 0 here).
+  auto heated = [](const Blob& b) { return b.kind == "expert" && !(!b.parts.empty() && b.parts[0].name.rfind("mtp.", 0) == 0); };
   uint32_t layers = 0, experts = 0;
   for (const Blob& b : mf.blobs)
-    if (b.kind == "expert") layers = std::max<uint32_t>(layers, b.layer + 1), experts = std::max<uint32_t>(experts, b.expert + 1);
+    if (heated(b)) layers = std::max<uint32_t>(layers, b.layer + 1), experts = std::max<uint32_t>(experts, b.expert + 1);
+  auto heat_of = [&](const Blob& b) { return heated(b) ? opt.heat[std::size_t(b.layer) * experts + b.expert] : 0; };
   if (!opt.heat.empty() && opt.heat.size() != std::size_t(layers) * experts)
     throw Error(name_ + ": heat of " + std::to_string(opt.heat.size()) + " counts for " + std::to_string(std::size_t(layers) * experts) + " experts");
   // What goes in: the trunk's tensors when asked, then experts, hottest
@@ -245,7 +249,7 @@ MirrorBuilder::MirrorBuilder(const Container& c, const std::string& model_path, 
   }
   if (!opt.heat.empty())
     std::stable_sort(exp.begin(), exp.end(), [&](uint32_t a, uint32_t b) {
-      return opt.heat[std::size_t(mf.blobs[a].layer) * experts + mf.blobs[a].expert] > opt.heat[std::size_t(mf.blobs[b].layer) * experts + mf.blobs[b].expert];
+      return heat_of(mf.blobs[a]) > heat_of(mf.blobs[b]);
     });
   uint64_t data = 0;
   std::vector<std::pair<uint32_t, uint32_t>> chosen;  // blob, kind

@@ -186,6 +186,10 @@ const char* tensor_class_name(TensorClass c) {
   return "?";
 }
 
+bool is_mtp_tensor(const ModelSpec& spec, const TensorDesc& t) {
+  return t.layer >= spec.num_layers || row_of(t.role).scope == Scope::kMtp;
+}
+
 std::string layer_prefix(const ModelSpec& spec, int layer) {
   return layer < spec.num_layers ? "model.layers." + std::to_string(layer) + "." : "mtp.layers." + std::to_string(layer - spec.num_layers) + ".";
 }

@@ -84,6 +84,8 @@ std::vector<TensorDesc> model_tensors(const ModelSpec& spec, bool own_lm_head);
 // The tensors of layer `layer` (its kind from spec.kind_of); layer
 // num_layers is the MTP decoder layer, named "mtp.layers.0.".
 std::vector<TensorDesc> layer_tensors(const ModelSpec& spec, int layer, ExpertLayout experts = ExpertLayout::kPerExpert);
+// A tensor of the MTP module (its fc and norms, or its layer's).
+bool is_mtp_tensor(const ModelSpec& spec, const TensorDesc& t);
 // "model.layers.N." or, for the MTP layer, "mtp.layers.0.".
 std::string layer_prefix(const ModelSpec& spec, int layer);
 

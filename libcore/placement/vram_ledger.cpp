@@ -100,7 +100,8 @@ ExpertSlot expert_slot(const ExpertParts& p) { return {device_padded(p.gate), de
 
 uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered) {
   uint64_t total = 0;
-  for (const TensorDesc& t : model_tensors(s, true)) total += device_padded(bytes(t));  // lm_head even when tied
+  for (const TensorDesc& t : model_tensors(s, true))  // lm_head even when tied; the MTP module stays on the host (CPU drafts)
+    if (!is_mtp_tensor(s, t)) total += device_padded(bytes(t));
   for (int l = 0; l < s.num_layers; ++l)
     for (const TensorDesc& t : layer_tensors(s, l))
       if (!tiered || t.expert < 0) total += device_padded(bytes(t));
