@@ -17,7 +17,10 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 
+#include "bench/record_writer.h"
+#include "bench/runner.h"
 #include "formats/container.h"
 #include "mirror/mirror.h"
 #include "cpu_backend.h"
@@ -497,6 +500,46 @@ TEST(Mtp, SamplingKeepsTheDistribution) {
     EXPECT_LT(tv(base[i], forced[i]), 0.14) << "token " << i;
     EXPECT_LT(base[i].at(fixed[i]), 0.8) << "the fixed proposal is not a sure thing: the test could see a rule that keeps it";
   }
+}
+
+// coli-bench's verify and draft tests: a record each, the verify step
+// feeding k tokens, the draft test's acceptance from an oracle-free run (the
+// MTP layer's own drafts), its tokens a step between 1 and 1 + drafts.
+TEST(Mtp, BenchVerifyAndDraftTests) {
+  char* buf = nullptr;
+  std::size_t len = 0;
+  std::FILE* mem = open_memstream(&buf, &len);
+  RecordWriter w(RecordFormat::kJsonl, mem);
+  BenchOptions o;
+  o.models = {fixture().dir.path()};
+  o.n_prompt = {0};
+  o.n_gen = {6};
+  o.n_verify = {1, 3};
+  o.draft = {0, 2};
+  o.n_depth = {4};
+  o.repetitions = 2;
+  const int failures = run_bench(o, [](const BackendRequest& q) { return BenchBackend{std::make_unique<cpu::CpuBackend>(*q.model), 512, {}}; }, w, nullptr);
+  std::fclose(mem);
+  const std::string out(buf, len);
+  std::free(buf);
+  EXPECT_EQ(failures, 0) << out;
+  std::map<std::string, json> recs;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) {
+    const json r = json::parse(l);
+    recs[r["test"].get<std::string>()] = r;
+  }
+  ASSERT_EQ(recs.size(), 3u) << out;
+  EXPECT_EQ(recs.at("tg6 x3 @ d4")["n_verify"], 3);
+  EXPECT_GT(recs.at("tg6 x3 @ d4")["avg_ts"].get<double>(), 0);
+  const json& d = recs.at("tg6 draft2 @ d4");
+  EXPECT_EQ(d["n_draft"], 2);
+  EXPECT_GE(d["draft_accept_rate"].get<double>(), 0);
+  EXPECT_LE(d["draft_accept_rate"].get<double>(), 1);
+  EXPECT_GE(d["draft_tokens_per_step"].get<double>(), 1);
+  EXPECT_LE(d["draft_tokens_per_step"].get<double>(), 3);
+  EXPECT_GT(d["t_mtp_ms"].get<double>(), 0);
+  EXPECT_TRUE(recs.at("tg6 @ d4")["draft_accept_rate"].is_null());
 }
 
 // coli-run --draft: the ids of a draft-0 run (the goldens), the drafts'

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "formats/container.h"
 #include "mirror/mirror_load.h"
 #include "model/fingerprint.h"
@@ -31,10 +32,12 @@ namespace {
 struct Test {
   int n_prompt, n_gen, n_depth;
   int n_verify = 1;  // tokens a decode step feeds (> 1: a speculative verify step, logits of every row)
+  int n_draft = 0;   // > 0: the tokens generated greedily with drafts by the MTP layer (engine/speculative.h)
   std::string name() const {
     std::string s = n_gen == 0 ? "pp" + std::to_string(n_prompt) : n_prompt == 0 ? "tg" + std::to_string(n_gen)
                                                                                  : "pp" + std::to_string(n_prompt) + "+tg" + std::to_string(n_gen);
     if (n_verify > 1) s += " x" + std::to_string(n_verify);
+    if (n_draft > 0) s += " draft" + std::to_string(n_draft);
     return n_depth ? s + " @ d" + std::to_string(n_depth) : s;
   }
 };
@@ -111,9 +114,12 @@ std::vector<Test> tests_of(const BenchOptions& opt) {
   for (int d : opt.n_depth) {
     for (int p : opt.n_prompt)
       if (p > 0) tests.push_back({p, 0, d});
-    for (int n : opt.n_gen)
+    for (int n : opt.n_gen) {
       for (int v : opt.n_verify)
         if (n > 0) tests.push_back({0, n, d, v});
+      for (int k : opt.draft)
+        if (n > 0 && k > 0) tests.push_back({0, n, d, 1, k});
+    }
     for (auto [p, n] : opt.prompt_gen) tests.push_back({p, n, d});
   }
   return tests;
@@ -168,6 +174,7 @@ struct Samples {
   double tier_host_ms = 0, tier_wait_ms = 0, tier_gpu_ms = 0, tier_host_bytes = 0, tier_swap_bytes = 0, tier_upload_wait_ms = 0;
   double placed[3] = {};  // prompt chunks' experts in uploading layers: resident, uploaded, host
   double tier_pcie_bytes = 0, secs = 0;  // decode steps' expert bytes over PCIe (TierStats::pcie_expert_bytes); the timed seconds
+  double drafted = 0, accepted = 0, rounds = 0, mtp_secs = 0;  // draft tests (GenerateStats)
 
   void add_stages(const StageTimes& st) {
     stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
@@ -233,10 +240,32 @@ struct ExpertReads {
   }
 };
 
+// A draft test's repetition: the depth (or the first id) as the prompt,
+// then n_gen tokens generated greedily with t.n_draft drafts a step; the
+// decode part timed (the prompt's and the first token's time is not).
+void run_draft_repetition(Engine& engine, Backend& backend, const Test& t, const TestIds& ids, bool timed, bool tiered, Samples& sm) {
+  Session s = engine.new_session();
+  GenerateOptions o;
+  o.n_predict = t.n_gen + 1, o.draft = t.n_draft, o.ignore_eos = true, o.logprobs = false;
+  o.sampling.temperature = 0;
+  const std::vector<int> prompt = t.n_depth ? ids.depth : std::vector<int>(ids.gen.begin(), ids.gen.begin() + 1);
+  const TierStats tier0 = tiered && timed ? backend.tier_stats() : TierStats{};
+  const GenerateStats st = generate(engine, s, prompt, o, [](const TokenEvent&) {});
+  if (!timed) return;
+  if (tiered) sm.add_tier(tier0, backend.tier_stats());
+  const int n = st.n_generated - 1;
+  sm.ns.push_back(st.decode_seconds * 1e9);
+  sm.secs += st.decode_seconds;
+  sm.ts.push_back(n / std::max(st.decode_seconds, 1e-9));
+  sm.tokens += n;
+  sm.drafted += st.n_drafted, sm.accepted += st.n_accepted, sm.rounds += st.n_rounds, sm.mtp_secs += st.mtp_seconds;
+}
+
 // One repetition of test t (the warm-up when not timed), into sm; tiered:
 // the backend has an expert tier, whose counters sm takes too.
 void run_repetition(Engine& engine, Backend& backend, const Loaded& cur, const Test& t, const TestIds& ids, int n_ubatch, bool timed, bool tiered,
                     Samples& sm) {
+  if (t.n_draft > 0) return run_draft_repetition(engine, backend, t, ids, timed, tiered, sm);
   Session s = engine.new_session();
   if (t.n_depth) engine.forward(s, ids.depth);
   engine.stage_times() = StageTimes{};
@@ -347,6 +376,11 @@ void measure(json& rec, const Test& t, Engine& engine, Backend& backend, const L
   write_times(rec, sm);
   write_bytes_and_stages(rec, sm, t, *cur.bytes, n_ubatch, reps);
   if (tiered) write_tier(rec, sm, backend.tier_stats(), reps);
+  if (t.n_draft > 0) {
+    rec["draft_accept_rate"] = sm.drafted ? sm.accepted / sm.drafted : 0.0;
+    rec["draft_tokens_per_step"] = sm.rounds ? sm.tokens / sm.rounds : 0.0;
+    rec["t_mtp_ms"] = sm.mtp_secs / reps * 1e3;
+  }
 }
 
 std::string utc_now() {
@@ -446,6 +480,7 @@ void BenchRun::write_records(const Config& c, int n_ubatch, const json& base, co
     rec["n_prompt"] = t.n_prompt;
     rec["n_gen"] = t.n_gen;
     rec["n_verify"] = t.n_verify;
+    rec["n_draft"] = t.n_draft;
     rec["n_depth"] = t.n_depth;
     rec["test_time"] = utc_now();
     if (!error.empty()) {

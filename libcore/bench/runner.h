@@ -7,6 +7,7 @@
 //   pp N      prompt processing of N tokens          ts = N / time
 //   tg N      N decode steps, one token each          ts = N / time
 //   tg N xk   N verify steps of k tokens each         ts = N / time (steps)
+//   tg N draftk  N tokens, k drafts a step (MTP)      ts = N / decode time
 //   pp P+tg G P prompt tokens then G decode steps      ts = (P + G) / time
 // Inputs are deterministic random token ids (seeded) or the ids of a text
 // file. A warm-up run precedes the timed repetitions. A configuration that
@@ -38,6 +39,12 @@ struct BenchOptions {
   // verify step of k tokens (logits of every row; the context grows by k a
   // step; ts is then steps per second). Test "tgN xk".
   std::vector<int> n_verify = {1};
+  // Drafts a step for "tgN draftK" tests (K > 0; 0: none): N tokens
+  // generated greedily with speculative decoding by the model's MTP layer
+  // after the depth's tokens (or one id) as the prompt; ts in tokens per
+  // second of the decode part, with the acceptance rate, tokens a step and
+  // the MTP layer's time in the record.
+  std::vector<int> draft = {0};
   std::vector<int> threads = {0};
   std::vector<int> n_batch = {2048};
   std::vector<int> n_ubatch = {512};        // 0: the factory's choice

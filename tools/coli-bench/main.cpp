@@ -78,6 +78,8 @@ po::options_description options() {
       ("n-gen", po::value<std::string>()->default_value("128"), "generation lengths of tg tests (0: none)")
       ("n-pg", po::value<std::vector<std::string>>()->composing(), "pp+tg test P,G (repeatable)")
       ("n-depth", po::value<std::string>()->default_value("0"), "context depths to prefill (untimed) before each test")
+      ("draft", po::value<std::string>()->default_value("0"), "drafts a step for tg tests with speculative decoding by the model's MTP layer "
+                                                            "(test \"tgN draftK\"; 0: none)")
       ("n-verify", po::value<std::string>()->default_value("1"), "tokens each tg step feeds: k > 1 times a speculative verify step of k tokens "
                                                                  "(test \"tgN xk\", ts in steps/s)")
       ("repetitions", po::value<int>()->default_value(5), "timed repetitions per test")
@@ -119,6 +121,9 @@ void read_tests(const po::variables_map& vm, coli::BenchOptions& o) {
     }
   o.n_depth = coli::parse_int_list(vm["n-depth"].as<std::string>(), "-d");
   o.n_verify = coli::parse_int_list(vm["n-verify"].as<std::string>(), "--n-verify");
+  o.draft = coli::parse_int_list(vm["draft"].as<std::string>(), "--draft");
+  for (int k : o.draft)
+    if (k < 0 || k > coli::kMaxDraft) throw coli::UsageError("--draft values must be 0 to " + std::to_string(coli::kMaxDraft));
   for (int v : o.n_verify)
     if (v < 1 || v > 1 + coli::kMaxDraft) throw coli::UsageError("--n-verify values must be 1 to " + std::to_string(1 + coli::kMaxDraft));
   o.threads = coli::parse_int_list(vm["threads"].as<std::string>(), "-t");
