@@ -158,11 +158,13 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
     for (int64_t sb = sb0; sb < nsb; ++sb) {
       __m512i a0[T], a1[T];
       __m512 lanes[T];
+      #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const int8_t* a = qa.codes.data() + ((t0 + t) * nsb + sb) * 128;
         a0[t] = _mm512_loadu_si512(a), a1[t] = _mm512_loadu_si512(a + 64);
         lanes[t] = _mm512_loadu_ps(qa.lanes.data() + ((t0 + t) * nsb + sb) * 16);
       }
+      #pragma GCC unroll 8
       for (int i = 0; i < R; ++i) {
         if (pf) _mm_prefetch(reinterpret_cast<const char*>(row[i] + sb * 64) + pf, _MM_HINT_T0);
         if (pf_scales >= 0 && sb % 8 == 0 && sb * 8 < static_cast<int64_t>(l.scale_row_bytes))
@@ -170,6 +172,7 @@ void rows_vnni(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, int
         const __m512i c = _mm512_loadu_si512(row[i] + sb * 64);
         const __m512i lo = _mm512_and_si512(c, mask), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
         const __m512 sw = lane_scales(sc[i], row_scale[i], sb);
+        #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           __m512i ai = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a0[t]);
           ai = _mm512_dpbusd_epi32(ai, hi, a1[t]);
@@ -215,6 +218,7 @@ void rows_vnni_i8(const Matrix& W, const QuantizedActs& qa, int t0, int64_t r0, 
       const __m512i w0 = _mm512_loadu_si512(row + sb * 128), w1 = _mm512_loadu_si512(row + sb * 128 + 64);
       const __m512i we = _mm512_xor_si512(_mm512_permutex2var_epi8(w0, idx_e, w1), flip);
       const __m512i wo = _mm512_xor_si512(_mm512_permutex2var_epi8(w0, idx_o, w1), flip);
+      #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const int8_t* a = qa.codes.data() + ((t0 + t) * nsb + sb) * 128;
         __m512i ai = _mm512_dpbusd_epi32(_mm512_setzero_si512(), we, _mm512_loadu_si512(a));

@@ -104,6 +104,13 @@ std::vector<float> Engine::mtp_forward(Session& s, std::span<const int> ids, con
   check_ids(ids);
   const int T = static_cast<int>(ids.size()), H = spec_.hidden_size, L = spec_.mtp_layer();
   const auto t0 = std::chrono::steady_clock::now();
+  // Its steps are charged to the mtp stage alone, not to trunk, experts, ...
+  struct Restore {
+    bool& flag;
+    const bool was;
+    ~Restore() { flag = was; }
+  } restore{timing_, timing_};
+  timing_ = false;
   Buffer<float> e(static_cast<std::size_t>(T) * H), x(e.size()), out(e.size());
   backend_.embed(ids.data(), T, e.data());
   backend_.mtp_input(T, e.data(), h, x.data());
@@ -114,7 +121,7 @@ std::vector<float> Engine::mtp_forward(Session& s, std::span<const int> ids, con
   std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
   backend_.lm_head(rows, out.data() + static_cast<std::size_t>(T - rows) * H, logits.data());
   if (g) g->assign(out.data(), out.data() + out.size());
-  if (timing_) times_.mtp += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (restore.was) times_.mtp += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return logits;
 }
 

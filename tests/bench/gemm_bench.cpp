@@ -41,9 +41,9 @@ void BM_GemmVnni(benchmark::State& st) { gemm<false, coli::QuantFormat::I4_G32>(
 void BM_GemmAmx(benchmark::State& st) { gemm<true, coli::QuantFormat::I4_G32>(st); }
 void BM_GemmVnniI8(benchmark::State& st) { gemm<false, coli::QuantFormat::I8>(st); }
 void BM_GemmAmxI8(benchmark::State& st) { gemm<true, coli::QuantFormat::I8>(st); }
-BENCHMARK(BM_GemmVnni)->ArgsProduct({{512, 2048}, {4, 8, 16, 64, 256}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmVnni)->ArgsProduct({{512, 2048}, {1, 2, 3, 4, 8, 16, 64, 256}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmAmx)->ArgsProduct({{512, 2048}, {4, 8, 16, 64, 256}})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_GemmVnniI8)->ArgsProduct({{2048}, {4, 16, 256}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmVnniI8)->ArgsProduct({{2048}, {1, 2, 3, 4, 16, 256}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmAmxI8)->ArgsProduct({{2048}, {4, 16, 256}})->Unit(benchmark::kMillisecond);
 
 }  // namespace
