@@ -24,6 +24,10 @@
 #include "formats/container.h"
 #include "mirror/mirror.h"
 #include "cpu_backend.h"
+#include "cpu_expert_host.h"
+#include "cuda_backend.h"
+#include "cuda_device.h"
+#include "placement/vram_ledger.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/layer_tensors.h"
@@ -587,6 +591,216 @@ TEST(Mtp, RefusalsNameTheProblem) {
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_FALSE(b.stats.draft_off.empty());
   EXPECT_EQ(b.stats.n_drafted, 0);
+}
+
+// The VRAM ledger with the MTP module on the device (VramSettings::mtp):
+// the arena holds its tensors (its routed experts only without a tier),
+// the reserve its KV cache, the rewind journal and the hidden rows.
+TEST(Mtp, LedgerCountsTheModuleOnTheDevice) {
+  TempDir d;
+  auto m = convert_all(fixture().dir.path(), d / "m.coli", QuantFormat::I8);
+  const ModelSpec& s = m->spec();
+  const TensorBytes bytes = tensor_bytes_of(*m);
+  uint64_t trunk = 0, experts = 0;
+  for (const TensorDesc& t : model_tensors(s, true))
+    if (is_mtp_tensor(s, t)) trunk += device_padded(bytes(t));
+  for (const TensorDesc& t : layer_tensors(s, s.mtp_layer())) (t.expert >= 0 ? experts : trunk) += device_padded(bytes(t));
+  for (bool tiered : {false, true}) {
+    VramSettings off;
+    off.budget = tiered ? 1 : 0, off.n_ctx = 256, off.max_chunk = 32;
+    VramSettings on = off;
+    on.mtp = true;
+    const VramLedger a(*m, off), b(*m, on);
+    EXPECT_EQ(b.arena() - a.arena(), trunk + (tiered ? 0 : experts)) << "tiered " << tiered;
+    const RuntimeReserve ra = runtime_reserve(s, off, 0), rb = runtime_reserve(s, on, 0);
+    EXPECT_EQ(ra.mtp, 0u);
+    const uint64_t kv = uint64_t(256) * s.num_kv_heads * s.head_dim * 2 * 4;
+    const uint64_t linear = s.num_layers - s.num_attention_layers();
+    const uint64_t state = (uint64_t(s.linear_conv_kernel - 1) * s.linear_conv_dim() +
+                            uint64_t(s.linear_num_value_heads) * s.linear_key_head_dim * s.linear_value_head_dim) * 4;
+    const uint64_t journal = uint64_t(kRewindTokens) * (s.linear_conv_dim() + 2 * s.linear_num_value_heads) * 4;
+    EXPECT_EQ(rb.mtp, kv + linear * (state + journal) + 3 * uint64_t(32) * s.hidden_size * 4);
+    EXPECT_EQ(rb.runtime() - ra.runtime(), rb.mtp);
+  }
+  // A model without the module: nothing more.
+  auto plain = convert_all(data_dir() + "/tiny-qwen35moe-text", d / "p.coli", QuantFormat::I8);
+  VramSettings on;
+  on.mtp = true;
+  EXPECT_EQ(VramLedger(*plain, on).arena(), VramLedger(*plain, VramSettings{}).arena());
+}
+
+namespace {
+
+bool have_device(std::string* why) { return cuda::device_count(why) > 0; }
+
+// The MTP fixture as an int8 container (the GPU kernels' format).
+struct DeviceMtpModel {
+  TempDir dir;
+  std::unique_ptr<Model> model;
+  DeviceMtpModel() { model = convert_all(fixture().dir.path(), dir / "m.coli", QuantFormat::I8); }
+};
+
+// Whole, no expert slot (every routed expert of the model on the host, the
+// MTP layer's too) and half of them, then a byte budget.
+std::vector<std::pair<std::string, cuda::CudaOptions>> device_placements(const Model& m) {
+  std::vector<std::pair<std::string, cuda::CudaOptions>> out;
+  cuda::CudaOptions whole;
+  whole.mtp = true;
+  out.push_back({"whole", whole});
+  const long long all = static_cast<long long>(m.spec().num_layers) * m.spec().num_experts;
+  for (long long slots : {0LL, all / 2}) {
+    cuda::CudaOptions o = whole;
+    o.expert_slots = slots;
+    o.expert_host = std::make_shared<cpu::CpuExpertHost>(m, 2);
+    out.push_back({std::to_string(slots) + " slots", o});
+  }
+  cuda::CudaOptions b = whole;
+  VramSettings v = cuda::vram_settings(b);
+  v.budget = 1, v.n_ctx = 512;
+  const VramLedger ledger(m, v);
+  b.vram_budget = ledger.device_floor() + 12 * ledger.slot().bytes();
+  b.n_ctx = 512;
+  b.expert_host = std::make_shared<cpu::CpuExpertHost>(m, 2);
+  out.push_back({"budget " + std::to_string(b.vram_budget >> 10) + " KiB", b});
+  return out;
+}
+
+}  // namespace
+
+// The MTP layer on the GPU against the CPU backend on the same container:
+// its logits at every row and the chained draft's, whole and under a tier
+// (the MTP layer's experts then on the host).
+TEST(MtpCuda, MtpForwardMatchesTheCpuBackend) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  DeviceMtpModel dm;
+  const Model& m = *dm.model;
+  cpu::CpuBackend cpu(m);
+  Engine ec(m.spec(), cpu);
+  const int H = m.spec().hidden_size;
+  for (auto& [name, o] : device_placements(m)) {
+    SCOPED_TRACE(name);
+    auto gpu = cuda::make_cuda_backend(m, o);
+    Engine eg(m.spec(), *gpu, 64);
+    for (int pi : {0, 1}) {
+      const std::vector<int> p = golden_prompt(pi);
+      Session sc = ec.new_session(), sg = eg.new_session();
+      std::vector<float> hc, hg, gc, gg;
+      ec.forward(sc, p, {}, &hc), eg.forward(sg, p, {}, &hg);
+      ASSERT_EQ(hg.size(), hc.size());
+      float range = 0;
+      for (float v : hc) range = std::max(range, std::abs(v));
+      EXPECT_LT(max_diff(hg, hc), 0.02f * range) << "the main model's hidden rows (the chunk's, on the device)";
+      std::vector<int> ids(p.begin() + 1, p.end());
+      ids.push_back(7);
+      const auto lc = ec.mtp_forward(sc, ids, hc.data(), 0, true, &gc), lg = eg.mtp_forward(sg, ids, hc.data(), 0, true, &gg);
+      range = 0;
+      for (float v : lc) range = std::max(range, std::abs(v));
+      EXPECT_LT(max_diff(lg, lc), 0.02f * range) << "prompt " << pi;
+      const std::size_t V = m.spec().vocab_size;
+      for (std::size_t r = 0; r < ids.size(); ++r) {
+        const auto a = lc.begin() + r * V, b = lg.begin() + r * V;
+        EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "row " << r;
+      }
+      const std::vector<float> last(gc.end() - H, gc.end());
+      const int d = 9, at = static_cast<int>(p.size());
+      EXPECT_LT(max_diff(eg.mtp_forward(sg, std::span<const int>(&d, 1), last.data(), at, false),
+                         ec.mtp_forward(sc, std::span<const int>(&d, 1), last.data(), at, false)),
+                0.02f * range)
+          << "chained";
+    }
+  }
+}
+
+// mark / forward / rewind on the GPU: the journal's replay leaves each
+// Gated DeltaNet layer as a session fed only the kept tokens (the same
+// chunks: the prompt, then the kept ones).
+TEST(MtpCuda, RewindIsTheSessionFedLess) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  DeviceMtpModel dm;
+  const Model& m = *dm.model;
+  for (auto& [name, o] : device_placements(m)) {
+    if (name != "whole" && name.find("budget") == std::string::npos) continue;
+    auto gpu = cuda::make_cuda_backend(m, o);
+    Engine e(m.spec(), *gpu, 64);
+    const std::vector<int> p = golden_prompt(1), more = {11, 300, 42, 7, 99};
+    for (int keep : {0, 1, 3, 5}) {
+      Session s = e.new_session();
+      e.forward(s, p);
+      e.mark(s);
+      e.forward_all(s, more);
+      e.rewind(s, static_cast<int>(p.size()) + keep);
+      const std::vector<int> then = {5, 250};
+      const auto got = e.forward_all(s, then);
+      Session f = e.new_session();
+      e.forward(f, p);
+      if (keep) e.forward_all(f, std::vector<int>(more.begin(), more.begin() + keep));
+      const auto want = e.forward_all(f, then);
+      EXPECT_LT(max_diff(got, want), 1e-3f) << name << " keep " << keep;
+      // Decode steps after it (graphs again) as well.
+      const int next = 17;
+      EXPECT_LT(max_diff(e.forward(s, std::span<const int>(&next, 1)), e.forward(f, std::span<const int>(&next, 1))), 1e-3f) << name << " keep " << keep;
+    }
+    Session s = e.new_session();
+    e.forward(s, p);
+    EXPECT_NE(error_of([&] { e.rewind(s, 0); }).find("rewind without mark"), std::string::npos);
+  }
+}
+
+// Greedy drafts 1-3 on the GPU give draft 0's tokens there, whole and under
+// a tier, with the MTP layer's own drafts, an oracle, and the oracle wrong
+// at chosen positions; the session holds what draft 0's holds.
+TEST(MtpCuda, GreedyDraftsGiveDraftZerosTokens) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  DeviceMtpModel dm;
+  const Model& m = *dm.model;
+  for (auto& [name, o] : device_placements(m)) {
+    auto gpu = cuda::make_cuda_backend(m, o);
+    Engine e(m.spec(), *gpu, 64);
+    for (int pi : {0, 1, 2}) {
+      const std::vector<int> p = golden_prompt(pi);
+      Session s0 = e.new_session();
+      const GenRun base = greedy(e, s0, p, 16, 0);
+      EXPECT_EQ(base.tokens, golden_greedy(pi)) << name << " prompt " << pi;
+      const std::vector<int>& want = base.tokens;
+      const auto oracle = [&](int i, int) { return want.at(i); };
+      const std::set<int> wrong = {1, 2, 6, 11, 15};
+      const auto flaky = [&](int i, int) { return wrong.count(i) ? (want.at(i) + 1) % 512 : want.at(i); };
+      for (int draft : {1, 2, 3}) {
+        for (int kind = 0; kind < 3; ++kind) {
+          SCOPED_TRACE(name + " prompt " + std::to_string(pi) + " draft " + std::to_string(draft) + " drafter " + std::to_string(kind));
+          Session s = e.new_session();
+          std::function<int(int, int)> hook;
+          if (kind == 1) hook = oracle;
+          if (kind == 2) hook = flaky;
+          const GenRun r = greedy(e, s, p, 16, draft, hook);
+          EXPECT_EQ(r.tokens, want);
+          EXPECT_EQ(r.stats.fed, base.stats.fed);
+          EXPECT_EQ(s.n_past, s0.n_past);
+          EXPECT_TRUE(r.stats.draft_off.empty());
+          EXPECT_GT(r.stats.n_drafted, 0);
+          if (kind == 1) {
+            EXPECT_EQ(r.stats.n_accepted, r.stats.n_drafted);
+          }
+          if (kind == 2) {
+            EXPECT_LT(r.stats.n_accepted, r.stats.n_drafted);
+          }
+        }
+      }
+    }
+    const TierStats ts = gpu->tier_stats();
+    if (o.vram_budget) {
+      EXPECT_LE(ts.vram_peak, o.vram_budget) << name;
+    }
+    std::printf("[ info     ] %s: %lld of %lld experts resident, peak %.2f MiB\n", name.c_str(), ts.resident, ts.experts, ts.vram_peak / 1048576.0);
+  }
+  // Without CudaOptions::mtp the module's steps say so.
+  auto plain = cuda::make_cuda_backend(m, cuda::CudaOptions{});
+  Engine e(m.spec(), *plain, 64);
+  Session s = e.new_session();
+  EXPECT_NE(error_of([&] { greedy(e, s, golden_prompt(0), 4, 2); }).find("the MTP module is not on the device"), std::string::npos);
 }
 
 }  // namespace coli::test

@@ -182,6 +182,12 @@ class Backend {
   // then. Default: start remembers the arguments, finish runs forward_chunk.
   virtual void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows);
   virtual void finish_chunk(BackendState& state, float* logits);
+  // Whole chunks that also give every row's final-normed hidden (the MTP
+  // layer's input): after chunk_hidden(h) returns true, the next chunk
+  // started writes its [T, hidden] rows to h by the time its finish_chunk
+  // returns (h must stay valid until then). false: not kept (the default;
+  // the engine then takes the per-layer steps, which compute them).
+  virtual bool chunk_hidden(float* hidden) { return false; }
 
   // Routing heat counted on the device by a backend that runs whole chunks
   // (the engine counts the per-layer path's route() itself): every token of

@@ -168,7 +168,10 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe, std::vector<float>* hidden) {
   if (heat_) heat_->add_tokens(T);
   const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;
-  if (backend_.runs_whole_chunks() && !observe && !hidden && (!heat_ || device_heat_)) {
+  const bool whole = backend_.runs_whole_chunks() && !observe && (!heat_ || device_heat_);
+  const std::size_t had = hidden ? hidden->size() : 0;
+  if (whole && hidden) hidden->resize(had + static_cast<std::size_t>(T) * spec_.hidden_size);
+  if (whole && (!hidden || backend_.chunk_hidden(hidden->data() + had))) {
     const auto t0 = std::chrono::steady_clock::now();
     backend_.start_chunk(*s.state, ids, T, s.n_past, rows);  // the logits are allocated while the device runs
     std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
@@ -177,6 +180,7 @@ std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logi
     s.n_past += T;
     return logits;
   }
+  if (hidden) hidden->resize(had);  // the per-layer steps append them
   std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
   run_layers(ids, T, [&](int l, float* x) { backend_.trunk_step(l, *s.state, s.n_past, T, x); }, observe, rows, logits.data(), hidden);
   s.n_past += T;

@@ -23,6 +23,10 @@ constexpr int kMoeGroupedMinTokens = 4;
 // Background swaps of the expert tier in flight at once: each keeps a
 // prefill staging slot per area (a swap evicts before its copy lands).
 constexpr int kTierSwapsInFlight = 8;
+// Tokens a speculative verify window may feed between mark_state and
+// rewind_state (CudaBackend's journal of the Gated DeltaNet layers' inputs;
+// at least 1 + kMaxDraft of engine/generate.h).
+constexpr int kRewindTokens = 16;
 // Hybrid prefill's staging ring (expert_tier.cuh): when the experts run as
 // grouped GEMMs over expert ranges (int8 / int4 formats), a prompt chunk's
 // missing experts stream through two areas of at most this many slots, a

@@ -66,6 +66,7 @@ TensorBytes tensor_bytes_of(const Container& c) {
   return [index, where](const TensorDesc& t) -> uint64_t {
     auto it = index->find(t.name);
     if (it == index->end() && t.role == TensorRole::kLmHead) it = index->find("model.embed_tokens.weight");  // tied
+    if (it == index->end() && t.name.rfind("mtp.", 0) == 0) return uint64_t(0);  // a container without the MTP module: none bound
     if (it == index->end()) throw Error(where + ": no tensor '" + t.name + "'");
     return t.form == TensorForm::kVector ? elements(t.shape) * 4 : matrix_bytes(it->second.format, it->second.shape, t.name);
   };
@@ -98,11 +99,12 @@ ExpertParts expert_parts_of(const Container& c) {
 
 ExpertSlot expert_slot(const ExpertParts& p) { return {device_padded(p.gate), device_padded(p.up), device_padded(p.down)}; }
 
-uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered) {
+uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered, bool mtp) {
+  mtp = mtp && s.mtp_layers > 0;
   uint64_t total = 0;
-  for (const TensorDesc& t : model_tensors(s, true))  // lm_head even when tied; the MTP module stays on the host (CPU drafts)
-    if (!is_mtp_tensor(s, t)) total += device_padded(bytes(t));
-  for (int l = 0; l < s.num_layers; ++l)
+  for (const TensorDesc& t : model_tensors(s, true))  // lm_head even when tied; the MTP module's fc and norms with mtp
+    if (mtp || !is_mtp_tensor(s, t)) total += device_padded(bytes(t));
+  for (int l = 0; l < (mtp ? s.num_layers_with_mtp() : s.num_layers); ++l)
     for (const TensorDesc& t : layer_tensors(s, l))
       if (!tiered || t.expert < 0) total += device_padded(bytes(t));
   return total;
@@ -147,7 +149,7 @@ ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn) {
     c.gdn_work = gdn_chunk_workspace_floats(T, s.linear_num_value_heads, s.linear_key_head_dim, s.linear_value_head_dim);
   const std::size_t widest = std::max({H, std::size_t(s.linear_value_dim()), std::size_t(s.num_heads) * s.head_dim,
                                        std::size_t(s.moe_intermediate_size), std::size_t(s.shared_expert_intermediate_size),
-                                       std::size_t(s.intermediate_size)});
+                                       std::size_t(s.intermediate_size), s.mtp_layers > 0 ? 2 * H : H});  // the MTP's fc reads [embedding | hidden]
   const std::size_t qn = std::max(t * widest, t * (K + 1) * s.moe_intermediate_size) + 32;
   c.qx_codes = qn, c.qx_scale = c.qx_sum = qn / 32 + 1;
   return c;
@@ -172,6 +174,11 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
   }
   r.logits = uint64_t(s.vocab_size) * 4;
   r.fixed = uint64_t(8) << 20;  // decode graphs (measured 0.7 MiB), the allocations after the slots, rounding
+  if (run.mtp && s.mtp_layers > 0) {
+    const uint64_t cd = s.linear_conv_dim(), nv = s.linear_num_value_heads;
+    r.mtp = n_ctx * kv * 2 * 4 + linear * (r.state / std::max<uint64_t>(linear, 1) + uint64_t(kRewindTokens) * (cd + 2 * nv) * 4) +
+            3 * T * uint64_t(s.hidden_size) * 4;  // a chunk's hidden rows, the fc's input [T, 2H]
+  }
   const uint64_t L = s.num_layers, E = s.num_experts;
   if (run.pcie_read_share > 0) r.pcie_read_tables = L * ((E + 2) * 3 * 8 + E + 3 * 256);
   if (run.decode_upload_max > 0) {
@@ -243,7 +250,7 @@ TierFill fill_tier(const TierFillInputs& in) {
 }
 
 VramLedger::VramLedger(const ModelSpec& s, const TensorBytes& bytes, const ExpertParts& expert, const VramSettings& run) : s_(s), run_(run) {
-  arena_ = arena_bytes(s_, bytes, run_.tiered());
+  arena_ = arena_bytes(s_, bytes, run_.tiered(), run_.mtp);
   inv_freq_ = inv_freq_bytes(s_);
   buffers_ = chunk_buffers(s_, run_.chunk_tokens(), run_.chunked_gdn);
   slot_ = expert_slot(expert);

@@ -61,6 +61,12 @@ struct VramSettings {
   bool prefill_upload = false;   // the two staging areas and their tables
   bool swap = false;             // swaps in flight keep staging slots (kTierSwapsInFlight per area)
   int prefill_ring_slots = 0;    // a ring's slots per area (ExpertParts::grouped); 0: kPrefillRingSlots (tests set fewer)
+  // The MTP module on the device (speculative decoding; a model with one):
+  // its tensors in the arena (its routed experts only without a tier:
+  // under one the host computes them), its attention layer's KV cache, the
+  // rewind state of the Gated DeltaNet layers and a chunk's hidden rows in
+  // the reserve (RuntimeReserve::mtp).
+  bool mtp = false;
 
   bool tiered() const { return budget > 0 || expert_slots >= 0; }
   int context_tokens() const { return n_ctx > 0 ? n_ctx : 4096; }
@@ -100,8 +106,10 @@ struct ExpertSlot {
 };
 ExpertSlot expert_slot(const ExpertParts& p);
 
-// 1. The weight arena's bytes (tiered: without the routed experts).
-uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered);
+// 1. The weight arena's bytes (tiered: without the routed experts); with
+// mtp (and s.mtp_layers > 0) the MTP module's too, its routed experts only
+// when not tiered.
+uint64_t arena_bytes(const ModelSpec& s, const TensorBytes& bytes, bool tiered, bool mtp = false);
 // Under a tier the token embedding stays in host memory when its rows are
 // plain (f32, bf16, f16: a row is one run of bytes, no scales): a chunk's
 // rows are copied to pinned memory the embedding kernel reads in place (4
@@ -158,7 +166,12 @@ struct RuntimeReserve {
   uint64_t fixed = 0;              // 8 MiB: decode graphs, what is allocated after the slots, rounding
   uint64_t pcie_read_tables = 0;   // pcie_read_share > 0
   uint64_t decode_upload = 0;      // decode_upload_max > 0
-  uint64_t runtime() const { return kv + state + attention_scratch + logits + fixed; }  // CudaBackend::runtime_reserve()
+  // VramSettings::mtp: the MTP layer's KV cache, per Gated DeltaNet layer
+  // the rewind state (its recurrent state and conv window at the mark, and
+  // kRewindTokens tokens' conv inputs, beta and decay inputs), a chunk's
+  // final-normed hidden rows and the MTP fc's input ([T, 2 hidden]).
+  uint64_t mtp = 0;
+  uint64_t runtime() const { return kv + state + attention_scratch + logits + fixed + mtp; }  // CudaBackend::runtime_reserve()
   uint64_t total() const { return runtime() + pcie_read_tables + decode_upload; }       // build_tier's reserve
 };
 RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint64_t slot);

@@ -80,8 +80,14 @@ struct CudaState : BackendState {
   struct Layer {
     DeviceArray<float> k, v;       // attention: [cap, kv_heads * hd]
     DeviceArray<float> conv, S;    // DeltaNet: [K-1, cd], [nv, dk, dv]
+    // The rewind journal of a DeltaNet layer (mark_state .. rewind_state):
+    // conv and S at the mark, and the conv inputs and the beta and decay
+    // inputs of each token fed since ([kRewindTokens, cd], [.., nv] x 2).
+    DeviceArray<float> mark_conv, mark_S, j_proj, j_b, j_a;
+    int journal = -1;              // tokens in it; -1: not keeping
   };
-  std::vector<Layer> layers;
+  std::vector<Layer> layers;       // the model's, then the MTP layer's (CudaOptions::mtp)
+  bool keeping = false;            // between mark_state and rewind_state
   int cap = 0;                     // KV cache positions allocated
   // The decode step's graph holds the addresses of this state's and the
   // backend's buffers: valid while the cache size, the backend's buffer
@@ -111,7 +117,7 @@ class CudaBackend : public Backend {
   }
   void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) override;
   // start_chunk's launches once the ids are on their way: the decode graph or a prompt chunk's kernels.
-  void launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start);
+  void launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start, bool hidden);
   void finish_chunk(BackendState& state, float* logits) override;
   // Routing heat of whole chunks: heat_, counted by the router's top-k kernel.
   bool read_heat(std::vector<uint64_t>& counts) override;
@@ -126,6 +132,14 @@ class CudaBackend : public Backend {
   void shared_expert(int layer, int T, const float* hn, float* out) override;
   void routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) override;
   void logits(int T, const float* x, float* out) override;
+  // The MTP module's parts (CudaOptions::mtp; its layer runs through the
+  // steps above as layer num_layers) and the speculative window.
+  void output_norm(int T, const float* x, float* h, bool mtp) override;
+  void lm_head(int T, const float* h, float* out) override;
+  void mtp_input(int T, const float* e, const float* h, float* x) override;
+  void mark_state(BackendState& state) override;
+  void rewind_state(BackendState& state, int tokens) override;
+  bool chunk_hidden(float* hidden) override;
 
  private:
   // A per-layer step's start: a started chunk finished, buffers for T
@@ -168,7 +182,14 @@ class CudaBackend : public Backend {
   // Buffers, KV cache and attention scratch for T tokens at positions pos0.. (T <= max_chunk).
   void prepare(CudaState& st, int T, int pos0);
   // The forward pass of T tokens whose position and ids are in io_.
-  void run(CudaState& st, int T, int logit_rows);
+  // hidden: also every row's final-normed hidden into hid_ (chunk_hidden).
+  void run(CudaState& st, int T, int logit_rows, bool hidden = false);
+  // A Gated DeltaNet layer's conv, q/k norm and recurrence over the conv
+  // inputs in proj_ and the beta / decay inputs in b_, a_ (deltanet_layer;
+  // rewind_state replays them from the journal); whether the output is in qx_.
+  bool gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q);
+  // Throws unless the MTP module is on the device.
+  void need_mtp(const char* step) const;
   // hn_q: the norm before left hn quantized for this step's int8 readers.
   void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap);
   void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
@@ -212,6 +233,15 @@ class CudaBackend : public Backend {
   const int* embed_ids() const { return host_embed_ ? nullptr : d_ids(); }  // null: row t is token t's
   void record_embedding_read();
   const float* final_norm_ = nullptr;
+  // The MTP module (CudaOptions::mtp with Model::has_mtp()); its decoder
+  // layer is layers_[num_layers].
+  bool mtp_ = false;
+  DevMatrix mtp_fc_;
+  const float *mtp_norm_embedding_ = nullptr, *mtp_norm_hidden_ = nullptr, *mtp_norm_ = nullptr;
+  DeviceArray<float> mtp_in_;     // [T, 2H]: the fc's input
+  DeviceArray<float> hid_;        // [T, H]: a chunk's final-normed hidden rows (chunk_hidden)
+  float* hidden_next_ = nullptr;  // chunk_hidden's destination for the next chunk started
+  float* hidden_dst_ = nullptr;   // the started chunk's, written by finish_chunk
   DeviceArray<float> inv_freq_;  // rotary inverse frequencies, f32(1 / theta^(2i / rot)) made on the host as the reference does
   std::vector<DevLayer> layers_;
   // The routed experts: their tables, and under a budget the slots, the

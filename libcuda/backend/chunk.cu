@@ -3,6 +3,7 @@
 // waits for the logits range by range. The routing heat comes off the
 // device between chunks.
 #include <cstring>
+#include <utility>
 
 #include "backend_impl.cuh"
 
@@ -61,7 +62,8 @@ void CudaBackend::record_embedding_read() {
 
 void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) {
   auto& st = static_cast<CudaState&>(state);
-  if (pending_.active) finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
+  if (pending_.active) hidden_dst_ = nullptr, finish_chunk(state, nullptr);  // a chunk started and never finished: drain it
+  float* const hidden = std::exchange(hidden_next_, nullptr);  // chunk_hidden's, for this chunk
   adopt_pending_pin(T);  // a background pin that is ready switches the run over here
   const auto t_start = std::chrono::steady_clock::now();
   prepare(st, T, pos0);
@@ -76,6 +78,10 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   if (logits_.size() < nlog) {
     BudgetScope scope(budget_.get(), "the logits");
     logits_.resize(nlog), ++buffer_gen_;
+  }
+  if (hidden && hid_.size() < std::size_t(T) * s_.hidden_size) {
+    BudgetScope scope(budget_.get(), "a chunk's hidden rows (the MTP layer's input)");
+    hid_.resize(std::size_t(T) * s_.hidden_size);
   }
   h_io_[0] = pos0;
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
@@ -92,7 +98,8 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   tier_->begin_chunk(T);  // swaps' table updates before this chunk's kernels; the handoff serves its posts
   if (graph_timing_ && T == 1) begin_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin).count();
   try {
-    launch_chunk(st, T, logit_rows, t_start);
+    launch_chunk(st, T, logit_rows, t_start, hidden != nullptr);
+    hidden_dst_ = hidden;
   } catch (...) {
     cudaStreamSynchronize(stream_);  // serve what was launched until it drains, then stop
     tier_->abandon_chunk();
@@ -100,11 +107,13 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   }
 }
 
-void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start) {
+void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start, bool hidden) {
   pdl_wanted() = T == 1 && opt_.pdl;  // decode: overlap each kernel's launch with the previous one's tail
   gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
   launch_tuning() = opt_.tuning;
-  if (T == 1 && opt_.graphs) {
+  // Not in a speculative window (its journal's offsets change each step)
+  // nor with the hidden rows asked for.
+  if (T == 1 && opt_.graphs && !st.keeping && !hidden) {
     // A decode step as one graph; captured again when a buffer moved.
     if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || st.graph_gen != buffer_gen_) {
       if (st.graph) cudaGraphExecDestroy(st.graph), st.graph = nullptr;
@@ -138,7 +147,7 @@ void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono
       graph_call_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
     if (graph_timing_) cudaEventRecord(graph_ev_[1], stream_);
   } else {
-    run(st, T, logit_rows);
+    run(st, T, logit_rows, hidden);
   }
   const auto t_launched = std::chrono::steady_clock::now();
   enqueue_logit_copies(logit_rows);
@@ -163,6 +172,8 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
   }
   check(cudaStreamSynchronize(stream_), "forward");
   tier_->end_chunk();  // rethrows a host-side failure of the chunk
+  if (float* h = std::exchange(hidden_dst_, nullptr))
+    check(cudaMemcpy(h, hid_.get(), std::size_t(p.T) * s_.hidden_size * sizeof(float), cudaMemcpyDeviceToHost), "copy hidden rows");
   if (profile_) collect_profile();
   if (graph_timing_ && p.T == 1 && opt_.graphs) {
     float ms = 0;

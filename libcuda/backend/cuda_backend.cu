@@ -183,10 +183,11 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   // counts it; a matrix the twin holds takes no room here (put_matrix
   // reads it there).
   if (embedding_on_host(tiered_, model.embed().format)) host_embed_ = &model.embed();
+  mtp_ = opt_.mtp && model.has_mtp();
   const std::size_t total = arena_bytes(s_, device_bytes([&](const TensorDesc& t) -> uint64_t {
     if (t.form != TensorForm::kVector && twin_at(matrix_of(model, t).data, matrix_of(model, t).bytes())) return 0;
     return bytes_of(model, t);
-  }, host_embed_ != nullptr), tiered_);
+  }, host_embed_ != nullptr), tiered_, mtp_);
   std::size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   // Under a budget every allocation is charged to it: the budget is what
@@ -222,17 +223,26 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   }
   lm_head_ = put_matrix(model.lm_head(), "lm_head");
   final_norm_ = put_floats(model.final_norm());
+  if (mtp_) {  // the MTP module around its layer (CudaOptions::mtp)
+    mtp_fc_ = put_matrix(model.mtp().fc, "mtp.fc.weight");
+    mtp_norm_embedding_ = put_floats(model.mtp().norm_embedding);
+    mtp_norm_hidden_ = put_floats(model.mtp().norm_hidden);
+    mtp_norm_ = put_floats(model.mtp().norm);
+  }
   {
     std::vector<float> f(std::max(1, s_.rotary_dim / 2));
     for (int i = 0; i < s_.rotary_dim / 2; ++i) f[i] = static_cast<float>(1.0 / std::pow(s_.rope_theta, double(2 * i) / s_.rotary_dim));
     inv_freq_.resize(f.size());
     check(cudaMemcpy(inv_freq_.get(), f.data(), f.size() * 4, cudaMemcpyHostToDevice), "upload rotary frequencies");
   }
-  layers_.resize(s_.num_layers);
-  std::vector<ExpertTier::LayerInput> experts(s_.num_layers);
-  for (int l = 0; l < s_.num_layers; ++l) {
+  // The MTP decoder layer (CudaOptions::mtp) last, as layer num_layers;
+  // under a tier its routed experts stay on the host (routed_experts).
+  const int n_layers = mtp_ ? s_.num_layers_with_mtp() : s_.num_layers;
+  layers_.resize(n_layers);
+  std::vector<ExpertTier::LayerInput> experts(n_layers);
+  for (int l = 0; l < n_layers; ++l) {
     DevLayer& d = layers_[l];
-    d.kind = model.layer(l).kind;
+    d.kind = s_.kind_of(l);
     const int E = s_.num_experts;
     ExpertTier::LayerInput& x = experts[l];
     std::vector<const uint8_t*> gp(E), upp(E), dp(E);
@@ -387,7 +397,7 @@ std::unique_ptr<BackendState> CudaBackend::new_state() const {
   auto st = std::make_unique<CudaState>();
   st->budget = budget_;
   BudgetScope scope(budget_.get(), "the Gated DeltaNet state");
-  st->layers.resize(s_.num_layers);
+  st->layers.resize(layers_.size());  // the MTP layer's KV cache last (CudaOptions::mtp)
   for (int l = 0; l < s_.num_layers; ++l) {
     if (s_.layer_kinds[l] != LayerKind::kLinearAttention) continue;
     auto& L = st->layers[l];
@@ -435,8 +445,8 @@ void CudaBackend::ensure_cap(CudaState& st, int needed) {
   const int cap = tiered_ ? std::max(needed + (st.cap ? 1024 : 0), context_tokens()) : std::max({needed, 2 * st.cap, 256});
   BudgetScope scope(st.budget.get(), "the KV cache (-c/--ctx-size)");
   const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
-  for (int l = 0; l < s_.num_layers; ++l) {
-    if (s_.layer_kinds[l] != LayerKind::kFullAttention) continue;
+  for (int l = 0; l < static_cast<int>(st.layers.size()); ++l) {
+    if (s_.kind_of(l) != LayerKind::kFullAttention) continue;
     auto& L = st.layers[l];
     DeviceArray<float> k(cap * kv), v(cap * kv);
     if (st.cap) {

@@ -38,6 +38,20 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T,
     const MatmulOut outs[] = {{L.in_qkv, proj_.get(), cd}, {L.in_z, z_.get(), s_.linear_value_dim()}, {L.in_b, b_.get(), nv}, {L.in_a, a_.get(), nv}};
     matmul_many(outs, 4, hn_.get(), T, stream_, &qx_, hn_q);
   });
+  if (st.j_proj.get() && st.journal >= 0) {  // a speculative window: what rewind_state replays
+    if (st.journal + T > kRewindTokens)
+      throw Error("CUDA backend: more than " + std::to_string(kRewindTokens) + " tokens fed between mark_state and rewind_state");
+    check(cudaMemcpyAsync(st.j_proj.get() + std::size_t(st.journal) * cd, proj_.get(), std::size_t(T) * cd * 4, cudaMemcpyDeviceToDevice, stream_), "journal");
+    check(cudaMemcpyAsync(st.j_b.get() + std::size_t(st.journal) * nv, b_.get(), std::size_t(T) * nv * 4, cudaMemcpyDeviceToDevice, stream_), "journal");
+    check(cudaMemcpyAsync(st.j_a.get() + std::size_t(st.journal) * nv, a_.get(), std::size_t(T) * nv * 4, cudaMemcpyDeviceToDevice, stream_), "journal");
+    st.journal += T;
+  }
+  const bool out_q = gdn_conv_recurrence(L, st, T, takes_int8_x(L.out_proj));
+  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
+}
+
+bool CudaBackend::gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q) {
+  const int cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
   step("gdn conv+norm", [&] {
     if (T == 1 && gdn_conv_norm_step(proj_.get(), L.conv1d, st.conv.get(), cd, s_.linear_conv_kernel, s_.linear_num_key_heads,
                                      s_.linear_key_head_dim, conv_out_.get(), stream_))
@@ -45,15 +59,17 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T,
     gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
     gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
   });
-  // The gated norm quantizes its output for an int8 out projection.
-  const bool want_q = takes_int8_x(L.out_proj);
+  // The gated norm quantizes its output for an int8 out projection. Short
+  // chunks (a speculative verify window, its replay) token by token: the
+  // chunked WY form pays from tens of tokens, and token by token is the
+  // decode steps' arithmetic.
   bool out_q = false;
   step("gdn recurrence", [&] {
     out_q = gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
                            s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_,
-                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4, chunked_gdn_ && T > 1 ? gdn_work_.get() : nullptr);
+                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4, chunked_gdn_ && T > kRewindTokens ? gdn_work_.get() : nullptr);
   });
-  step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
+  return out_q;
 }
 
 void CudaBackend::router_logits(const DevLayer& L, int T, bool hn_q) {
@@ -163,7 +179,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   return join_later;
 }
 
-void CudaBackend::run(CudaState& st, int T, int logit_rows) {
+void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
   tier_->start_pass(T);  // a prompt chunk's first uploaded layer, while the trunk starts
@@ -199,6 +215,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows) {
       else launch_norm(a, T, stream_);
     });
   }
+  if (hidden) step("lm_head", [&] { rms_norm(x_.get(), final_norm_, T, H, eps, s_.norm_plus_one, hid_.get(), stream_); });
   if (logit_rows == 0) return;
   const float* last = x_.get() + std::size_t(T - logit_rows) * H;
   hn_q = quantize_for({&lm_head_}, &nibble);

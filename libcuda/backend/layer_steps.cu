@@ -17,6 +17,7 @@ namespace coli::cuda::detail {
 void CudaBackend::begin_layer_step(int T) {
   if (pending_.active) {  // a chunk started and never finished: drain it
     BackendState none;
+    hidden_dst_ = nullptr;
     finish_chunk(none, nullptr);
   }
   if (T > opt_.max_chunk) throw Error("CUDA backend: a step of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
@@ -107,6 +108,16 @@ void CudaBackend::shared_expert(int layer, int T, const float* hn, float* out) {
 // token's, in pair order.
 void CudaBackend::routed_experts(int layer, const ExpertPair* pairs, int n, const float* hn, float* out) {
   const int H = s_.hidden_size, E = s_.num_experts;
+  if (layer >= s_.num_layers) need_mtp("routed experts");
+  if (layer >= s_.num_layers && tiered_) {  // under a tier the MTP layer's experts are the host's
+    int rows = 0;
+    for (int p = 0; p < n; ++p) {
+      if (pairs[p].expert < 0 || pairs[p].expert >= E) throw Error("CUDA backend: routed_experts: expert " + std::to_string(pairs[p].expert) + " out of range");
+      rows = std::max(rows, pairs[p].token + 1);
+    }
+    tier_->host().compute(layer, pairs, n, hn, rows, out);
+    return;
+  }
   const ExpertTable& table = tier_->experts(layer).table;
   int rows = 0;
   for (int p = 0; p < n; ++p) {
@@ -166,6 +177,110 @@ void CudaBackend::logits(int T, const float* x, float* out) {
   rms_norm(x_.get(), final_norm_, T, H, s_.rms_norm_eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
   matmul(lm_head_, hn_.get(), T, logits_.get(), V, stream_, &qx_, hn_q);
   download(out, logits_.get(), std::size_t(T) * V);
+}
+
+void CudaBackend::need_mtp(const char* step) const {
+  if (!mtp_)
+    throw Error(std::string("CUDA backend: ") + step + ": the MTP module is not on the device (" +
+                (s_.mtp_layers > 0 ? "CudaOptions::mtp is off" : "the model has none") + ")");
+}
+
+void CudaBackend::output_norm(int T, const float* x, float* h, bool mtp) {
+  if (mtp) need_mtp("the MTP norm");
+  begin_layer_step(T);
+  const int H = s_.hidden_size;
+  upload(x_.get(), x, std::size_t(T) * H);
+  rms_norm(x_.get(), mtp ? mtp_norm_ : final_norm_, T, H, s_.rms_norm_eps, s_.norm_plus_one, hn_.get(), stream_);
+  download(h, hn_.get(), std::size_t(T) * H);
+}
+
+void CudaBackend::lm_head(int T, const float* h, float* out) {
+  begin_layer_step(T);
+  const int H = s_.hidden_size, V = s_.vocab_size;
+  if (logits_.size() < std::size_t(T) * V) {
+    BudgetScope scope(budget_.get(), "the logits");
+    logits_.resize(std::size_t(T) * V), ++buffer_gen_;
+  }
+  upload(hn_.get(), h, std::size_t(T) * H);
+  matmul(lm_head_, hn_.get(), T, logits_.get(), V, stream_, &qx_);
+  download(out, logits_.get(), std::size_t(T) * V);
+}
+
+// x = fc([norm_embedding(e) | norm_hidden(h)]): the two norms side by side
+// in mtp_in_ [T, 2H], then one matmul.
+void CudaBackend::mtp_input(int T, const float* e, const float* h, float* x) {
+  need_mtp("the MTP input");
+  begin_layer_step(T);
+  const int H = s_.hidden_size;
+  const std::size_t row = std::size_t(H) * sizeof(float);
+  if (mtp_in_.size() < std::size_t(T) * 2 * H) {
+    BudgetScope scope(budget_.get(), "the MTP layer's input");
+    mtp_in_.resize(std::size_t(T) * 2 * H);
+  }
+  upload(x_.get(), e, std::size_t(T) * H);
+  rms_norm(x_.get(), mtp_norm_embedding_, T, H, s_.rms_norm_eps, s_.norm_plus_one, hn_.get(), stream_);
+  check(cudaMemcpy2DAsync(mtp_in_.get(), 2 * row, hn_.get(), row, row, T, cudaMemcpyDeviceToDevice, stream_), "MTP input");
+  upload(x_.get(), h, std::size_t(T) * H);
+  rms_norm(x_.get(), mtp_norm_hidden_, T, H, s_.rms_norm_eps, s_.norm_plus_one, hn_.get(), stream_);
+  check(cudaMemcpy2DAsync(mtp_in_.get() + H, 2 * row, hn_.get(), row, row, T, cudaMemcpyDeviceToDevice, stream_), "MTP input");
+  matmul(mtp_fc_, mtp_in_.get(), T, x_.get(), H, stream_, &qx_);
+  download(x, x_.get(), std::size_t(T) * H);
+}
+
+bool CudaBackend::chunk_hidden(float* hidden) {
+  if (!mtp_ || !hidden) return false;  // its buffer is the MTP's reserve (VramSettings::mtp)
+  hidden_next_ = hidden;
+  return true;
+}
+
+// The mark: each Gated DeltaNet layer's conv window and state copied aside
+// (device to device), its journal emptied. Attention caches need nothing:
+// a later step at position p writes over p on.
+void CudaBackend::mark_state(BackendState& state) {
+  need_mtp("mark_state (speculative decoding)");
+  auto& st = static_cast<CudaState&>(state);
+  begin_layer_step(1);
+  const int cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
+  for (int l = 0; l < s_.num_layers; ++l) {
+    if (s_.kind_of(l) != LayerKind::kLinearAttention) continue;
+    CudaState::Layer& L = st.layers[l];
+    if (!L.j_proj.get()) {
+      BudgetScope scope(st.budget.get(), "the speculative rewind journal");
+      L.mark_conv.resize(L.conv.size()), L.mark_S.resize(L.S.size());
+      L.j_proj.resize(std::size_t(kRewindTokens) * cd), L.j_b.resize(std::size_t(kRewindTokens) * nv), L.j_a.resize(std::size_t(kRewindTokens) * nv);
+    }
+    check(cudaMemcpyAsync(L.mark_conv.get(), L.conv.get(), L.conv.size() * 4, cudaMemcpyDeviceToDevice, stream_), "mark");
+    check(cudaMemcpyAsync(L.mark_S.get(), L.S.get(), L.S.size() * 4, cudaMemcpyDeviceToDevice, stream_), "mark");
+    L.journal = 0;
+  }
+  st.keeping = true;
+}
+
+// The rewind: a layer that took more than `tokens` tokens since the mark
+// gets its marked conv window and state back and runs its conv and
+// recurrence again over the first `tokens` journaled inputs (the same
+// kernels as a chunk of that many tokens: no projection, no expert).
+void CudaBackend::rewind_state(BackendState& state, int tokens) {
+  auto& st = static_cast<CudaState&>(state);
+  if (!st.keeping) throw Error("CUDA backend: rewind_state without mark_state (internal)");
+  st.keeping = false;
+  const int cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
+  if (tokens > 0) begin_layer_step(tokens);
+  for (int l = 0; l < s_.num_layers; ++l) {
+    if (s_.kind_of(l) != LayerKind::kLinearAttention) continue;
+    CudaState::Layer& L = st.layers[l];
+    const int fed = std::exchange(L.journal, -1);
+    if (tokens < 0 || tokens > fed) throw Error("CUDA backend: rewind to " + std::to_string(tokens) + " of " + std::to_string(fed) + " tokens (internal)");
+    if (tokens == fed) continue;
+    check(cudaMemcpyAsync(L.conv.get(), L.mark_conv.get(), L.conv.size() * 4, cudaMemcpyDeviceToDevice, stream_), "rewind");
+    check(cudaMemcpyAsync(L.S.get(), L.mark_S.get(), L.S.size() * 4, cudaMemcpyDeviceToDevice, stream_), "rewind");
+    if (tokens == 0) continue;
+    check(cudaMemcpyAsync(proj_.get(), L.j_proj.get(), std::size_t(tokens) * cd * 4, cudaMemcpyDeviceToDevice, stream_), "rewind");
+    check(cudaMemcpyAsync(b_.get(), L.j_b.get(), std::size_t(tokens) * nv * 4, cudaMemcpyDeviceToDevice, stream_), "rewind");
+    check(cudaMemcpyAsync(a_.get(), L.j_a.get(), std::size_t(tokens) * nv * 4, cudaMemcpyDeviceToDevice, stream_), "rewind");
+    gdn_conv_recurrence(layers_[l], L, tokens, /*want_q=*/false);
+  }
+  check(cudaStreamSynchronize(stream_), "rewind");
 }
 
 }  // namespace coli::cuda::detail

@@ -220,6 +220,14 @@ struct CudaOptions {
   // as compute-sanitizer's racecheck, under which a kernel spinning on a
   // host flag may not see it change. The same kernels and results, slower.
   bool serve_handoff_inline = false;
+  // The model's MTP module on the device, for speculative decoding
+  // (Model::has_mtp(); ignored without one): its fc, norms and decoder
+  // layer in the weight arena (the layer's routed experts too without a
+  // tier; under one the host computes them, expert_host), its KV cache,
+  // and per session the Gated DeltaNet layers' rewind journal
+  // (mark_state). The VRAM ledger counts them (VramSettings::mtp). false:
+  // the MTP steps and mark_state throw.
+  bool mtp = false;
 };
 
 // The fields of o that size a run's device memory, for the VRAM ledger
@@ -229,6 +237,7 @@ inline VramSettings vram_settings(const CudaOptions& o) {
   v.budget = o.vram_budget, v.expert_slots = o.expert_slots, v.n_ctx = o.n_ctx, v.max_chunk = o.max_chunk;
   v.split_kv = o.split_kv, v.chunked_gdn = o.chunked_gdn, v.pcie_read_share = o.pcie_read_share;
   v.decode_upload_max = o.decode_upload_max, v.prefill_upload = o.prefill_upload, v.swap = o.swap, v.prefill_ring_slots = o.prefill_ring_slots;
+  v.mtp = o.mtp;
   return v;
 }
 

@@ -14,7 +14,11 @@ namespace coli::cuda::detail {
 
 ExpertTier::ExpertTier(const Setup& su, std::vector<LayerInput> layers)
     : model_(*su.model), s_(su.model->spec()), opt_(*su.opt), budget_(su.budget), stream_(su.stream), pinned_(*su.pinned), pins_pending_(su.pins_pending) {
-  const int L = s_.num_layers;
+  // The layers given: the model's, then the MTP layer's when it runs on
+  // the device (its experts in the arena, or under a tier on the host:
+  // only described here; the tier's slots, plans and heat cover the
+  // model's layers).
+  const int L = static_cast<int>(layers.size());
   tiered_ = vram_settings(opt_).tiered();
   experts_.resize(L);
   shared_.resize(L);

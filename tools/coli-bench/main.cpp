@@ -199,7 +199,10 @@ int run(int argc, char** argv) {
   if (!coli::parse_record_format(vm["output"].as<std::string>(), &fmt)) throw coli::UsageError("-o: one of tsv, csv, jsonl, md");
   coli::RecordWriter writer(fmt, stdout);
   const bool log = vm["progress"].as<bool>() || coli::stderr_is_tty();
-  const coli::cuda::CudaOptions env = coli::apply_environment();  // COLI_* variables (env_options.h); the flags win
+  coli::cuda::CudaOptions env = coli::apply_environment();  // COLI_* variables (env_options.h); the flags win
+  // Draft tests: the MTP module on the device for every test of the run
+  // (the same backend, so the same expert slots, for draft 0 and K).
+  env.mtp = std::any_of(o.draft.begin(), o.draft.end(), [](int k) { return k > 0; });
   const std::optional<coli::Plan> plan = read_plan(flags, o);
   o.mirror = flags.mirror;
   const int n_ctx = longest_test(o);

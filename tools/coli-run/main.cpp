@@ -350,6 +350,7 @@ coli::cli::RunSetup start_run(const Job& j, const Loaded& l, const coli::HeatRec
   r.start_heat = coli::cli::tier_start_heat(heat, r.mirror);  // the experts earlier runs routed to most
   r.plan_file = file_plan ? &*file_plan : nullptr;
   r.env = coli::apply_environment();  // COLI_* variables (env_options.h); the flags win
+  r.env.mtp = j.go.draft > 0;         // the MTP module on the device too (a model without one ignores it)
   r.pin_in_background = true;         // the first token does not wait for the container's pin
   coli::cli::RunSetup s = coli::cli::setup_run(r);
   if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-run: %s\n", line.c_str());
@@ -365,12 +366,10 @@ coli::cli::RunSetup start_run(const Job& j, const Loaded& l, const coli::HeatRec
 }
 
 // --draft N asked for what this model and backend can run.
-void check_draft(const Job& j, const coli::Model& model, const coli::Backend& backend) {
+void check_draft(const Job& j, const coli::Model& model) {
   if (!model.has_mtp())
     throw coli::UsageError("--draft " + std::to_string(j.go.draft) + ": " + j.model +
                            " has no MTP module (no mtp.* tensors, or config.json declares none); run without --draft");
-  if (backend.runs_whole_chunks())
-    throw coli::UsageError("--draft: the MTP layer does not run on the " + backend.name() + " backend yet; use --device cpu or run without --draft");
 }
 
 // -v: where the start's time went (time to first token = this + the prompt).
@@ -493,7 +492,7 @@ int run(int argc, char** argv) {
   coli::cli::RunSetup run = start_run(j, l, heat, file_plan);
   const std::unique_ptr<coli::Backend>& backend = run.backend;
   if (j.verbose) print_start(t_start, l.load_ms, t_backend, run);
-  if (j.go.draft > 0) check_draft(j, l.model(), *backend);
+  if (j.go.draft > 0) check_draft(j, l.model());
   coli::Engine engine(l.model().spec(), *backend, run.chunk);
   engine.set_heat(heat.run());
   Generator g{j, l, engine, *backend, [&] {

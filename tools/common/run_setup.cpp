@@ -71,6 +71,7 @@ void plan_tier(RunSetup& s, const RunRequest& r, const std::string& container, b
     v.pcie_read_share = run_pcie_read_share(r.flags->tier, pinned);
     v.decode_upload_max = r.flags->tier.decode_upload;
     v.prefill_ring_slots = r.env.prefill_ring_slots;
+    v.mtp = r.env.mtp;
     const std::vector<uint64_t> heat = plan_as_heat(plans.back());
     if (upload && !VramLedger(*r.model, v).fill(s.fit.budget, &heat).prefill) preds[i].prefill_tok_s = 0;
   }
@@ -184,7 +185,7 @@ RunSetup setup_run(const RunRequest& r) {
     const uint64_t free = cuda::device_free_bytes(), total = cuda::device_total_bytes();
     if (f.vram_margin >= total) throw UsageError("--vram-margin " + gib(f.vram_margin) + " is not less than the device's " + gib(total));
     VramSettings whole;
-    whole.n_ctx = r.n_ctx, whole.max_chunk = s.chunk;
+    whole.n_ctx = r.n_ctx, whole.max_chunk = s.chunk, whole.mtp = r.env.mtp;
     VramSettings tier = whole;
     tier.budget = 1;
     const uint64_t whole_need = VramLedger(m, whole).device_floor(), floor = VramLedger(m, tier).device_floor();
