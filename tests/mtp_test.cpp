@@ -702,6 +702,23 @@ TEST(MtpCuda, MtpForwardMatchesTheCpuBackend) {
         const auto a = lc.begin() + r * V, b = lg.begin() + r * V;
         EXPECT_EQ(std::max_element(a, a + V) - a, std::max_element(b, b + V) - b) << "row " << r;
       }
+      // The per-layer steps too (a caller running them itself).
+      const int T = static_cast<int>(ids.size());
+      std::vector<float> e(std::size_t(T) * H), xc(e.size()), xg(e.size()), nc(e.size()), ng(e.size());
+      std::vector<float> oc(m.spec().vocab_size), og(oc.size());
+      cpu.embed(ids.data(), T, e.data());
+      cpu.mtp_input(T, e.data(), hc.data(), xc.data()), gpu->mtp_input(T, e.data(), hc.data(), xg.data());
+      float xr = 0;
+      for (float v : xc) xr = std::max(xr, std::abs(v));
+      EXPECT_LT(max_diff(xg, xc), 0.02f * xr) << "mtp_input";
+      cpu.output_norm(T, xc.data(), nc.data(), true), gpu->output_norm(T, xc.data(), ng.data(), true);
+      xr = 0;
+      for (float v : nc) xr = std::max(xr, std::abs(v));
+      EXPECT_LT(max_diff(ng, nc), 1e-4f * xr) << "output_norm";
+      cpu.lm_head(1, nc.data(), oc.data()), gpu->lm_head(1, nc.data(), og.data());
+      xr = 0;
+      for (float v : oc) xr = std::max(xr, std::abs(v));
+      EXPECT_LT(max_diff(og, oc), 0.02f * xr) << "lm_head";
       const std::vector<float> last(gc.end() - H, gc.end());
       const int d = 9, at = static_cast<int>(p.size());
       EXPECT_LT(max_diff(eg.mtp_forward(sg, std::span<const int>(&d, 1), last.data(), at, false),

@@ -152,6 +152,14 @@ class Backend {
   // x[T, H] = fc([pre_fc_norm_embedding(e) | pre_fc_norm_hidden(h)]): the
   // MTP layer's input from token embeddings e and hidden rows h.
   virtual void mtp_input(int T, const float* e, const float* h, float* x);
+  // The whole MTP pass in one call (what Engine::mtp_forward's per-layer
+  // steps compute, on a device): rows ids[0..T) with hidden rows h[T, H] at
+  // positions pos0.., the logits of the last logit_rows rows into logits,
+  // and with g the MTP's output rows after its norm [T, H]. false: the
+  // backend does not (the default; the engine runs the steps).
+  virtual bool mtp_chunk(BackendState& state, const int* ids, const float* h, int T, int pos0, int logit_rows, float* logits, float* g) {
+    return false;
+  }
 
   // Speculative verification (Engine::mark / Engine::rewind): mark_state
   // starts keeping, in the state, what rewinding the recurrent (Gated

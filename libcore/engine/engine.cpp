@@ -111,14 +111,19 @@ std::vector<float> Engine::mtp_forward(Session& s, std::span<const int> ids, con
     ~Restore() { flag = was; }
   } restore{timing_, timing_};
   timing_ = false;
+  const int rows = all_logits ? T : 1;
+  std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
+  if (g) g->resize(static_cast<std::size_t>(T) * H);
+  if (backend_.mtp_chunk(*s.state, ids.data(), h, T, pos0, rows, logits.data(), g ? g->data() : nullptr)) {
+    if (restore.was) times_.mtp += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return logits;
+  }
   Buffer<float> e(static_cast<std::size_t>(T) * H), x(e.size()), out(e.size());
   backend_.embed(ids.data(), T, e.data());
   backend_.mtp_input(T, e.data(), h, x.data());
   Scratch scratch(T, H, spec_.num_experts_per_tok);
   run_layer(L, T, x.data(), [&](int l, float* xl) { backend_.trunk_step(l, *s.state, pos0, T, xl); }, {}, scratch);
   backend_.output_norm(T, x.data(), out.data(), /*mtp=*/true);
-  const int rows = all_logits ? T : 1;
-  std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
   backend_.lm_head(rows, out.data() + static_cast<std::size_t>(T - rows) * H, logits.data());
   if (g) g->assign(out.data(), out.data() + out.size());
   if (restore.was) times_.mtp += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,5 +1,6 @@
 // CudaBackend's declaration, shared by the files that implement it:
 // cuda_backend.cu (construction: the weights, the tier, buffers),
+// mtp.cu (the MTP layer's pass, the speculative window's rewind),
 // forward.cu (a chunk's forward pass, top to bottom), chunk.cu (a chunk's
 // launch and finish, decode graphs, routing heat) and layer_steps.cu (the
 // per-layer Backend steps on host arrays). The routed experts' tables,
@@ -140,6 +141,7 @@ class CudaBackend : public Backend {
   void mark_state(BackendState& state) override;
   void rewind_state(BackendState& state, int tokens) override;
   bool chunk_hidden(float* hidden) override;
+  bool mtp_chunk(BackendState& state, const int* ids, const float* h, int T, int pos0, int logit_rows, float* logits, float* g) override;
 
  private:
   // A per-layer step's start: a started chunk finished, buffers for T

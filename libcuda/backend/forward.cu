@@ -113,7 +113,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   // A decode step's router, routing and post: one launch (route.cuh).
   const DevMatrix* gate = gate_in_route ? &L.sh_gate_proj : nullptr;
   const bool fused = opt_.fuse_decode && router_route_supported(L.router, T, E, gate);
-  unsigned long long* heat = heat_.get() + std::size_t(l) * E;
+  unsigned long long* heat = l < s_.num_layers ? heat_.get() + std::size_t(l) * E : nullptr;  // the MTP layer's routing is not heat
   step("router", [&] {
     if (fused) {
       const RouteArgs r{rlogits_.get(), E, K, ridx_.get(), rw_.get(), gate ? *gate : DevMatrix{}, hn_.get(), gate ? sgate_.get() : nullptr, fold, heat};
