@@ -363,6 +363,14 @@ TEST(Mtp, MtpCacheRowsAtOnceOrOneByOne) {
     row.insert(row.end(), l.begin(), l.end());
   }
   EXPECT_EQ(all, row);
+  // An engine of 3-token chunks takes the rows 3 at a time: the same.
+  Engine e3(fixture().model->spec(), be, 3);
+  Session t3 = e3.new_session();
+  std::vector<float> g_all, g3;
+  e.mtp_forward(s, ids, h.data(), 0, false, &g_all);
+  const auto last3 = e3.mtp_forward(t3, ids, h.data(), 0, false, &g3);
+  EXPECT_EQ(last3, std::vector<float>(all.end() - fixture().model->spec().vocab_size, all.end()));
+  EXPECT_EQ(g3, g_all);
   // A draft chain written at positions n, n+1, then redone from n.
   e.mtp_forward(t, std::vector<int>{9}, h.data(), n, false);
   e.mtp_forward(t, std::vector<int>{10}, h.data(), n + 1, false);
@@ -619,7 +627,7 @@ TEST(Mtp, LedgerCountsTheModuleOnTheDevice) {
     const uint64_t state = (uint64_t(s.linear_conv_kernel - 1) * s.linear_conv_dim() +
                             uint64_t(s.linear_num_value_heads) * s.linear_key_head_dim * s.linear_value_head_dim) * 4;
     const uint64_t journal = uint64_t(kRewindTokens) * (s.linear_conv_dim() + 2 * s.linear_num_value_heads) * 4;
-    EXPECT_EQ(rb.mtp, kv + linear * (state + journal) + 3 * uint64_t(32) * s.hidden_size * 4);
+    EXPECT_EQ(rb.mtp, kv + linear * (state + journal) + 3 * uint64_t(32) * s.hidden_size * 4 + uint64_t(kRewindTokens - 1) * s.vocab_size * 4);
     EXPECT_EQ(rb.runtime() - ra.runtime(), rb.mtp);
   }
   // A model without the module: nothing more.

@@ -111,6 +111,18 @@ std::vector<float> Engine::mtp_forward(Session& s, std::span<const int> ids, con
     ~Restore() { flag = was; }
   } restore{timing_, timing_};
   timing_ = false;
+  if (T > prefill_chunk_) {  // a long prompt's rows: in chunks, as the main model took them
+    std::vector<float> logits, part;
+    if (g) g->clear();
+    for (int i = 0; i < T; i += prefill_chunk_) {
+      const int n = std::min(prefill_chunk_, T - i);
+      auto l = mtp_forward(s, ids.subspan(i, n), h + static_cast<std::size_t>(i) * H, pos0 + i, all_logits, g ? &part : nullptr);
+      if (all_logits || i + n == T) logits.insert(logits.end(), l.begin(), l.end());
+      if (g) g->insert(g->end(), part.begin(), part.end());
+    }
+    if (restore.was) times_.mtp += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return logits;
+  }
   const int rows = all_logits ? T : 1;
   std::vector<float> logits(static_cast<std::size_t>(rows) * spec_.vocab_size);
   if (g) g->resize(static_cast<std::size_t>(T) * H);

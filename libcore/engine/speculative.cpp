@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 
+#include "placement/device_sizes.h"
 #include "util/error.h"
 
 namespace coli {
+
+static_assert(kRewindTokens >= 1 + kMaxDraft, "a device backend's rewind journal holds a verify chunk");
 
 namespace {
 

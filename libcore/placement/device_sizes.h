@@ -24,9 +24,9 @@ constexpr int kMoeGroupedMinTokens = 4;
 // prefill staging slot per area (a swap evicts before its copy lands).
 constexpr int kTierSwapsInFlight = 8;
 // Tokens a speculative verify window may feed between mark_state and
-// rewind_state (CudaBackend's journal of the Gated DeltaNet layers' inputs;
-// at least 1 + kMaxDraft of engine/generate.h).
-constexpr int kRewindTokens = 16;
+// rewind_state (CudaBackend's journal of the Gated DeltaNet layers' inputs,
+// the verify chunk's rows of logits): 1 + kMaxDraft of engine/generate.h.
+constexpr int kRewindTokens = 9;
 // Hybrid prefill's staging ring (expert_tier.cuh): when the experts run as
 // grouped GEMMs over expert ranges (int8 / int4 formats), a prompt chunk's
 // missing experts stream through two areas of at most this many slots, a

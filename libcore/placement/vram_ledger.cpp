@@ -177,7 +177,8 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
   if (run.mtp && s.mtp_layers > 0) {
     const uint64_t cd = s.linear_conv_dim(), nv = s.linear_num_value_heads;
     r.mtp = n_ctx * kv * 2 * 4 + linear * (r.state / std::max<uint64_t>(linear, 1) + uint64_t(kRewindTokens) * (cd + 2 * nv) * 4) +
-            3 * T * uint64_t(s.hidden_size) * 4;  // a chunk's hidden rows, the fc's input [T, 2H]
+            3 * T * uint64_t(s.hidden_size) * 4 +        // a chunk's hidden rows, the fc's input [T, 2H]
+            uint64_t(kRewindTokens - 1) * s.vocab_size * 4;  // a verify chunk's logits beyond the last row's
   }
   const uint64_t L = s.num_layers, E = s.num_experts;
   if (run.pcie_read_share > 0) r.pcie_read_tables = L * ((E + 2) * 3 * 8 + E + 3 * 256);

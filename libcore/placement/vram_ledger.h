@@ -169,7 +169,8 @@ struct RuntimeReserve {
   // VramSettings::mtp: the MTP layer's KV cache, per Gated DeltaNet layer
   // the rewind state (its recurrent state and conv window at the mark, and
   // kRewindTokens tokens' conv inputs, beta and decay inputs), a chunk's
-  // final-normed hidden rows and the MTP fc's input ([T, 2 hidden]).
+  // final-normed hidden rows, the MTP fc's input ([T, 2 hidden]) and the
+  // logits of a verify chunk's rows (kRewindTokens) beyond the last one's.
   uint64_t mtp = 0;
   uint64_t runtime() const { return kv + state + attention_scratch + logits + fixed + mtp; }  // CudaBackend::runtime_reserve()
   uint64_t total() const { return runtime() + pcie_read_tables + decode_upload; }       // build_tier's reserve
