@@ -656,6 +656,9 @@ std::vector<std::pair<std::string, cuda::CudaOptions>> device_placements(const M
   whole.mtp = true;
   out.push_back({"whole", whole});
   const long long all = static_cast<long long>(m.spec().num_layers) * m.spec().num_experts;
+  // Under racecheck (scripts/cuda-sanitize.sh) the handoff is served inline.
+  const char* handoff = std::getenv("COLI_CUDA_HANDOFF");
+  whole.serve_handoff_inline = handoff && std::string(handoff) == "inline";
   for (long long slots : {0LL, all / 2}) {
     cuda::CudaOptions o = whole;
     o.expert_slots = slots;
