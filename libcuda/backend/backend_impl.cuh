@@ -90,16 +90,24 @@ struct CudaState : BackendState {
   std::vector<Layer> layers;       // the model's, then the MTP layer's (CudaOptions::mtp)
   bool keeping = false;            // between mark_state and rewind_state
   int cap = 0;                     // KV cache positions allocated
-  // The decode step's graph holds the addresses of this state's and the
-  // backend's buffers: valid while the cache size, the backend's buffer
-  // generation and the logit rows are the ones it was captured with.
-  cudaGraphExec_t graph = nullptr;
-  int graph_cap = -1, graph_rows = -1;
-  long graph_gen = -1;
-  uint64_t graph_bytes = 0;  // device memory the graph's instantiation took, charged to budget
+  // A graph holds the addresses of this state's and the backend's buffers:
+  // valid while the cache size, the backend's buffer generation, the chunk's
+  // size, logit rows and hidden rows are the ones it was captured with.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int cap = -1, rows = -1, T = -1;
+    long gen = -1;
+    bool hidden = false;
+    uint64_t bytes = 0;  // device memory the instantiation took, charged to budget
+  };
+  // decode: one-token steps; window: a speculative verify chunk (T <=
+  // kRewindTokens tokens right after mark_state, its journal at 0).
+  Graph decode, window;
   ~CudaState() override {
-    if (graph) cudaGraphExecDestroy(graph);
-    if (budget && graph_bytes) budget->credit(graph_bytes);
+    for (Graph* g : {&decode, &window}) {
+      if (g->exec) cudaGraphExecDestroy(g->exec);
+      if (budget && g->bytes) budget->credit(g->bytes);
+    }
   }
 };
 
@@ -119,6 +127,8 @@ class CudaBackend : public Backend {
   void start_chunk(BackendState& state, const int* ids, int T, int pos0, int logit_rows) override;
   // start_chunk's launches once the ids are on their way: the decode graph or a prompt chunk's kernels.
   void launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start, bool hidden);
+  // The chunk's kernels captured into g (again when a buffer moved) and launched.
+  void launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden);
   void finish_chunk(BackendState& state, float* logits) override;
   // Routing heat of whole chunks: heat_, counted by the router's top-k kernel.
   bool read_heat(std::vector<uint64_t>& counts) override;

@@ -3,6 +3,7 @@
 // waits for the logits range by range. The routing heat comes off the
 // device between chunks.
 #include <cstring>
+#include <vector>
 #include <utility>
 
 #include "backend_impl.cuh"
@@ -81,7 +82,7 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   }
   if (hidden && hid_.size() < std::size_t(T) * s_.hidden_size) {
     BudgetScope scope(budget_.get(), "a chunk's hidden rows (the MTP layer's input)");
-    hid_.resize(std::size_t(T) * s_.hidden_size);
+    hid_.resize(std::size_t(T) * s_.hidden_size), ++buffer_gen_;
   }
   h_io_[0] = pos0;
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
@@ -95,6 +96,7 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   }
   prof_tokens_ += T;
   const auto t_begin = std::chrono::steady_clock::now();
+  tier_->speculative_window(st.keeping);  // a verify chunk's misses go to the host
   tier_->begin_chunk(T);  // swaps' table updates before this chunk's kernels; the handoff serves its posts
   if (graph_timing_ && T == 1) begin_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_begin).count();
   try {
@@ -111,47 +113,61 @@ void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono
   pdl_wanted() = T == 1 && opt_.pdl;  // decode: overlap each kernel's launch with the previous one's tail
   gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
   launch_tuning() = opt_.tuning;
-  // Not in a speculative window (its journal's offsets change each step)
-  // nor with the hidden rows asked for.
+  // A one-token step as the decode graph, not in a speculative window (its
+  // journal's offsets change) nor with the hidden rows asked for.
+  // A speculative verify chunk as a graph of its own: its journal copies
+  // go to the journal's start, where a chunk right after mark_state writes.
+  bool at_mark = st.keeping;
+  for (const CudaState::Layer& L : st.layers) at_mark = at_mark && L.journal <= 0;
   if (T == 1 && opt_.graphs && !st.keeping && !hidden) {
-    // A decode step as one graph; captured again when a buffer moved.
-    if (!st.graph || st.graph_cap != st.cap || st.graph_rows != logit_rows || st.graph_gen != buffer_gen_) {
-      if (st.graph) cudaGraphExecDestroy(st.graph), st.graph = nullptr;
-      cudaGraph_t g;
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
-      try {
-        run(st, 1, logit_rows);
-      } catch (...) {  // leave the stream usable: end the broken capture
-        cudaGraph_t broken = nullptr;
-        cudaStreamEndCapture(stream_, &broken);
-        if (broken) cudaGraphDestroy(broken);
-        cudaGetLastError();
-        throw;
-      }
-      check(cudaStreamEndCapture(stream_, &g), "end capture");
-      std::size_t free0 = 0, free1 = 0, total_b = 0;
-      cudaMemGetInfo(&free0, &total_b);
-      check(cudaGraphInstantiate(&st.graph, g, 0), "graph instantiate");
-      cudaGraphDestroy(g);
-      // What instantiation took on the device, charged while the graph lives.
-      cudaMemGetInfo(&free1, &total_b);
-      if (st.budget && st.graph_bytes) st.budget->credit(st.graph_bytes), st.graph_bytes = 0;
-      if (st.budget && free1 < free0) st.budget->charge("the decode graph", free0 - free1), st.graph_bytes = free0 - free1;
-      st.graph_cap = st.cap, st.graph_rows = logit_rows, st.graph_gen = buffer_gen_;
-    }
-    if (graph_timing_ && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);
-    if (graph_timing_) cudaEventRecord(graph_ev_[0], stream_);
-    const auto t_call = std::chrono::steady_clock::now();
-    check(cudaGraphLaunch(st.graph, stream_), "graph launch");
-    if (graph_timing_)
-      graph_call_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
-    if (graph_timing_) cudaEventRecord(graph_ev_[1], stream_);
+    launch_graph(st, st.decode, T, logit_rows, hidden);
+  } else if (opt_.graphs && at_mark && T > 1 && T <= kRewindTokens) {
+    launch_graph(st, st.window, T, logit_rows, hidden);
+    for (CudaState::Layer& L : st.layers)
+      if (L.journal >= 0) L.journal += T;  // what deltanet_layer counts when it runs outside a graph
   } else {
     run(st, T, logit_rows, hidden);
   }
   const auto t_launched = std::chrono::steady_clock::now();
   enqueue_logit_copies(logit_rows);
   pending_ = {true, T, logit_rows, t_start, t_launched};
+}
+
+void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden) {
+  if (!g.exec || g.cap != st.cap || g.rows != logit_rows || g.gen != buffer_gen_ || g.T != T || g.hidden != hidden) {
+    if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
+    std::vector<int> journal;  // capturing runs deltanet_layer's counting: undone after
+    for (const CudaState::Layer& L : st.layers) journal.push_back(L.journal);
+    cudaGraph_t graph;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+    try {
+      run(st, T, logit_rows, hidden);
+    } catch (...) {  // leave the stream usable: end the broken capture
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream_, &broken);
+      if (broken) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      throw;
+    }
+    for (std::size_t i = 0; i < journal.size(); ++i) st.layers[i].journal = journal[i];
+    check(cudaStreamEndCapture(stream_, &graph), "end capture");
+    std::size_t free0 = 0, free1 = 0, total_b = 0;
+    cudaMemGetInfo(&free0, &total_b);
+    check(cudaGraphInstantiate(&g.exec, graph, 0), "graph instantiate");
+    cudaGraphDestroy(graph);
+    // What instantiation took on the device, charged while the graph lives.
+    cudaMemGetInfo(&free1, &total_b);
+    if (st.budget && g.bytes) st.budget->credit(g.bytes), g.bytes = 0;
+    if (st.budget && free1 < free0) st.budget->charge("a captured graph", free0 - free1), g.bytes = free0 - free1;
+    g.cap = st.cap, g.rows = logit_rows, g.gen = buffer_gen_, g.T = T, g.hidden = hidden;
+  }
+  const bool timing = graph_timing_ && T == 1;
+  if (timing && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);
+  if (timing) cudaEventRecord(graph_ev_[0], stream_);
+  const auto t_call = std::chrono::steady_clock::now();
+  check(cudaGraphLaunch(g.exec, stream_), "graph launch");
+  if (timing) graph_call_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
+  if (timing) cudaEventRecord(graph_ev_[1], stream_);
 }
 
 void CudaBackend::finish_chunk(BackendState&, float* logits) {

@@ -162,6 +162,11 @@ class ExpertTier {
   // (the driver refused): the prompt uploads go off, as if never asked
   // (from pageable memory they run no faster than the host's experts).
   bool wants_pins(int T) const { return tiered_ && pu_.on && T >= kGroupedMinTokens; }
+  // A speculative verify chunk (a few tokens between mark_state and
+  // rewind_state): its misses go to the host as a decode step's do, not
+  // uploaded (a layer's non-residents for a handful of pairs: measured
+  // 34x a one-token step at 1.75 GiB with four tokens).
+  void speculative_window(bool on) { window_ = on; }
   void adopt_pins();
 
   // Routing heat the swaps' windows took off the device since the last
@@ -255,7 +260,7 @@ class ExpertTier {
   void measure_prefill_cpu();  // pair_s from the handoff's prompt counters
   void refresh_prefill_tables(const std::vector<int>& cpu);
   void upload_unit(int u);
-  bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && T >= kGroupedMinTokens; }
+  bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && !window_ && T >= kGroupedMinTokens; }
   // The third place's rates (prefill_cpu_counts, measure_prefill_cpu): an
   // expert over PCIe, an expert read by the host, and the host's time per
   // pair before a measurement: the multiply-adds at 1.2 TFLOP/s, what the
@@ -280,6 +285,7 @@ class ExpertTier {
   unsigned long long* heat_ = nullptr;
   bool tiered_ = false;
   bool pins_pending_ = false;                       // Setup::pins_pending until adopt_pins()
+  bool window_ = false;                             // speculative_window()
   std::vector<DevExperts> experts_;
   std::vector<std::array<const uint8_t*, 3>> shared_;  // per layer: the shared expert's gate, up, down (entry E)
   TierPlan plan_;
