@@ -219,6 +219,7 @@ struct ExpertReads {
         bytes += cur.bytes->experts[layer][idx[i]];
       }
   }
+  std::vector<float> hidden;  // a verify step's hidden rows
   void estimate(int T) {
     if (!timed) return;
     const double picks = double(T) * cur.model->spec().num_experts_per_tok;
@@ -227,7 +228,12 @@ struct ExpertReads {
   // all_logits: every row's logits (a verify step's), else the last's.
   void forward(Engine& engine, Session& s, std::span<const int> tokens, bool all_logits = false) {
     if (all_logits) {  // the tier's counters and the estimate cover its experts
-      engine.forward_all(s, tokens);
+      // With an MTP module, as generate_speculative verifies: in a marked
+      // window (a device's window graph, misses to the host), the hidden
+      // rows kept, every token kept at the rewind.
+      if (engine.has_mtp()) engine.mark(s);
+      engine.forward_all(s, tokens, engine.has_mtp() ? &hidden : nullptr);
+      if (engine.has_mtp()) engine.rewind(s, s.n_past);
       estimate(static_cast<int>(tokens.size()));
       return;
     }
@@ -270,7 +276,7 @@ void run_repetition(Engine& engine, Backend& backend, const Loaded& cur, const T
   if (t.n_depth) engine.forward(s, ids.depth);
   engine.stage_times() = StageTimes{};
   engine.set_timing(timed);
-  ExpertReads reads{cur, n_ubatch, timed, !backend.runs_whole_chunks(), 0, {}};
+  ExpertReads reads{cur, n_ubatch, timed, !backend.runs_whole_chunks(), 0, {}, {}};
   const TierStats tier0 = tiered && timed ? backend.tier_stats() : TierStats{};
   const auto t0 = clock_type::now();
   if (t.n_prompt) {

@@ -200,9 +200,11 @@ int run(int argc, char** argv) {
   coli::RecordWriter writer(fmt, stdout);
   const bool log = vm["progress"].as<bool>() || coli::stderr_is_tty();
   coli::cuda::CudaOptions env = coli::apply_environment();  // COLI_* variables (env_options.h); the flags win
-  // Draft tests: the MTP module on the device for every test of the run
-  // (the same backend, so the same expert slots, for draft 0 and K).
-  env.mtp = std::any_of(o.draft.begin(), o.draft.end(), [](int k) { return k > 0; });
+  // Draft and verify tests: the MTP module on the device for every test of
+  // the run (the same backend, so the same expert slots, for draft 0 and
+  // K); a verify step then runs as generate_speculative's does.
+  env.mtp = std::any_of(o.draft.begin(), o.draft.end(), [](int k) { return k > 0; }) ||
+            std::any_of(o.n_verify.begin(), o.n_verify.end(), [](int k) { return k > 1; });
   const std::optional<coli::Plan> plan = read_plan(flags, o);
   o.mirror = flags.mirror;
   const int n_ctx = longest_test(o);
