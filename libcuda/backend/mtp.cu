@@ -86,9 +86,19 @@ bool CudaBackend::mtp_chunk(BackendState& state, const int* ids, const float* h,
   // hn_: the MTP's output rows after its norm; the logits of the last rows.
   if (logit_rows > 0) matmul(lm_head_, hn_.get() + std::size_t(T - logit_rows) * H, logit_rows, logits_.get(), V, stream_, &qx_);
   if (g) check(cudaMemcpyAsync(g, hn_.get(), std::size_t(T) * row, cudaMemcpyDeviceToHost, stream_), "MTP output rows");
-  if (logit_rows > 0)
-    check(cudaMemcpyAsync(logits, logits_.get(), std::size_t(logit_rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_), "MTP logits");
+  // The logits through the chunks' pinned buffer (a pageable copy of 1 MB
+  // goes through the driver's staging at a fraction of the rate).
+  const std::size_t nlog = std::size_t(logit_rows) * V;
+  if (nlog > h_logits_n_) {
+    if (h_logits_) cudaFreeHost(h_logits_);
+    h_logits_ = nullptr, h_logits_n_ = 0;
+    check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
+    h_logits_n_ = nlog;
+    ++buffer_gen_;  // the decode graph copies into it
+  }
+  if (nlog) check(cudaMemcpyAsync(h_logits_, logits_.get(), nlog * sizeof(float), cudaMemcpyDeviceToHost, stream_), "MTP logits");
   check(cudaStreamSynchronize(stream_), "MTP layer");
+  if (nlog) std::memcpy(logits, h_logits_, nlog * sizeof(float));
   return true;
 }
 
