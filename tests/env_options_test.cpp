@@ -68,6 +68,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_CUDA_GDN_CHUNK", "0", [](cuda::CudaOptions& o) { o.chunked_gdn = false; }},
       {"COLI_CUDA_PROFILE", "1", [](cuda::CudaOptions& o) { o.profile = cuda::CudaProfile::kSteps; }},
       {"COLI_CUDA_PROFILE", "graph", [](cuda::CudaOptions& o) { o.profile = cuda::CudaProfile::kGraph; }},
+      {"COLI_CUDA_PROFILE", "prefill", [](cuda::CudaOptions& o) { o.profile = cuda::CudaProfile::kPrefill; }},
       {"COLI_CUDA_REGISTER", "0", [](cuda::CudaOptions& o) { o.register_hosts = cuda::CudaOptions::Register::kNever; }},
       {"COLI_CUDA_REGISTER", "1", [](cuda::CudaOptions& o) { o.register_hosts = cuda::CudaOptions::Register::kAlways; }},
       {"COLI_CUDA_HANDOFF", "inline", [](cuda::CudaOptions& o) { o.serve_handoff_inline = true; }},

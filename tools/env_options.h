@@ -112,7 +112,8 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
     if (s == "0") c.profile = cuda::CudaProfile::kOff;
     else if (s == "1") c.profile = cuda::CudaProfile::kSteps;
     else if (s == "graph") c.profile = cuda::CudaProfile::kGraph;
-    else bad("COLI_CUDA_PROFILE", v, "0, 1 or graph");
+    else if (s == "prefill") c.profile = cuda::CudaProfile::kPrefill;
+    else bad("COLI_CUDA_PROFILE", v, "0, 1, graph or prefill");
   }
   if (const char* v = value_of(get, "COLI_CUDA_REGISTER")) {
     const std::string s = v;

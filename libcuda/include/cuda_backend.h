@@ -37,6 +37,10 @@ enum class CudaProfile {
   // Graphs on; the device time of a decode step's graph replay and the
   // host's share of a step on stderr at the end.
   kGraph,
+  // Hybrid prefill's timeline: per prompt chunk and staging unit, when its
+  // copies ran and when the GPU waited for them and finished with them
+  // (ms from the chunk's start), on stderr after each chunk.
+  kPrefill,
 };
 
 // Every field is the caller's: the library reads no environment variable.

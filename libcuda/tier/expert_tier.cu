@@ -257,6 +257,7 @@ void ExpertTier::begin_chunk(int T) {
 
 void ExpertTier::abandon_chunk() {
   pu_.waits = 0;  // the failed chunk's waits are not counted
+  pu_.timed_chunk = false;
   if (!handoff_) return;
   try {
     handoff_->end();
@@ -272,6 +273,7 @@ void ExpertTier::end_chunk() {
     else cudaGetLastError();
   }
   pu_.waits = 0;
+  if (pu_.timed_chunk) timeline_print();
   if (handoff_) handoff_->end();
   measure_prefill_cpu();
 }
@@ -284,6 +286,7 @@ void ExpertTier::start_pass(int T) {
   refresh_prefill_tables(cpu);
   pu_.cpu_layers = static_cast<int>(std::count_if(cpu.begin(), cpu.end(), [](int n) { return n > 0; }));
   pu_.pairs_per_expert = static_cast<double>(T) * s_.num_experts_per_tok / s_.num_experts;
+  if (timeline()) timeline_start(T);
   for (int u = 0; u < 2 && u < static_cast<int>(pu_.units.size()); ++u) upload_unit(u);
 }
 
@@ -348,15 +351,18 @@ void ExpertTier::wait_group(const Step& st, int g) {
     pu_.wait_ev.push_back({a, z});
   }
   const auto [before, after] = pu_.wait_ev[pu_.waits++];
+  if (pu_.timed_chunk) timeline_record(&PrefillUpload::UnitTimes::wait0, st.unit0 + g, stream_);
   check(cudaEventRecord(before, stream_), "event");
   check(cudaStreamWaitEvent(stream_, pu_.uploaded[b]), "wait event");
   check(cudaEventRecord(after, stream_), "event");
+  if (pu_.timed_chunk) timeline_record(&PrefillUpload::UnitTimes::wait1, st.unit0 + g, stream_);
 }
 
 void ExpertTier::group_done(const Step& st, int g) {
   if (!st.upload) return;
   const int u = st.unit0 + g;
   check(cudaEventRecord(pu_.used[u % 2], stream_), "event");  // the area is free once these kernels ran
+  if (pu_.timed_chunk) timeline_record(&PrefillUpload::UnitTimes::done, u, stream_);
   if (u + 2 < static_cast<int>(pu_.units.size())) upload_unit(u + 2);
 }
 

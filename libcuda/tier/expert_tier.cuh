@@ -230,6 +230,17 @@ class ExpertTier {
     double pairs_per_expert = 0, seen_wait_ms = 0;
     ExpertHandoff::Stats seen{};            // the handoff's prompt counters at the last measurement
     long long placed[3] = {};               // expert placements of uploading layers' chunks: resident, uploaded, host
+    // CudaProfile::kPrefill: timed events per unit of a chunk (its copies
+    // started / ended on the upload stream; the GPU's wait for them began /
+    // ended and its kernels done on the compute stream) and the chunk's
+    // start, printed by end_chunk (prefill_timeline.cu).
+    struct UnitTimes {
+      cudaEvent_t up0 = nullptr, up1 = nullptr, wait0 = nullptr, wait1 = nullptr, done = nullptr;
+    };
+    std::vector<UnitTimes> times;
+    cudaEvent_t t0 = nullptr;
+    bool timed_chunk = false;
+    int timed_tokens = 0, chunks_timed = 0;
   };
 
   // Construction (expert_tier.cu).
@@ -260,6 +271,12 @@ class ExpertTier {
   void measure_prefill_cpu();  // pair_s from the handoff's prompt counters
   void refresh_prefill_tables(const std::vector<int>& cpu);
   void upload_unit(int u);
+  // The timeline (CudaProfile::kPrefill; prefill_timeline.cu).
+  bool timeline() const { return opt_.profile == CudaProfile::kPrefill; }
+  void timeline_start(int T);
+  void timeline_record(cudaEvent_t PrefillUpload::UnitTimes::*which, int u, cudaStream_t s);
+  void timeline_print();
+  void timeline_free();
   bool prefill_uploads(int T) const { return pu_.on && !pins_pending_ && !window_ && T >= kGroupedMinTokens; }
   // The third place's rates (prefill_cpu_counts, measure_prefill_cpu): an
   // expert over PCIe, an expert read by the host, and the host's time per

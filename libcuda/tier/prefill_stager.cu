@@ -66,12 +66,12 @@ void PrefillStager::rethrow() {
   if (error_) std::rethrow_exception(error_);
 }
 
-uint64_t PrefillStager::post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done) {
+uint64_t PrefillStager::post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done, cudaEvent_t started, cudaEvent_t ended) {
   rethrow();
   uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back({std::move(copies), wait_before, done});
+    jobs_.push_back({std::move(copies), wait_before, done, started, ended});
     ticket = ++posted_;
   }
   cv_jobs_.notify_one();
@@ -152,6 +152,7 @@ void PrefillStager::coordinate() {
       // passed over at once: filled already, nothing to copy).
       cv_fill_.notify_all();
       check(cudaStreamWaitEvent(stream_, job.wait_before), "prefill staging");
+      if (job.started) check(cudaEventRecord(job.started, stream_), "event");
       for (std::size_t i = 0; i < pieces.size(); ++i) {
         const Piece& p = pieces[i];
         if (p.direct) {
@@ -169,6 +170,7 @@ void PrefillStager::coordinate() {
         issued_seq_.store(p.seq + 1, std::memory_order_release);
         staged_bytes_ += p.n;
       }
+      if (job.ended) check(cudaEventRecord(job.ended, stream_), "event");
       check(cudaEventRecord(job.done, stream_), "event");
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -51,7 +51,10 @@ class PrefillStager {
   PrefillStager(const PrefillStager&) = delete;
   PrefillStager& operator=(const PrefillStager&) = delete;
 
-  uint64_t post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done);
+  // started / ended (optional, timed events): recorded on `stream` just
+  // after the wait for wait_before and just after the job's copies, for a
+  // timeline (CudaProfile::kPrefill).
+  uint64_t post(std::vector<Copy> copies, cudaEvent_t wait_before, cudaEvent_t done, cudaEvent_t started = nullptr, cudaEvent_t ended = nullptr);
   // A host range registered since: copies from it go straight from now on.
   void add_pinned(const void* p, std::size_t n);
   void wait_issued(uint64_t ticket);
@@ -63,7 +66,7 @@ class PrefillStager {
  private:
   struct Job {
     std::vector<Copy> copies;
-    cudaEvent_t wait_before, done;
+    cudaEvent_t wait_before, done, started, ended;
   };
   struct Piece {
     uint8_t* dst;

@@ -55,6 +55,7 @@ void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
 
 void ExpertTier::free_prefill_upload() {
   pu_.stager.reset();
+  timeline_free();
   for (auto [a, z] : pu_.wait_ev) cudaEventDestroy(a), cudaEventDestroy(z);
   pu_.wait_ev.clear();
   if (pu_.stream) cudaStreamSynchronize(pu_.stream), cudaStreamDestroy(pu_.stream), pu_.stream = nullptr;
@@ -198,7 +199,8 @@ void ExpertTier::upload_unit(int u) {
   pu_.copies += static_cast<long long>(pieces.size());
   // After every kernel that read this area for the unit two before; then
   // the area's event, which the unit's experts wait for.
-  pu_.ticket[b] = pu_.stager->post(std::move(pieces), pu_.used[b], pu_.uploaded[b]);
+  const bool timed = pu_.timed_chunk && static_cast<std::size_t>(u) < pu_.times.size();
+  pu_.ticket[b] = pu_.stager->post(std::move(pieces), pu_.used[b], pu_.uploaded[b], timed ? pu_.times[u].up0 : nullptr, timed ? pu_.times[u].up1 : nullptr);
 }
 
 }  // namespace coli::cuda::detail
