@@ -105,7 +105,7 @@ TEST(VramLedger, ChunkBuffersByHand) {
   EXPECT_EQ(c.sgate, 64u);
   EXPECT_EQ(c.act, 64u * 5 * 32);
   EXPECT_EQ(c.order, 64u * 4);
-  EXPECT_EQ(c.offsets, 17u);
+  EXPECT_EQ(c.offsets, 34u);  // the pairs' and the chunks' offsets
   EXPECT_EQ(c.ey, 64u * 4 * 64);
   EXPECT_EQ(c.router_work, 64u * 16);             // one slice of 64 columns
   EXPECT_EQ(c.gdn_work, 64u * 4 * (16 + 16 + 64 + 2));
@@ -114,7 +114,7 @@ TEST(VramLedger, ChunkBuffersByHand) {
   EXPECT_EQ(c.qx_sum, 10272u / 32 + 1);
   // The mixer's buffers and the MoE block's share one allocation, each
   // buffer 256-byte aligned: proj z b a conv_out heads_out k v gdn_work,
-  // and rlogits router_work ridx rw sg su act order offsets (68 -> 256) ey.
+  // and rlogits router_work ridx rw sg su act order offsets (136 -> 256) ey.
   EXPECT_EQ(c.mixer_bytes(), 4u * (16384 + 4096 + 256 + 256 + 8192 + 8192 + 4096 + 4096 + 25088));
   EXPECT_EQ(c.moe_bytes(), 4u * (1024 + 1024 + 320 + 320 + 3072 + 3072 + 10240 + 256 + 16384) + 256);
   EXPECT_EQ(c.shared_bytes(), c.mixer_bytes());

@@ -142,7 +142,7 @@ ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn) {
   c.rlogits = t * s.num_experts, c.ridx = c.rw = t * (K + 1);
   c.sg = c.su = t * std::max(s.shared_expert_intermediate_size, s.intermediate_size), c.sgate = t;  // the shared expert, or a dense layer's MLP
   c.act = t * (K + 1) * s.moe_intermediate_size;
-  c.order = t * K, c.offsets = std::size_t(s.num_experts) + 1;
+  c.order = t * K, c.offsets = 2 * (std::size_t(s.num_experts) + 1);
   c.ey = T >= kMoeGroupedMinTokens ? t * K * H : 1;
   if (T >= kFloatTiledMinTokens) c.router_work = float_tiled_work_floats(T, s.num_experts, s.hidden_size);
   if (chunked_gdn && s.num_attention_layers() < s.num_layers)

@@ -137,7 +137,7 @@ struct ChunkBuffers {
   std::size_t rw = 0;                                      // [T, K + 1]
   std::size_t sg = 0, su = 0, sgate = 0;                   // [T, shared_inter] x 2, [T]
   std::size_t act = 0;                                     // [T, K + 1, moe_inter]
-  std::size_t order = 0, offsets = 0;                      // int [T, K], [experts + 1]
+  std::size_t order = 0, offsets = 0;                      // int [T, K], [2 (experts + 1)] (pairs', chunks' offsets)
   std::size_t ey = 0;                                      // [T, K, hidden] from kMoeGroupedMinTokens, else 1
   std::size_t router_work = 0;                             // float_tiled_work_floats(T, experts, hidden)
   std::size_t gdn_work = 0;                                // gdn_chunk_workspace_floats(T, ...)

@@ -175,10 +175,10 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
 // weight rows read once per tile of its tokens (tensor cores on sm_80+,
 // dp4a 8 tokens at a time otherwise; int8 / int4 experts with a multiple of
 // 32 columns; false, nothing launched, otherwise). Scratch:
-// order [T K], offsets [E + 1], act [T K, I], y [T K, H].
+// order [T K], offsets [2 (E + 1)], act [T K, I], y [T K, H].
 struct MoeScratch {
   int* order = nullptr;
-  int* offsets = nullptr;
+  int* offsets = nullptr;  // each expert's first pair in order, then its first chunk of pairs (a block's work)
   float* act = nullptr;
   float* y = nullptr;
 };

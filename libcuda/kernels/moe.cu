@@ -215,10 +215,42 @@ __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float
 
 // ---- prefill: pairs grouped by expert ------------------------------------
 
+// Tensor cores (sm_80+, mma_tile.cuh): a block takes kMmaRows rows of one
+// expert's matrices and runs over its pairs kMmaPairs at a time.
+constexpr int kMmaPairs = 32;
+
+// An expert's pairs come in chunks of at most kChunkPairs, a block (of each
+// row tile) per chunk, not one block per expert: routing is skewed (a real
+// layer's hottest expert takes several times its share of the pairs, a
+// synthetic model's most of the prompt), and one block looping over a hot
+// expert's pairs ran alone while the rest of the GPU idled (qwen3_moe's
+// staged groups of 16 experts took 0.1 or 1 ms by whether they held one).
+// A pass of the tile reads the weights once either way.
+constexpr int kChunkPairs = kMmaPairs;
+
+// Block y of a launch over experts [e0, e1): its chunk's expert and pairs
+// order[p0 .. p1); false for a block past the range's last chunk (a launch
+// has the most chunks a range can have: its experts plus pairs / chunk).
+// chunks[e] is the first chunk of expert e (group_pairs_kernel).
+__device__ __forceinline__ bool chunk_of_block(const int* offsets, const int* chunks, int e0, int e1, int& e, int& p0, int& p1) {
+  const int c = chunks[e0] + static_cast<int>(blockIdx.y);
+  if (c >= chunks[e1]) return false;
+  int lo = e0, hi = e1 - 1;  // the last expert whose first chunk is <= c: c is one of its chunks
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (chunks[mid] <= c) lo = mid;
+    else hi = mid - 1;
+  }
+  e = lo;
+  p0 = offsets[lo] + (c - chunks[lo]) * kChunkPairs;
+  p1 = min(p0 + kChunkPairs, offsets[lo + 1]);
+  return true;
+}
+
 // One block: pairs counted per expert, offsets, then each pair's id placed
 // in its expert's range. The order within an expert is arbitrary: every
 // pair's result is computed on its own, so it does not change any value.
-__global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int* offsets) {
+__global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int* offsets, int* chunks) {
   griddep_wait();
   extern __shared__ int cnt[];  // [E + 1] counts, then [E] cursors
   int* cur = cnt + E + 1;
@@ -226,8 +258,15 @@ __global__ void group_pairs_kernel(const int* idx, int n, int E, int* order, int
   __syncthreads();
   for (int p = threadIdx.x; p < n; p += blockDim.x) atomicAdd(&cnt[idx[p] + 1], 1);
   __syncthreads();
-  if (threadIdx.x == 0)
-    for (int e = 0; e < E; ++e) cnt[e + 1] += cnt[e];
+  if (threadIdx.x == 0) {
+    int c = 0;
+    chunks[0] = 0;
+    for (int e = 0; e < E; ++e) {
+      c += (cnt[e + 1] + kChunkPairs - 1) / kChunkPairs;
+      chunks[e + 1] = c;
+      cnt[e + 1] += cnt[e];
+    }
+  }
   __syncthreads();
   for (int e = threadIdx.x; e <= E; e += blockDim.x) {
     offsets[e] = cnt[e];
@@ -247,10 +286,6 @@ __device__ __forceinline__ void zero_expert_rows(const int* order, int p0, int p
     for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) out[static_cast<long long>(order[i]) * n + r] = 0.0f;
 }
 
-// Tensor cores (sm_80+, mma_tile.cuh): a block takes kMmaRows rows of one
-// expert's matrices and runs over the expert's pairs kMmaPairs at a time.
-constexpr int kMmaPairs = 32;
-
 // Runs Tile over expert e's pairs order[p0 .. p1), kMmaPairs at a time (the
 // QuantX row of pair p is p / div); store(acc, i0, n) keeps each pass's
 // results for pairs order[i0 .. i0 + n).
@@ -269,14 +304,14 @@ __device__ __forceinline__ void expert_passes(const DevMatrix (&W)[NM], int r0, 
 
 // act[p, r] = silu(gate_e[r] . hn[t]) * (up_e[r] . hn[t]) for expert e's pairs p (token t = p / K).
 template <Kind K, bool kAsym>
-__global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, int Kk,
-                                                                      QuantX qx, float* act) {
+__global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks,
+                                                                      int e0, int e1, int Kk, QuantX qx, float* act) {
   griddep_wait();
   using Tile = MmaTile<K, kAsym, 2, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
-  const int e = e0 + blockIdx.y, I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
-  const int p0 = offsets[e], p1 = offsets[e + 1];
-  if (p0 == p1) return;
+  const int I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
+  int e, p0, p1;
+  if (!chunk_of_block(offsets, chunks, e0, e1, e, p0, p1)) return;
   if (!tab.gate_ptrs[e]) return zero_expert_rows(order, p0, p1, r0, min(r0 + kMmaRows, I), I, act);
   DevMatrix W[2] = {tab.gate, tab.up};
   W[0].data = tab.gate_ptrs[e];
@@ -290,14 +325,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
 
 // y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
 template <Kind K, bool kAsym>
-__global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, QuantX qa,
-                                                                   float* y) {
+__global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks, int e0,
+                                                                   int e1, QuantX qa, float* y) {
   griddep_wait();
   using Tile = MmaTile<K, kAsym, 1, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
-  const int e = e0 + blockIdx.y, H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
-  const int p0 = offsets[e], p1 = offsets[e + 1];
-  if (p0 == p1) return;
+  const int H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
+  int e, p0, p1;
+  if (!chunk_of_block(offsets, chunks, e0, e1, e, p0, p1)) return;
   if (!tab.down_ptrs[e]) return zero_expert_rows(order, p0, p1, r0, min(r0 + kMmaRows, H), H, y);
   DevMatrix W[1] = {tab.down};
   W[0].data = tab.down_ptrs[e];
@@ -308,12 +343,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable ta
 
 // Warp per (expert, row): gate and up of every pair of the expert, 8 at a time.
 template <Kind KG>
-__global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, int K, QuantX qx, float* act) {
+__global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks, int e0, int e1, int K, QuantX qx,
+                                       float* act) {
   griddep_wait();
-  const int e = e0 + blockIdx.y, I = tab.gate.rows;
+  const int I = tab.gate.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
-  const int p0 = offsets[e], p1 = offsets[e + 1];
-  if (r >= I || p0 == p1) return;
+  int e, p0, p1;
+  if (r >= I || !chunk_of_block(offsets, chunks, e0, e1, e, p0, p1)) return;
   if (!tab.gate_ptrs[e]) {
     if ((threadIdx.x & 31) == 0)
       for (int i = p0; i < p1; ++i) act[static_cast<long long>(order[i]) * I + r] = 0.0f;
@@ -336,12 +372,12 @@ __global__ void gate_up_grouped_kernel(ExpertTable tab, const int* order, const 
 
 // Warp per (expert, output row): y[p, r] = down_e[r] . act[p] for the expert's pairs.
 template <Kind KD>
-__global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, int e0, QuantX qa, float* y) {
+__global__ void down_grouped_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks, int e0, int e1, QuantX qa, float* y) {
   griddep_wait();
-  const int e = e0 + blockIdx.y, H = tab.down.rows;
+  const int H = tab.down.rows;
   const int r = blockIdx.x * kWarps + threadIdx.x / 32;
-  const int p0 = offsets[e], p1 = offsets[e + 1];
-  if (r >= H || p0 == p1) return;
+  int e, p0, p1;
+  if (r >= H || !chunk_of_block(offsets, chunks, e0, e1, e, p0, p1)) return;
   if (!tab.down_ptrs[e]) {
     if ((threadIdx.x & 31) == 0)
       for (int i = p0; i < p1; ++i) y[static_cast<long long>(order[i]) * H + r] = 0.0f;
@@ -377,7 +413,7 @@ bool moe_grouped_supported(const ExpertTable& tab) { return takes_int8_x(tab.gat
 
 void moe_grouped_begin(const ExpertTable& tab, const float* hn, const int* idx, int T, int K, int E, const MoeScratch& sc, cudaStream_t s,
                        const QuantX& q, bool hn_in_q) {
-  launch(group_pairs_kernel, 1, 1024, (2 * E + 1) * sizeof(int), s, idx, T * K, E, sc.order, sc.offsets);
+  launch(group_pairs_kernel, 1, 1024, (2 * E + 1) * sizeof(int), s, idx, T * K, E, sc.order, sc.offsets, sc.offsets + E + 1);
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
   check(cudaGetLastError(), "moe grouped launch");
 }
@@ -386,18 +422,21 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
                          const QuantX& q, bool hn_in_q) {
   const int n = T * K, I = tab.gate.rows, H = tab.down.rows, ne = e1 - e0;
   if (ne <= 0) return;
+  // Blocks over the range's chunks: at most one per expert plus pairs / chunk.
+  const int* chunks = sc.offsets + E + 1;
+  const int nc = ne + n / kChunkPairs;
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
   const bool mma = mma_supported() && tab.gate.asym == tab.up.asym;
   const dim3 block(kWarps * 32);
   if (mma) {
     dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
-      launch(gate_up_mma_kernel<KK, kAsym>, dim3((I + kMmaRows - 1) / kMmaRows, ne), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, e0, K, q,
-             sc.act);
+      launch(gate_up_mma_kernel<KK, kAsym>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, chunks, e0,
+             e1, K, q, sc.act);
     });
   } else {
-    const dim3 g1((I + kWarps - 1) / kWarps, ne);
-    if (tab.gate.kind == Kind::kI4) launch(gate_up_grouped_kernel<Kind::kI4>, g1, block, 0, s, tab, sc.order, sc.offsets, e0, K, q, sc.act);
-    else launch(gate_up_grouped_kernel<Kind::kI8>, g1, block, 0, s, tab, sc.order, sc.offsets, e0, K, q, sc.act);
+    const dim3 g1((I + kWarps - 1) / kWarps, nc);
+    if (tab.gate.kind == Kind::kI4) launch(gate_up_grouped_kernel<Kind::kI4>, g1, block, 0, s, tab, sc.order, sc.offsets, chunks, e0, e1, K, q, sc.act);
+    else launch(gate_up_grouped_kernel<Kind::kI8>, g1, block, 0, s, tab, sc.order, sc.offsets, chunks, e0, e1, K, q, sc.act);
   }
   // Every pair's activations, or (a range) only the range's pairs: rows are
   // quantized each on its own, so the values are the same either way.
@@ -405,12 +444,13 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
   else quantize_x_rows(sc.act, sc.order, sc.offsets + e0, sc.offsets + e1, n, I, tab.down.kind == Kind::kI4, q, s);
   if (mma) {
     dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
-      launch(down_mma_kernel<KK, kAsym>, dim3((H + kMmaRows - 1) / kMmaRows, ne), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, e0, q, sc.y);
+      launch(down_mma_kernel<KK, kAsym>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, chunks, e0, e1, q,
+             sc.y);
     });
   } else {
-    const dim3 g2((H + kWarps - 1) / kWarps, ne);
-    if (tab.down.kind == Kind::kI4) launch(down_grouped_kernel<Kind::kI4>, g2, block, 0, s, tab, sc.order, sc.offsets, e0, q, sc.y);
-    else launch(down_grouped_kernel<Kind::kI8>, g2, block, 0, s, tab, sc.order, sc.offsets, e0, q, sc.y);
+    const dim3 g2((H + kWarps - 1) / kWarps, nc);
+    if (tab.down.kind == Kind::kI4) launch(down_grouped_kernel<Kind::kI4>, g2, block, 0, s, tab, sc.order, sc.offsets, chunks, e0, e1, q, sc.y);
+    else launch(down_grouped_kernel<Kind::kI8>, g2, block, 0, s, tab, sc.order, sc.offsets, chunks, e0, e1, q, sc.y);
   }
   check(cudaGetLastError(), "moe grouped launch");
 }
