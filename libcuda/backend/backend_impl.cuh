@@ -303,6 +303,11 @@ class CudaBackend : public Backend {
   // the last range is on the host, and the time between steps (the caller's).
   double launch_ms_ = 0, graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, begin_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
   std::chrono::steady_clock::time_point last_finish_{};
+  // COLI_CUDA_PROFILE=prefill: a prompt chunk's host and device time from
+  // start_chunk to finish_chunk (beside the tier's timeline of its uploads).
+  bool chunk_timing_ = false;
+  cudaEvent_t chunk_ev_[2] = {nullptr, nullptr};  // the chunk's first device work, its logits copied
+  std::chrono::steady_clock::time_point chunk_prepared_{};
   long graph_steps_ = 0;
   std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;
   std::vector<std::pair<std::string, ProfRow>> prof_;

@@ -88,6 +88,12 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
   stage_embedding(ids, T);
   const auto t_copy = std::chrono::steady_clock::now();
+  chunk_timing_ = opt_.profile == CudaProfile::kPrefill && T > 1;
+  if (chunk_timing_) {
+    if (!chunk_ev_[0]) check(cudaEventCreate(&chunk_ev_[0]), "cudaEventCreate"), check(cudaEventCreate(&chunk_ev_[1]), "cudaEventCreate");
+    check(cudaEventRecord(chunk_ev_[0], stream_), "event");
+    chunk_prepared_ = t_copy;
+  }
   check(cudaMemcpyAsync(io_.get(), h_io_, (T + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
   if (graph_timing_ && T == 1) {
     using ms_d = std::chrono::duration<double, std::milli>;
@@ -130,6 +136,7 @@ void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono
   }
   const auto t_launched = std::chrono::steady_clock::now();
   enqueue_logit_copies(logit_rows);
+  if (chunk_timing_) check(cudaEventRecord(chunk_ev_[1], stream_), "event");
   pending_ = {true, T, logit_rows, t_start, t_launched};
 }
 
@@ -191,6 +198,16 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
   if (float* h = std::exchange(hidden_dst_, nullptr))
     check(cudaMemcpy(h, hid_.get(), std::size_t(p.T) * s_.hidden_size * sizeof(float), cudaMemcpyDeviceToHost), "copy hidden rows");
   if (profile_) collect_profile();
+  if (std::exchange(chunk_timing_, false)) {
+    using ms_d = std::chrono::duration<double, std::milli>;
+    float gpu = -1;
+    if (cudaEventElapsedTime(&gpu, chunk_ev_[0], chunk_ev_[1]) != cudaSuccess) cudaGetLastError(), gpu = -1;
+    std::fprintf(stderr,
+                 "coli prefill chunk: %d tokens; host %.3f ms preparing (buffers, cache, embedding rows), %.3f ms launching, %.3f ms to the "
+                 "logits, %.3f ms in all; device %.3f ms from the chunk's first work to its logits copied\n",
+                 p.T, ms_d(chunk_prepared_ - p.t0).count(), ms_d(p.launched - chunk_prepared_).count(), ms_d(t_last - p.launched).count(),
+                 ms_d(std::chrono::steady_clock::now() - p.t0).count(), gpu);
+  }
   if (graph_timing_ && p.T == 1 && opt_.graphs) {
     float ms = 0;
     cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]);

@@ -369,6 +369,8 @@ CudaBackend::~CudaBackend() {
                  1000 * launch_ms_ / graph_steps_, 1000 * pre_copy_ms_ / graph_steps_, 1000 * copy_call_ms_ / graph_steps_, 1000 * begin_ms_ / graph_steps_, 1000 * graph_call_ms_ / graph_steps_, 1000 * tail_ms_ / graph_steps_, 1000 * gap_ms_ / graph_steps_);
   for (cudaEvent_t e : graph_ev_)
     if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : chunk_ev_)
+    if (e) cudaEventDestroy(e);
   if (profile_ && !prof_.empty()) {
     double total = 0;
     for (const auto& p : prof_) total += p.second.ms;
