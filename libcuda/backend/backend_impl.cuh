@@ -13,6 +13,7 @@
 #include <chrono>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,9 +76,24 @@ struct DevLayer {
   DevMatrix router, sh_gate, sh_up, sh_down, sh_gate_proj;
 };
 
+// Under a VRAM budget a session's KV cache is made for the whole context
+// at once (ensure_cap): two arrays an attention layer, 128 MiB for 8
+// layers at 4,096 positions. A session that goes leaves its arrays here and
+// the next one takes them, so a new conversation (a coli-serve request, a
+// benchmark's repetition) does not pay their cudaMalloc calls again. The
+// arrays stay charged to the budget, which the ledger planned for one
+// sequence's cache. Shared by the backend and its states: the last owner
+// frees what is left.
+struct KvSpare {
+  std::mutex mu;
+  std::size_t n = 0;                     // each array's floats: context positions x kv heads x head dim
+  std::vector<DeviceArray<float>> arrays;
+};
+
 // Per-session state on the device.
 struct CudaState : BackendState {
   std::shared_ptr<DeviceBudget> budget;  // first: outlives the arrays charged to it
+  std::shared_ptr<KvSpare> kv_spare;     // set while this state's KV arrays have the spare size; destroyed before budget
   struct Layer {
     DeviceArray<float> k, v;       // attention: [cap, kv_heads * hd]
     DeviceArray<float> conv, S;    // DeltaNet: [K-1, cd], [nv, dk, dv]
@@ -108,6 +124,11 @@ struct CudaState : BackendState {
       if (g->exec) cudaGraphExecDestroy(g->exec);
       if (budget && g->bytes) budget->credit(g->bytes);
     }
+    if (!kv_spare) return;
+    std::lock_guard<std::mutex> lock(kv_spare->mu);
+    for (Layer& L : layers)
+      for (DeviceArray<float>* a : {&L.k, &L.v})
+        if (a->size() == kv_spare->n && a->size()) kv_spare->arrays.push_back(std::move(*a));
   }
 };
 
@@ -229,6 +250,7 @@ class CudaBackend : public Backend {
   const ModelSpec& s_;
   CudaOptions opt_;
   std::shared_ptr<DeviceBudget> budget_;  // declared first among device owners: destroyed after them (sessions share it)
+  std::shared_ptr<KvSpare> kv_spare_ = std::make_shared<KvSpare>();  // under a budget: KV arrays of sessions gone
   bool tiered_ = false;
   cudaStream_t stream_ = nullptr;
   WeightArena arena_;

@@ -447,10 +447,29 @@ void CudaBackend::ensure_cap(CudaState& st, int needed) {
   const int cap = tiered_ ? std::max(needed + (st.cap ? 1024 : 0), context_tokens()) : std::max({needed, 2 * st.cap, 256});
   BudgetScope scope(st.budget.get(), "the KV cache (-c/--ctx-size)");
   const std::size_t kv = std::size_t(s_.num_kv_heads) * s_.head_dim;
+  // A budget's first cache of a session comes from the sessions gone
+  // (KvSpare), and goes back there: the context's size, as the ledger made room for.
+  const bool spare = tiered_ && st.cap == 0 && cap == context_tokens();
+  if (spare) {
+    std::lock_guard<std::mutex> lock(kv_spare_->mu);
+    if (kv_spare_->n != std::size_t(cap) * kv) kv_spare_->arrays.clear(), kv_spare_->n = std::size_t(cap) * kv;
+  }
+  st.kv_spare = spare ? kv_spare_ : nullptr;  // a grown cache is its own
+  auto take = [&] {
+    if (spare) {
+      std::lock_guard<std::mutex> lock(kv_spare_->mu);
+      if (!kv_spare_->arrays.empty()) {
+        DeviceArray<float> a = std::move(kv_spare_->arrays.back());
+        kv_spare_->arrays.pop_back();
+        return a;
+      }
+    }
+    return DeviceArray<float>(cap * kv);
+  };
   for (int l = 0; l < static_cast<int>(st.layers.size()); ++l) {
     if (s_.kind_of(l) != LayerKind::kFullAttention) continue;
     auto& L = st.layers[l];
-    DeviceArray<float> k(cap * kv), v(cap * kv);
+    DeviceArray<float> k = take(), v = take();
     if (st.cap) {
       check(cudaMemcpy(k.get(), L.k.get(), st.cap * kv * 4, cudaMemcpyDeviceToDevice), "grow KV cache");
       check(cudaMemcpy(v.get(), L.v.get(), st.cap * kv * 4, cudaMemcpyDeviceToDevice), "grow KV cache");
