@@ -215,29 +215,10 @@ struct JoinHook {
   __device__ float add(long long i, int mode) const { return __fadd_rn(__ldcv(part + i), mode == 2 ? __ldcv(dpart + i) : 0.0f); }
 };
 
-// A prompt chunk's join waits in one thread of one block: a single poller
-// of the host's flag. When each of the join's 264 blocks polled it (a read
-// over PCIe every 100 ns each), the reads took link capacity from the
-// expert uploads running beside the wait: the first staging unit of every
-// layer, copied while the layer's join waited, ran 30 % slower (issue 31).
-__global__ void join_wait_kernel(HandoffBox* box, HandoffCounters* c) {
-  griddep_wait();
-  if (threadIdx.x != 0 || c->n <= 0) return;
-  const unsigned s = c->seq;
-  const unsigned long long t0 = global_ns();
-  atomicAdd(&c->work_ns, t0 - c->post_ns);  // the device's own work since the post
-  while (box->done != s) __nanosleep(200);
-  const unsigned long long waited = global_ns() - t0;
-  atomicAdd(&c->wait_ns, waited);
-  atomicAdd(&c->prompt_wait_ns, waited);
-}
-
-// Adds the host's partial sums (read past every cache: the same addresses
-// carry a new layer's sums each time) once the host's done flag reached the
-// last posted number: a one-token join (a block or two) spins on the flag
-// itself; a prompt chunk's ran join_wait_kernel just before. A post with no
-// host misses posted nothing: no wait. Each thread's loads are issued
-// together (one PCIe round trip).
+// Waits for the host's done flag to reach the last posted number, then adds
+// the host's partial sums (read past every cache: the same addresses carry
+// a new layer's sums each time). A post with no host misses posted nothing:
+// no wait. Each thread's loads are issued together (one PCIe round trip).
 __global__ void join_kernel(HandoffBox* box, const float* part, HandoffCounters* c, float* routed, long long n, const float* dpart, bool prompt) {
   griddep_wait();
   __shared__ int any, dev;
@@ -245,13 +226,18 @@ __global__ void join_kernel(HandoffBox* box, const float* part, HandoffCounters*
     any = c->n > 0;
     dev = 0;
     if (any) {
-      if (!prompt) {
-        const unsigned s = c->seq;
-        const unsigned long long t0 = global_ns();
-        if (blockIdx.x == 0) atomicAdd(&c->work_ns, t0 - c->post_ns);  // the device's own work since the post
-        while (box->done != s) {
-        }
-        if (blockIdx.x == 0) atomicAdd(&c->wait_ns, global_ns() - t0);
+      const unsigned s = c->seq;
+      const unsigned long long t0 = global_ns();
+      if (blockIdx.x == 0) atomicAdd(&c->work_ns, t0 - c->post_ns);  // the device's own work since the post
+      // One-token joins (a block or two) spin on the flag; a prompt chunk's
+      // many blocks back off between reads, as before, to leave the bus be.
+      const bool back_off = gridDim.x > 8;
+      while (box->done != s)
+        if (back_off) __nanosleep(100);
+      if (blockIdx.x == 0) {
+        const unsigned long long waited = global_ns() - t0;
+        atomicAdd(&c->wait_ns, waited);
+        if (prompt) atomicAdd(&c->prompt_wait_ns, waited);
       }
       dev = dpart && box->n_dev > 0;
     }
@@ -355,7 +341,6 @@ void ExpertHandoff::join(float* routed, int T, cudaStream_t s) {
   const long long n = static_cast<long long>(T) * H_;
   const long long per_thread = n % 4 == 0 ? 4 : 1;  // one float4 or one float per thread and pass
   const int blocks = static_cast<int>(std::clamp<long long>((n / per_thread + 255) / 256, 1, 264));
-  if (T > 1) launch(join_wait_kernel, 1, 32, 0, s, d_box_, d_counters_);
   launch(join_kernel, blocks, 256, 0, s, d_box_, static_cast<const float*>(d_.part), d_counters_, routed, n, dpart_, T > 1);
 }
 
