@@ -171,3 +171,32 @@ TEST(Bench, ExitStatusSaysSomethingFailed) {
   EXPECT_EQ(coli::test::run_command(coli::test::bin_dir() + "/coli-bench -m " + kTiny + " -o xml 2>/dev/null", &out), 2);
   EXPECT_EQ(coli::test::run_command(coli::test::bin_dir() + "/coli-bench -p 4 2>/dev/null", &out), 2);
 }
+
+// --vary-prompt (BenchOptions::vary_prompt): every timed repetition's
+// prompt is drawn from a seed of its own, the warm-up's from the seed;
+// without it all four are the seed's.
+TEST(Bench, VaryPromptGivesEachRepetitionIdsOfItsOwn) {
+  struct Recording : cpu::CpuBackend {
+    Recording(const Model& m, std::vector<std::vector<int>>* seen) : CpuBackend(m), seen_(seen) {}
+    void embed(const int* ids, int T, float* x) override {
+      seen_->emplace_back(ids, ids + T);
+      CpuBackend::embed(ids, T, x);
+    }
+    std::vector<std::vector<int>>* seen_;
+  };
+  std::vector<std::vector<int>> prompts[2];
+  for (int vary = 0; vary < 2; ++vary) {
+    RecordWriter w(RecordFormat::kTsv, std::tmpfile());
+    BenchOptions o;
+    o.models = {kTiny};
+    o.n_prompt = {8}, o.n_gen = {0}, o.repetitions = 3, o.vary_prompt = vary;
+    std::vector<std::vector<int>>* seen = &prompts[vary];
+    ASSERT_EQ(run_bench(o, [seen](const BackendRequest& q) { return BenchBackend{std::make_unique<Recording>(*q.model, seen), 512, {}}; }, w, nullptr), 0);
+    ASSERT_EQ(prompts[vary].size(), 4u) << "the warm-up and three repetitions, one chunk each";
+    for (const auto& p : prompts[vary]) EXPECT_EQ(p.size(), 8u);
+  }
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(prompts[0][i], prompts[0][0]);
+  EXPECT_EQ(prompts[1][0], prompts[0][0]) << "the warm-up keeps the seed's ids";
+  for (int i = 1; i < 4; ++i)
+    for (int j = 0; j < i; ++j) EXPECT_NE(prompts[1][i], prompts[1][j]) << i << " " << j;
+}

@@ -129,6 +129,80 @@ TEST(PrefillSplit, CpuCountBeforeTheRoutingBalancesUploadsAndTheHost) {
   EXPECT_EQ(coli::prefill_cpu_count(216, 128, 32768, g), 0);
 }
 
+TEST(PrefillSplit, CpuCountFromExpectedPairsTakesTheLeastRouted) {
+  // An upload 32 us, the CPU 30 us a read and 5.4 us a pair. Ten misses,
+  // five expected to get no pair and five 20 each: the CPU takes the five
+  // empty ones for nothing (GPU 5 x 32 = 160 us), and one of 20 pairs
+  // (30 + 108 = 138 us against the GPU's 128): 6. A seventh costs the host
+  // 276 us.
+  const PrefillCosts c{32e-6, 0, 30e-6, 5.4e-6, 0};
+  const std::vector<double> skewed{0, 0, 0, 0, 0, 20, 20, 20, 20, 20};
+  EXPECT_EQ(coli::prefill_cpu_count(skewed, 100, c), 6);
+  // The same 100 pairs spread evenly (10 an expert, 84 us each): 3 (max(224,
+  // 252) us; 2 gives max(256, 168)), as the count from the mean says.
+  EXPECT_EQ(coli::prefill_cpu_count(std::vector<double>(10, 10.0), 100, c), 3);
+  EXPECT_EQ(coli::prefill_cpu_count(10, 10.0, 100, c), 3);
+  // Half a pair expected: half a read (15 + 2.7 us); 4 such and 4 of 40
+  // pairs (246 us each): the four halves and nothing else (GPU 128 us).
+  EXPECT_EQ(coli::prefill_cpu_count(std::vector<double>{0.5, 0.5, 0.5, 0.5, 40, 40, 40, 40}, 162, c), 4);
+  // With at least one pair each it is the mean's count on the cases above.
+  PrefillCosts g{32e-6, 0.31e-6, 30e-6, 5.4e-6, 0};
+  g.cpu_fixed_s = 40e-6, g.handoff_gpu_s = 2.0 * 512 * 2048 * 4 / 55e9, g.gpu_head_s = 0.64e-3;
+  EXPECT_EQ(coli::prefill_cpu_count(std::vector<double>(178, 16.0), 4096, g), coli::prefill_cpu_count(178, 16, 4096, g));
+  EXPECT_EQ(coli::prefill_cpu_count(std::vector<double>(178, 16.0), 4096, g), 35);
+  EXPECT_EQ(coli::prefill_cpu_count(std::vector<double>{}, 4096, g), 0);
+  EXPECT_THROW(coli::prefill_cpu_count(std::vector<double>{3, 1}, 4, c), coli::Error);
+  EXPECT_THROW(coli::prefill_cpu_count(std::vector<double>{-1, 1}, 4, c), coli::Error);
+}
+
+TEST(PrefillSplit, TheHostTakesTheLeastRoutedNonResidents) {
+  // Six experts, 1 and 4 resident. No routing seen: the others from the
+  // last id down (the order before routing was measured).
+  const std::vector<uint8_t> resident{0, 1, 0, 0, 1, 0};
+  EXPECT_EQ(coli::prefill_cpu_order(resident, {}), (std::vector<int>{5, 3, 2, 0}));
+  // Shares: 0 and 5 got nothing, 2 a little; ties keep the higher id first.
+  const std::vector<double> share{0.0, 0.4, 0.05, 0.3, 0.25, 0.0};
+  const std::vector<int> order = coli::prefill_cpu_order(resident, share);
+  EXPECT_EQ(order, (std::vector<int>{5, 0, 2, 3}));
+  EXPECT_THROW(coli::prefill_cpu_order(resident, {0.5, 0.5}), coli::Error);
+  // The first n of the order; a current choice of as many kept while it
+  // brings at most 10 % + 0.002 more than the best.
+  const std::vector<uint8_t> none(6, 0);
+  EXPECT_EQ(coli::prefill_cpu_choice(order, 2, share, none), (std::vector<uint8_t>{1, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(coli::prefill_cpu_choice(order, 3, share, none), (std::vector<uint8_t>{1, 0, 1, 0, 0, 1}));
+  EXPECT_EQ(coli::prefill_cpu_choice(order, 9, share, none), (std::vector<uint8_t>{1, 0, 1, 1, 0, 1})) << "at most the non-residents";
+  EXPECT_EQ(coli::prefill_cpu_choice(order, 0, share, none), none);
+  // {0, 2}: 0.05 against the best {5, 0}'s 0: more than 0.002 over: the best.
+  EXPECT_EQ(coli::prefill_cpu_choice(order, 2, share, {1, 0, 1, 0, 0, 0}), (std::vector<uint8_t>{1, 0, 0, 0, 0, 1}));
+  // {5, 0, 3} brings 0.30 against {5, 0, 2}'s 0.05: the best.
+  EXPECT_EQ(coli::prefill_cpu_choice(order, 3, share, {1, 0, 0, 1, 0, 1}), (std::vector<uint8_t>{1, 0, 1, 0, 0, 1}));
+  // Near ties are kept: shares 0.100 and 0.105 (within 10 %).
+  const std::vector<double> close{0.105, 0.0, 0.100, 0.2, 0.0, 0.595};
+  const std::vector<uint8_t> all_free(6, 0);
+  const std::vector<int> o2 = coli::prefill_cpu_order(all_free, close);
+  EXPECT_EQ(o2, (std::vector<int>{4, 1, 2, 0, 3, 5}));
+  EXPECT_EQ(coli::prefill_cpu_choice(o2, 3, close, {1, 1, 0, 0, 1, 0}), (std::vector<uint8_t>{1, 1, 0, 0, 1, 0})) << "0.105 <= 1.1 x 0.100 + 0.002";
+  EXPECT_EQ(coli::prefill_cpu_choice(o2, 3, close, {0, 1, 0, 1, 1, 0}), (std::vector<uint8_t>{0, 1, 1, 0, 1, 0})) << "0.2 is not";
+  EXPECT_EQ(coli::prefill_cpu_choice(o2, 2, close, {1, 1, 0, 0, 1, 0}), (std::vector<uint8_t>{0, 1, 0, 0, 1, 0})) << "another count: the best";
+  // A resident flagged in current does not count (order holds the non-residents).
+  EXPECT_EQ(coli::prefill_cpu_choice(order, 2, share, {1, 1, 0, 0, 0, 1}), (std::vector<uint8_t>{1, 0, 0, 0, 0, 1}));
+  // Without shares: the first n by id, whatever current holds.
+  EXPECT_EQ(coli::prefill_cpu_choice(coli::prefill_cpu_order(resident, {}), 2, {}, {1, 0, 1, 0, 0, 0}), (std::vector<uint8_t>{0, 0, 0, 1, 0, 1}));
+}
+
+TEST(PrefillSplit, RoutingSharesMoveHalfwayToEachChunks) {
+  std::vector<double> share;
+  EXPECT_FALSE(coli::update_routing_share(share, false, {0, 0, 0, 0})) << "a chunk that routed nothing";
+  EXPECT_TRUE(share.empty());
+  ASSERT_TRUE(coli::update_routing_share(share, false, {0, 10, 30, 0}));
+  EXPECT_EQ(share, (std::vector<double>{0.0, 0.25, 0.75, 0.0}));
+  ASSERT_TRUE(coli::update_routing_share(share, true, {20, 20, 0, 0}));
+  EXPECT_EQ(share, (std::vector<double>{0.25, 0.375, 0.375, 0.0}));
+  EXPECT_FALSE(coli::update_routing_share(share, true, {0, 0, 0, 0}));
+  EXPECT_EQ(share, (std::vector<double>{0.25, 0.375, 0.375, 0.0}));
+  EXPECT_THROW(coli::update_routing_share(share, true, {1, 2}), coli::Error);
+}
+
 TEST(PrefillSplit, MeasuredWaitsMoveExpertsBackToTheGpu) {
   // The 40-layer pp512 of call F: the GPU waited 1.14 ms a layer for the
   // host's 50 experts; an expert costs the host 29.5 + 16 x 5.4 = 115.9 us

@@ -10,6 +10,7 @@
 //   COLI_CUDA_GDN_CHUNK=0|1             CudaOptions::chunked_gdn
 //   COLI_CUDA_SPLIT_EXPERTS=0|1         CudaOptions::split_experts
 //   COLI_CUDA_FUSE=0|1                  CudaOptions::fuse_decode
+//   COLI_CUDA_PREFILL_ORDER=routed|id   CudaOptions::prefill_cpu_by_routing
 //   COLI_CUDA_PROFILE=0|1|graph         CudaOptions::profile (kOff, kSteps, kGraph)
 //   COLI_CUDA_REGISTER=0|auto|1         CudaOptions::register_hosts (kNever, kWhenNeeded, kAlways)
 //   COLI_CUDA_HANDOFF=thread|inline     CudaOptions::serve_handoff_inline (inline: for compute-sanitizer racecheck)
@@ -107,6 +108,12 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_bool(get, "COLI_CUDA_GDN_CHUNK", &c.chunked_gdn);
   read_bool(get, "COLI_CUDA_SPLIT_EXPERTS", &c.split_experts);
   read_bool(get, "COLI_CUDA_FUSE", &c.fuse_decode);
+  if (const char* v = value_of(get, "COLI_CUDA_PREFILL_ORDER")) {
+    const std::string s = v;
+    if (s == "routed") c.prefill_cpu_by_routing = true;
+    else if (s == "id") c.prefill_cpu_by_routing = false;
+    else bad("COLI_CUDA_PREFILL_ORDER", v, "routed or id");
+  }
   if (const char* v = value_of(get, "COLI_CUDA_PROFILE")) {
     const std::string s = v;
     if (s == "0") c.profile = cuda::CudaProfile::kOff;

@@ -377,7 +377,13 @@ void measure(json& rec, const Test& t, Engine& engine, Backend& backend, const L
   const TestIds ids(t, cur, opt.seed);
   const bool tiered = backend.tier_stats().tiered;
   Samples sm;
-  for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) run_repetition(engine, backend, cur, t, ids, n_ubatch, rep >= 0, tiered, sm);
+  for (int rep = opt.warmup ? -1 : 0; rep < opt.repetitions; ++rep) {
+    if (opt.vary_prompt && cur.text_ids.empty() && rep >= 0) {
+      run_repetition(engine, backend, cur, t, TestIds(t, cur, opt.seed + 1 + static_cast<uint64_t>(rep)), n_ubatch, true, tiered, sm);
+      continue;
+    }
+    run_repetition(engine, backend, cur, t, ids, n_ubatch, rep >= 0, tiered, sm);
+  }
   const double reps = std::max(1, opt.repetitions);
   write_times(rec, sm);
   write_bytes_and_stages(rec, sm, t, *cur.bytes, n_ubatch, reps);

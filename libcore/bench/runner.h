@@ -52,6 +52,10 @@ struct BenchOptions {
   int repetitions = 5;
   bool warmup = true;
   uint64_t seed = 0;
+  // Random ids of their own for every repetition (seed + 1 + repetition;
+  // the warm-up seed's): what a backend learns from one prompt's routing
+  // is then measured on prompts it has not seen. Not with prompt_file.
+  bool vary_prompt = false;
   std::string prompt_file;  // token source instead of random ids (needs a tokenizer)
   std::string mirror = "auto";  // coli-pin mirror: auto, off or a segment name (mirror/mirror_load.h)
   // Routing heat (placement/heat_recorder.h): the heat file of the model

@@ -62,6 +62,74 @@ int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, 
   return best;
 }
 
+int prefill_cpu_count(const std::vector<double>& pairs, double layer_pairs, const PrefillCosts& c) {
+  const int missing = static_cast<int>(pairs.size());
+  if (missing == 0) return 0;
+  if (!(layer_pairs >= 0 && c.upload_s >= 0 && c.gpu_token_s >= 0 && c.cpu_read_s >= 0 && c.cpu_token_s >= 0 && c.cpu_fixed_s >= 0 &&
+        c.handoff_gpu_s >= 0 && c.gpu_head_s >= 0))
+    throw Error("prefill split: costs must be non-negative");
+  for (int i = 0; i < missing; ++i)
+    if (!(pairs[i] >= 0) || (i > 0 && pairs[i] < pairs[i - 1])) throw Error("prefill split: expected pairs must be non-negative and ascending (internal)");
+  int best = 0;
+  double best_span = -1, host = 0, taken = 0;
+  for (int cpu = 0; cpu <= missing; ++cpu) {  // ascending: ties keep the fewer
+    if (cpu > 0) {
+      const double p = pairs[cpu - 1];
+      host += c.cpu_read_s * std::min(1.0, p) + p * c.cpu_token_s, taken += p;
+    }
+    const double gpu = std::max(std::max(0.0, (missing - cpu) * c.upload_s - c.gpu_head_s), std::max(0.0, layer_pairs - taken) * c.gpu_token_s) +
+                       (cpu > 0 ? c.handoff_gpu_s : 0.0);
+    const double span = std::max(gpu, cpu > 0 ? c.cpu_fixed_s + host : 0.0);
+    if (best_span < 0 || span < best_span) best = cpu, best_span = span;
+  }
+  return best;
+}
+
+std::vector<int> prefill_cpu_order(const std::vector<uint8_t>& resident, const std::vector<double>& share) {
+  const int E = static_cast<int>(resident.size());
+  if (!share.empty() && share.size() != resident.size()) throw Error("prefill split: shares and residency flags differ in size (internal)");
+  std::vector<int> order;
+  for (int e = E - 1; e >= 0; --e)
+    if (!resident[e]) order.push_back(e);
+  if (!share.empty()) std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return share[a] < share[b]; });
+  return order;
+}
+
+std::vector<uint8_t> prefill_cpu_choice(const std::vector<int>& order, int n, const std::vector<double>& share, const std::vector<uint8_t>& current) {
+  const std::size_t E = current.size();
+  if (!share.empty() && share.size() != E) throw Error("prefill split: shares and flags differ in size (internal)");
+  std::vector<uint8_t> want(E, 0);
+  n = std::clamp(n, 0, static_cast<int>(order.size()));
+  auto of = [&](int e) { return share.empty() ? 0.0 : share[static_cast<std::size_t>(e)]; };
+  double best = 0;
+  for (int i = 0; i < n; ++i) want.at(static_cast<std::size_t>(order[i])) = 1, best += of(order[i]);
+  if (share.empty() || n == 0) return want;
+  // current counts only over the non-residents (order holds them all).
+  int had = 0;
+  double kept = 0;
+  for (int e : order)
+    if (current.at(static_cast<std::size_t>(e))) ++had, kept += of(e);
+  if (had == n && kept <= 1.1 * best + 0.002) {
+    std::vector<uint8_t> keep(E, 0);
+    for (int e : order) keep[static_cast<std::size_t>(e)] = current[static_cast<std::size_t>(e)];
+    return keep;
+  }
+  return want;
+}
+
+bool update_routing_share(std::vector<double>& share, bool known, const std::vector<uint64_t>& counts) {
+  if (known && share.size() != counts.size()) throw Error("prefill split: shares and counts differ in size (internal)");
+  double sum = 0;
+  for (uint64_t c : counts) sum += static_cast<double>(c);
+  if (sum <= 0) return false;
+  if (!known) share.assign(counts.size(), 0.0);
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    const double mine = static_cast<double>(counts[e]) / sum;
+    share[e] = known ? 0.5 * (share[e] + mine) : mine;
+  }
+  return true;
+}
+
 double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s) {
   if (!(wait_s >= 0 && cpu_expert_s >= 0 && upload_s >= 0 && bias <= 0)) throw Error("prefill split: the wait, the costs must be non-negative and the bias not positive");
   if (wait_s > 20e-6) return bias - 0.5 * wait_s / std::max(cpu_expert_s + upload_s, 1e-9);

@@ -64,6 +64,33 @@ PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::v
 // uploads, gains nothing from the CPU and keeps every expert.
 int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, const PrefillCosts& c);
 
+// The same count when each non-resident's pairs are expected apart (from
+// the routing of earlier chunks): `pairs` holds them in ascending order and
+// the CPU takes a prefix of it, the least routed. An expert expected to
+// get p < 1 pairs costs the host p of its read (it reads only experts a
+// pair came to); the GPU's compute loses the prefix's pairs. Same costs,
+// same ties (the shorter prefix); 0 for an empty list.
+int prefill_cpu_count(const std::vector<double>& pairs, double layer_pairs, const PrefillCosts& c);
+
+// Which of a layer's non-residents the host takes, before the routing of
+// the chunk is known: the ones expected to get the fewest pairs, from each
+// expert's share of the layer's pairs in the chunks so far.
+//
+// prefill_cpu_order: the non-residents (resident[e] 0) in the order the
+// host takes them: ascending share, ties (and an empty share: no routing
+// seen yet) the higher id first.
+std::vector<int> prefill_cpu_order(const std::vector<uint8_t>& resident, const std::vector<double>& share);
+// The host's n: the first n of order, unless `current` (flags [experts])
+// holds n non-residents expected to bring it at most 10 % more of the
+// layer's pairs than those, and 0.2 % of them at most: then current (the
+// shares move a little with every chunk, and a new choice costs the
+// device's tables a copy). Flags [experts].
+std::vector<uint8_t> prefill_cpu_choice(const std::vector<int>& order, int n, const std::vector<double>& share, const std::vector<uint8_t>& current);
+// A layer's shares after a chunk routed counts[e] of its pairs to expert
+// e: halfway to the chunk's own (the first chunk's as they are: `known`
+// false). Returns false, share untouched, when the chunk routed none.
+bool update_routing_share(std::vector<double>& share, bool known, const std::vector<uint64_t>& counts);
+
 // The measured correction of prefill_cpu_count's counts (experts a layer,
 // <= 0), after a chunk that handed experts to the host: its layers' GPU
 // waited `wait_s` each on average for the host. A wait of more than 20 us

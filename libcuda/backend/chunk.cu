@@ -231,6 +231,7 @@ bool CudaBackend::read_heat(std::vector<uint64_t>& counts) {
   check(cudaMemcpyAsync(counts.data(), heat_.get(), bytes, cudaMemcpyDeviceToHost, stream_), "copy routing heat");
   check(cudaMemsetAsync(heat_.get(), 0, bytes, stream_), "cudaMemset");
   check(cudaStreamSynchronize(stream_), "routing heat");
+  tier_->heat_cleared();
   tier_->take_heat(counts);  // and what the swaps' windows took off the device
   return true;
 }

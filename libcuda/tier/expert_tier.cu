@@ -276,6 +276,7 @@ void ExpertTier::end_chunk() {
   if (pu_.timed_chunk) timeline_print();
   if (handoff_) handoff_->end();
   measure_prefill_cpu();
+  observe_prefill_routing();
 }
 
 void ExpertTier::start_pass(int T) {
@@ -285,7 +286,17 @@ void ExpertTier::start_pass(int T) {
   const std::vector<int> cpu = prefill_cpu_counts(T);
   refresh_prefill_tables(cpu);
   pu_.cpu_layers = static_cast<int>(std::count_if(cpu.begin(), cpu.end(), [](int n) { return n > 0; }));
-  pu_.pairs_per_expert = static_cast<double>(T) * s_.num_experts_per_tok / s_.num_experts;
+  pu_.pass_tokens = T;
+  // The pairs an expert the host takes is expected to bring (the measured
+  // correction's cost of one): the mean, or its share where it is known.
+  double expect = 0;
+  int taken = 0;
+  for (int l = 0; l < s_.num_layers; ++l)
+    for (int e = 0; e < s_.num_experts; ++e)
+      if (pu_.on_cpu[static_cast<std::size_t>(l) * s_.num_experts + e])
+        ++taken, expect += !pu_.share[l].empty() ? pu_.share[l][e] * T * s_.num_experts_per_tok
+                                                 : static_cast<double>(T) * s_.num_experts_per_tok / s_.num_experts;
+  pu_.pairs_per_expert = taken ? expect / taken : static_cast<double>(T) * s_.num_experts_per_tok / s_.num_experts;
   if (timeline()) timeline_start(T);
   for (int u = 0; u < 2 && u < static_cast<int>(pu_.units.size()); ++u) upload_unit(u);
 }

@@ -109,8 +109,10 @@ class ExpertTier {
   ExpertTier& operator=(const ExpertTier&) = delete;
 
   // The device routing counts [layers * experts] the router adds to (the
-  // swaps' windows read and clear them); before the first chunk.
+  // swaps' windows and the backend's read_heat read and clear them, the
+  // latter saying so by heat_cleared); before the first chunk.
   void attach_heat(unsigned long long* heat) { heat_ = heat; }
+  void heat_cleared() { pu_.heat_seen.clear(); }
   bool tiered() const { return tiered_; }
   const DevExperts& experts(int layer) const { return experts_[layer]; }
   // Whether the host computes some of layer l's experts (a handoff).
@@ -228,6 +230,14 @@ class ExpertTier {
     double cpu_bias = 0;
     int cpu_layers = 0;
     double pairs_per_expert = 0, seen_wait_ms = 0;
+    // Which non-residents the host takes (CudaOptions::prefill_cpu_by_routing):
+    // the least routed, expected from the routing of the chunks so far
+    // (per layer each expert's share of its pairs, placement/prefill_split.h
+    // update_routing_share; seeded by the options' heat; empty: none seen,
+    // the layer's last by id). heat_seen: the device counts at the last look.
+    std::vector<std::vector<double>> share;
+    std::vector<uint64_t> heat_seen;
+    int pass_tokens = 0;                    // the chunk's tokens when it uploaded (start_pass), 0: none
     ExpertHandoff::Stats seen{};            // the handoff's prompt counters at the last measurement
     long long placed[3] = {};               // expert placements of uploading layers' chunks: resident, uploaded, host
     // CudaProfile::kPrefill: timed events per unit of a chunk (its copies
@@ -268,7 +278,9 @@ class ExpertTier {
   // Per layer, how many non-residents the host takes in a chunk of T
   // tokens (prefill_cpu_count over the measured rates; the options' n).
   std::vector<int> prefill_cpu_counts(int T) const;
+  std::vector<uint8_t> resident_flags(int l) const;
   void measure_prefill_cpu();  // pair_s from the handoff's prompt counters
+  void observe_prefill_routing();  // share from the device's routing counts
   void refresh_prefill_tables(const std::vector<int>& cpu);
   void upload_unit(int u);
   // The timeline (CudaProfile::kPrefill; prefill_timeline.cu).

@@ -5,6 +5,7 @@
 // residents as grouped GEMMs; with a ring some of a layer's non-residents
 // may go to the host instead (CudaOptions::prefill_cpu_experts).
 #include <cmath>
+#include <cstdio>
 #include <algorithm>
 #include <thread>
 #include <cstdint>
@@ -36,6 +37,12 @@ void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
   }
   pu_.cpu_of.assign(L, 0);
   pu_.on_cpu.assign(static_cast<std::size_t>(L) * E, 0);
+  pu_.share.assign(L, {});
+  // A heat from earlier runs says from the first chunk which experts the
+  // routing leaves alone.
+  if (opt_.prefill_cpu_by_routing && opt_.heat.size() == static_cast<std::size_t>(L) * E)
+    for (int l = 0; l < L; ++l)
+      update_routing_share(pu_.share[l], false, std::vector<uint64_t>(opt_.heat.begin() + static_cast<std::ptrdiff_t>(l) * E, opt_.heat.begin() + static_cast<std::ptrdiff_t>(l + 1) * E));
   check(cudaStreamCreateWithFlags(&pu_.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   // Pageable sources go through the stager's pinned ring on host threads of
   // its own (the host computes no experts while a chunk uploads); registered
@@ -89,10 +96,48 @@ std::vector<int> ExpertTier::prefill_cpu_counts(int T) const {
   for (int l = 0; l < L; ++l) {
     if (layer_full_[l]) continue;
     const int missing = E - plan_.resident_in_layer(l);
-    counts[l] = want > 0 ? std::min(want, missing)
-                         : std::max(0, prefill_cpu_count(missing, pairs, layer_pairs, c) + static_cast<int>(std::lround(pu_.cpu_bias)));
+    if (want > 0) {
+      counts[l] = std::min(want, missing);
+      continue;
+    }
+    int n = 0;
+    if (!pu_.share[l].empty()) {  // the least routed first, each with the pairs its share expects
+      std::vector<double> expect;
+      for (int e : prefill_cpu_order(resident_flags(l), pu_.share[l])) expect.push_back(pu_.share[l][e] * layer_pairs);
+      n = prefill_cpu_count(expect, layer_pairs, c);
+    } else {
+      n = prefill_cpu_count(missing, pairs, layer_pairs, c);
+    }
+    counts[l] = std::max(0, n + static_cast<int>(std::lround(pu_.cpu_bias)));
   }
   return counts;
+}
+
+std::vector<uint8_t> ExpertTier::resident_flags(int l) const {
+  std::vector<uint8_t> r(s_.num_experts);
+  for (int e = 0; e < s_.num_experts; ++e) r[e] = plan_.is_resident(l, e) ? 1 : 0;
+  return r;
+}
+
+void ExpertTier::observe_prefill_routing() {
+  const int tokens = pu_.pass_tokens;
+  pu_.pass_tokens = 0;
+  if (!heat_ || tokens == 0 || !opt_.prefill_cpu_by_routing) return;
+  // After the chunk drained: the routing counts since the last look (the
+  // backend's read_heat and the swaps' windows clear them, and say so).
+  const int L = s_.num_layers, E = s_.num_experts;
+  const std::size_t n = static_cast<std::size_t>(L) * E;
+  std::vector<uint64_t> now(n);
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+  check(cudaMemcpy(now.data(), heat_, n * sizeof(uint64_t), cudaMemcpyDeviceToHost), "prefill routing counts");
+  if (pu_.heat_seen.size() != n) pu_.heat_seen.assign(n, 0);
+  std::vector<uint64_t> counts(E);
+  for (int l = 0; l < L; ++l) {
+    const std::size_t o = static_cast<std::size_t>(l) * E;
+    for (int e = 0; e < E; ++e) counts[e] = now[o + e] - std::min(now[o + e], pu_.heat_seen[o + e]);
+    update_routing_share(pu_.share[l], !pu_.share[l].empty(), counts);
+  }
+  pu_.heat_seen = std::move(now);
 }
 
 void ExpertTier::measure_prefill_cpu() {
@@ -117,31 +162,56 @@ void ExpertTier::measure_prefill_cpu() {
   // chunk drained; decode steps do not come here.
   const int layers = pu_.cpu_layers;
   pu_.cpu_layers = 0;
-  if (layers == 0 || opt_.prefill_cpu_experts >= 0) return;
-  const double wait_ms = handoff_->stats().prompt_wait_ms, waited_s = (wait_ms - pu_.seen_wait_ms) / 1e3 / layers;
+  const double wait_ms = handoff_->stats().prompt_wait_ms, waited_s = layers ? (wait_ms - pu_.seen_wait_ms) / 1e3 / layers : 0.0;
   pu_.seen_wait_ms = wait_ms;
+  if (timeline() && pu_.pass_tokens > 0)
+    std::fprintf(stderr, "coli prefill third place: %d layers, %ld experts (%.1f pairs expected, %ld came), the GPU waited %.3f ms a layer; %.2f us a pair, bias %.2f\n",
+                 layers, experts, pu_.pairs_per_expert * static_cast<double>(experts), pairs, waited_s * 1e3, pu_.pair_s * 1e6, pu_.cpu_bias);
+  if (opt_.prefill_cpu_experts >= 0 || pu_.pass_tokens == 0) return;
+  // A chunk that handed the host nothing waited for nothing: the bias
+  // moves back as after a chunk without a wait, so that a bias that took
+  // every expert from the host does not keep it so.
   const double cpu_expert_s = read_s + pu_.pairs_per_expert * (pu_.pair_s > 0 ? pu_.pair_s : 0.0);
-  pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, std::max(0.0, waited_s), cpu_expert_s, expert_upload_s());
+  pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, layers ? std::max(0.0, waited_s) : 0.0, cpu_expert_s, expert_upload_s());
 }
 
 void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
-  if (pu_.residency_gen == residency_gen_ && pu_.cpu_of == cpu) return;
+  const int L = s_.num_layers, E = s_.num_experts, A = pu_.stage_slots;
+  // The host's experts: per layer the first cpu[l] of prefill_cpu_order.
+  // A layer keeps the ones it has while they are expected to bring the
+  // host at most 10 % (and 0.2 % of the layer's pairs) more than the
+  // least routed would: the shares move a little with every chunk, and a
+  // new choice costs the tables' copies.
+  const bool all = pu_.residency_gen != residency_gen_;
+  std::vector<uint8_t> want(static_cast<std::size_t>(L) * E, 0);
+  std::vector<uint8_t> dirty(L, all ? 1 : 0);
+  for (int l = 0; l < L; ++l) {
+    if (layer_full_[l] || !pu_.ring || cpu[l] == 0) continue;
+    const auto row = pu_.on_cpu.begin() + static_cast<std::ptrdiff_t>(l) * E;
+    // After a residency change the old choice may hold residents: choose anew.
+    const std::vector<uint8_t> had = all ? std::vector<uint8_t>(E, 0) : std::vector<uint8_t>(row, row + E);
+    const std::vector<uint8_t> w = prefill_cpu_choice(prefill_cpu_order(resident_flags(l), pu_.share[l]), cpu[l], pu_.share[l], had);
+    std::copy(w.begin(), w.end(), want.begin() + static_cast<std::ptrdiff_t>(l) * E);
+  }
+  for (int l = 0; l < L; ++l)
+    dirty[l] |= !std::equal(want.begin() + static_cast<std::ptrdiff_t>(l) * E, want.begin() + static_cast<std::ptrdiff_t>(l + 1) * E,
+                            pu_.on_cpu.begin() + static_cast<std::ptrdiff_t>(l) * E);
+  if (!all && pu_.cpu_of == cpu && std::none_of(dirty.begin(), dirty.end(), [](uint8_t x) { return x != 0; })) return;
   // Kernels of an earlier chunk may still read the tables.
   check(cudaStreamSynchronize(stream_), "prefill expert tables");
-  const int L = s_.num_layers, E = s_.num_experts, A = pu_.stage_slots;
   std::vector<const uint8_t*> g(E + 1), u(E + 1), d(E + 1);
   std::vector<uint8_t> flags(E);
   pu_.units.clear();
   pu_.first_unit.assign(L, -1), pu_.unit_count.assign(L, 0);
-  std::fill(pu_.on_cpu.begin(), pu_.on_cpu.end(), 0);
+  pu_.on_cpu = std::move(want);
   for (int l = 0; l < L; ++l) {
     if (layer_full_[l]) continue;
     const int missing = E - plan_.resident_in_layer(l);
-    if (!pu_.ring && missing > A) continue;  // its misses go to the host, as in a decode step
     uint8_t* on_cpu = pu_.on_cpu.data() + static_cast<std::size_t>(l) * E;
-    // The host's: the layer's last cpu[l] non-residents by id.
-    for (int e = E - 1, left = pu_.ring ? cpu[l] : 0; e >= 0 && left > 0; --e)
-      if (!plan_.is_resident(l, e)) on_cpu[e] = 1, --left;
+    if (!pu_.ring && missing > A) {  // its misses go to the host, as in a decode step
+      std::fill(on_cpu, on_cpu + E, 0);
+      continue;
+    }
     // Units: ranges of expert ids, each holding at most A uploads (without
     // a ring one unit, the whole layer).
     pu_.first_unit[l] = static_cast<int>(pu_.units.size());
@@ -162,6 +232,7 @@ void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
     }
     pu_.units.push_back({l, e0, E});
     pu_.unit_count[l] = static_cast<int>(pu_.units.size()) - pu_.first_unit[l];
+    if (!dirty[l]) continue;  // the device's tables hold this layer's choice already
     g[E] = shared_[l][0], u[E] = shared_[l][1], d[E] = shared_[l][2];
     check(cudaMemcpy(pu_.gate[l].get(), g.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.up[l].get(), u.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");

@@ -133,6 +133,7 @@ void ExpertTier::swap_tick() {
     const std::size_t bytes = heat_host_.size() * sizeof(unsigned long long);
     check(cudaMemcpyAsync(h_heat_, heat_, bytes, cudaMemcpyDeviceToHost, stream_), "copy routing heat");
     check(cudaMemsetAsync(heat_, 0, bytes, stream_), "cudaMemset");
+    heat_cleared();  // the prefill's routing shares count from here
     check(cudaEventRecord(heat_ev_, stream_), "event");
     heat_pending_ = true;
     window_start_ = tokens_;

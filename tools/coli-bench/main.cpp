@@ -35,7 +35,7 @@ namespace {
 
 const char* kUsage =
     "usage: coli-bench -m MODEL[,MODEL...] [-p N,...] [-n N,...] [-pg P,G ...] [-d N,...] [-r N]\n"
-    "                  [-t N,...] [-b N,...] [-ub N,...] [-o tsv|csv|jsonl|md] [--seed S] [--prompt-file F]\n"
+    "                  [-t N,...] [-b N,...] [-ub N,...] [-o tsv|csv|jsonl|md] [--seed S] [--vary-prompt] [--prompt-file F]\n"
     "\n"
     "Runs prompt processing (pp), generation (tg), pp+tg and depth tests over the\n"
     "cartesian product of the comma-separated lists; one record per result is\n"
@@ -91,6 +91,7 @@ po::options_description options() {
   opts.add_options()
       ("output", po::value<std::string>()->default_value("tsv"), "record format: tsv, csv, jsonl, md")
       ("seed", po::value<std::string>()->default_value("0"), "seed of the random token ids")
+      ("vary-prompt", po::bool_switch(), "random ids of their own for each repetition (seed + 1 + repetition): nothing learnt from one prompt's routing is timed on it")
       ("prompt-file", po::value<std::string>(), "take token ids from this text (model's tokenizer) instead")
       ("no-warmup", po::bool_switch(), "skip the untimed warm-up run");
   cli::add_flags(opts, cli::Tool::kBench, {cli::Flag::kDevice, cli::Flag::kReference, cli::Flag::kHeat});
@@ -145,8 +146,10 @@ void read_tests(const po::variables_map& vm, coli::BenchOptions& o) {
   o.repetitions = vm["repetitions"].as<int>();
   if (o.repetitions < 1) throw coli::UsageError("-r must be >= 1");
   o.seed = coli::parse_seed(vm["seed"].as<std::string>(), "--seed");
+  o.vary_prompt = vm["vary-prompt"].as<bool>();
   o.warmup = !vm["no-warmup"].as<bool>();
   if (vm.count("prompt-file")) o.prompt_file = vm["prompt-file"].as<std::string>();
+  if (o.vary_prompt && !o.prompt_file.empty()) throw coli::UsageError("--vary-prompt draws random ids: it does not go with --prompt-file");
 }
 
 // Routing heat (--heat): every token counted, merged into each model's file.
