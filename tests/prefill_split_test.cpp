@@ -209,13 +209,18 @@ TEST(PrefillSplit, MeasuredWaitsMoveExpertsBackToTheGpu) {
   // and the GPU 32 us to upload: 1.14 / 0.1479 = 7.7 experts would
   // balance that wait; half of them go back (one chunk's waits are noisy).
   const double cpu_expert = 29.5e-6 + 16 * 5.4e-6, upload = 32e-6;
-  EXPECT_NEAR(coli::prefill_cpu_bias(0, 1.14e-3, cpu_expert, upload), -0.5 * 1.14e-3 / (cpu_expert + upload), 1e-12);
-  EXPECT_NEAR(coli::prefill_cpu_bias(-2.5, 0.296e-3, cpu_expert, upload), -3.5, 1e-3);
+  EXPECT_NEAR(coli::prefill_cpu_bias(0, 1.14e-3, cpu_expert, upload, 50), -0.5 * 1.14e-3 / (cpu_expert + upload), 1e-12);
+  EXPECT_NEAR(coli::prefill_cpu_bias(-2.5, 0.296e-3, cpu_expert, upload, 50), -3.5, 1e-3);
   // No wait (or one under 20 us): half an expert back towards the model's count, never past it.
-  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-3.0, 0, cpu_expert, upload), -2.5);
-  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-3.0, 19e-6, cpu_expert, upload), -2.5);
-  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-0.3, 0, cpu_expert, upload), 0.0);
-  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(0, 0, cpu_expert, upload), 0.0);
-  EXPECT_THROW(coli::prefill_cpu_bias(0, -1e-3, cpu_expert, upload), coli::Error);
-  EXPECT_THROW(coli::prefill_cpu_bias(0.5, 0, cpu_expert, upload), coli::Error);
+  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-3.0, 0, cpu_expert, upload, 50), -2.5);
+  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-3.0, 19e-6, cpu_expert, upload, 50), -2.5);
+  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-0.3, 0, cpu_expert, upload, 50), 0.0);
+  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(0, 0, cpu_expert, upload, 50), 0.0);
+  EXPECT_THROW(coli::prefill_cpu_bias(0, -1e-3, cpu_expert, upload, 50), coli::Error);
+  EXPECT_THROW(coli::prefill_cpu_bias(0.5, 0, cpu_expert, upload, 50), coli::Error);
+  EXPECT_THROW(coli::prefill_cpu_bias(0, 0, cpu_expert, upload, -1), coli::Error);
+  // A cold first chunk: 10 ms a layer against 8 host experts a layer would
+  // move 33.8 back; at most half of the 8 go.
+  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-1.0, 10e-3, cpu_expert, upload, 8), -5.0);
+  EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-1.0, 10e-3, cpu_expert, upload, 0), -1.0);
 }

@@ -130,9 +130,10 @@ bool update_routing_share(std::vector<double>& share, bool known, const std::vec
   return true;
 }
 
-double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s) {
-  if (!(wait_s >= 0 && cpu_expert_s >= 0 && upload_s >= 0 && bias <= 0)) throw Error("prefill split: the wait, the costs must be non-negative and the bias not positive");
-  if (wait_s > 20e-6) return bias - 0.5 * wait_s / std::max(cpu_expert_s + upload_s, 1e-9);
+double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s, double host_experts) {
+  if (!(wait_s >= 0 && cpu_expert_s >= 0 && upload_s >= 0 && bias <= 0 && host_experts >= 0))
+    throw Error("prefill split: the wait, the costs, the host's experts must be non-negative and the bias not positive");
+  if (wait_s > 20e-6) return bias - std::min(0.5 * wait_s / std::max(cpu_expert_s + upload_s, 1e-9), 0.5 * host_experts);
   return std::min(0.0, bias + 0.5);
 }
 

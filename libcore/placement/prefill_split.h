@@ -99,7 +99,10 @@ bool update_routing_share(std::vector<double>& share, bool known, const std::vec
 // and lengthens the GPU's by upload_s; half: one chunk's waits are noisy);
 // a chunk with no such wait gives half an expert back, up to 0, so that
 // the split finds the cost model's count again when the wait came from a
-// passing disturbance.
-double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s);
+// passing disturbance. At most half of the `host_experts` a layer the host
+// had go back per chunk: a process's first chunk waits for a cold host
+// (threads, pages) many times what the host's share explains, and a bias
+// that takes every expert off the host would have no wait to learn from.
+double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s, double host_experts);
 
 }  // namespace coli

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <thread>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "expert_tier.cuh"
@@ -172,7 +173,8 @@ void ExpertTier::measure_prefill_cpu() {
   // moves back as after a chunk without a wait, so that a bias that took
   // every expert from the host does not keep it so.
   const double cpu_expert_s = read_s + pu_.pairs_per_expert * (pu_.pair_s > 0 ? pu_.pair_s : 0.0);
-  pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, layers ? std::max(0.0, waited_s) : 0.0, cpu_expert_s, expert_upload_s());
+  const double host_experts = layers ? std::accumulate(pu_.cpu_of.begin(), pu_.cpu_of.end(), 0.0) / layers : 0.0;
+  pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, layers ? std::max(0.0, waited_s) : 0.0, cpu_expert_s, expert_upload_s(), host_experts);
 }
 
 void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
