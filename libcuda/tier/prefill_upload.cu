@@ -153,8 +153,13 @@ void ExpertTier::measure_prefill_cpu() {
   const double read_s = expert_host_read_s();
   // Smoothed, and never below the unmeasured estimate (a chunk whose host
   // time hardly exceeds its reads would otherwise say the pairs cost
-  // nothing, and the next chunk hand the host far too many).
-  if (experts >= 4 && pairs > 0) {
+  // nothing, and the next chunk hand the host far too many). Only from
+  // chunks of at least 4 pairs an expert: the least routed experts bring
+  // the host one or two, and its fixed costs of a layer (the partial
+  // sums' rows) spread over so few pairs would say a pair costs many
+  // times what it does; the next chunk would hand the host fewer, then
+  // none, and no chunk would measure again.
+  if (experts >= 4 && pairs >= 4 * experts) {
     const double now = std::max(host_pair_floor_s(), (host_s - experts * read_s) / static_cast<double>(pairs));
     pu_.pair_s = pu_.pair_s > 0 ? 0.5 * (pu_.pair_s + now) : now;
   }
