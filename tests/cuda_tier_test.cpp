@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <future>
 #include <thread>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "convert/synth.h"
@@ -586,6 +587,8 @@ TEST(CudaTier, PrefillUploadsMatchTheWholeModel) {
 // model's and logits within the host kernels' error; every other
 // non-resident uploads once per chunk; the stats say where each ran. The
 // cost model's own count (-1) from a pinned mirror stays within the misses.
+// By routing (prefill_cpu_by_routing: from the second prompt on the least
+// routed, a choice that changes between chunks) the same.
 TEST(CudaTier, TheCpuTakesPartOfAPromptsUploads) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -600,9 +603,9 @@ TEST(CudaTier, TheCpuTakesPartOfAPromptsUploads) {
   const float tol = std::max(1e-3f, 2 * cpu_quantization_error(m));
   const ExpertWeights& x = m.layer(0).moe.experts[0];
   const uint64_t expert = x.gate.bytes() + x.up.bytes() + x.down.bytes();
-  for (const auto& [host, ring] : std::vector<std::pair<int, int>>{{1, 0}, {3, 3}, {E, 4}, {-1, 3}}) {
+  for (const auto& [host, ring, routed] : std::vector<std::tuple<int, int, bool>>{{1, 0, false}, {3, 3, false}, {E, 4, false}, {-1, 3, false}, {3, 3, true}, {-1, 3, true}}) {
     cuda::CudaOptions o = tier_options(m, all / 4);
-    o.prefill_upload = true, o.prefill_ring_slots = ring, o.prefill_cpu_experts = host;
+    o.prefill_upload = true, o.prefill_ring_slots = ring, o.prefill_cpu_experts = host, o.prefill_cpu_by_routing = routed;
     o.host_regions.push_back(mm.region());
     auto tier = cuda::make_cuda_backend(m, o);
     Engine et(s, *tier, 64);
@@ -612,7 +615,7 @@ TEST(CudaTier, TheCpuTakesPartOfAPromptsUploads) {
       if (ids.size() < 4) continue;
       ++chunks;
       Session sw = ew.new_session(), st = et.new_session();
-      EXPECT_LT(max_abs_diff(ew.forward(sw, ids), et.forward(st, ids)), tol) << "host " << host << " ring " << ring << " prompt " << ids.size();
+      EXPECT_LT(max_abs_diff(ew.forward(sw, ids), et.forward(st, ids)), tol) << "host " << host << " ring " << ring << " routed " << routed << " prompt " << ids.size();
     }
     ASSERT_GT(chunks, 0);
     const TierStats ts = tier->tier_stats();
@@ -628,7 +631,7 @@ TEST(CudaTier, TheCpuTakesPartOfAPromptsUploads) {
     }
     EXPECT_EQ(ts.pairs, ts.tokens * L * s.num_experts_per_tok) << "each pair counted once";
     for (const auto& p : test::tiny_goldens()["prompts"])
-      EXPECT_EQ(test::greedy_tokens(et, p["ids"]), test::greedy_tokens(ew, p["ids"])) << "host " << host << " ring " << ring;
+      EXPECT_EQ(test::greedy_tokens(et, p["ids"]), test::greedy_tokens(ew, p["ids"])) << "host " << host << " ring " << ring << " routed " << routed;
   }
 }
 

@@ -74,7 +74,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_CUDA_HANDOFF", "inline", [](cuda::CudaOptions& o) { o.serve_handoff_inline = true; }},
       {"COLI_CUDA_SPLIT_EXPERTS", "1", [](cuda::CudaOptions& o) { o.split_experts = true; }},
       {"COLI_CUDA_FUSE", "0", [](cuda::CudaOptions& o) { o.fuse_decode = false; }},
-      {"COLI_CUDA_PREFILL_ORDER", "id", [](cuda::CudaOptions& o) { o.prefill_cpu_by_routing = false; }},
+      {"COLI_CUDA_PREFILL_ORDER", "routed", [](cuda::CudaOptions& o) { o.prefill_cpu_by_routing = true; }},
       {"COLI_TUNE_STREAM_MIN_ROWS", "100000", [](cuda::CudaOptions& o) { o.gemv_stream_min_rows = 100000; }},
       {"COLI_TUNE_STREAM_ROWS", "2", [](cuda::CudaOptions& o) { o.gemv_stream_rows = 2; }},
       {"COLI_TUNE_NORM_CLUSTER", "1", [](cuda::CudaOptions& o) { o.tuning.norm_cluster = 1; }},
@@ -95,7 +95,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
     EXPECT_FALSE(got.cpu_level);
   }
   // The "back to the default" values.
-  const EnvSettings on = FakeEnv{{{"COLI_CUDA_PDL", "1"}, {"COLI_CUDA_SPLIT_KV", "1"}, {"COLI_CUDA_GDN_CHUNK", "1"}, {"COLI_CUDA_PROFILE", "0"}, {"COLI_CUDA_REGISTER", "auto"}, {"COLI_CUDA_HANDOFF", "thread"}, {"COLI_CUDA_SPLIT_EXPERTS", "0"}, {"COLI_CUDA_FUSE", "1"}, {"COLI_CUDA_PREFILL_ORDER", "routed"}}}.read();
+  const EnvSettings on = FakeEnv{{{"COLI_CUDA_PDL", "1"}, {"COLI_CUDA_SPLIT_KV", "1"}, {"COLI_CUDA_GDN_CHUNK", "1"}, {"COLI_CUDA_PROFILE", "0"}, {"COLI_CUDA_REGISTER", "auto"}, {"COLI_CUDA_HANDOFF", "thread"}, {"COLI_CUDA_SPLIT_EXPERTS", "0"}, {"COLI_CUDA_FUSE", "1"}, {"COLI_CUDA_PREFILL_ORDER", "id"}}}.read();
   EXPECT_EQ(describe(on.cuda), describe(cuda::CudaOptions{}));
 }
 

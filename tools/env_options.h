@@ -10,7 +10,7 @@
 //   COLI_CUDA_GDN_CHUNK=0|1             CudaOptions::chunked_gdn
 //   COLI_CUDA_SPLIT_EXPERTS=0|1         CudaOptions::split_experts
 //   COLI_CUDA_FUSE=0|1                  CudaOptions::fuse_decode
-//   COLI_CUDA_PREFILL_ORDER=routed|id   CudaOptions::prefill_cpu_by_routing
+//   COLI_CUDA_PREFILL_ORDER=id|routed   CudaOptions::prefill_cpu_by_routing
 //   COLI_CUDA_PROFILE=0|1|graph         CudaOptions::profile (kOff, kSteps, kGraph)
 //   COLI_CUDA_REGISTER=0|auto|1         CudaOptions::register_hosts (kNever, kWhenNeeded, kAlways)
 //   COLI_CUDA_HANDOFF=thread|inline     CudaOptions::serve_handoff_inline (inline: for compute-sanitizer racecheck)

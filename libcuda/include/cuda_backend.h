@@ -192,8 +192,8 @@ struct CudaOptions {
   // layer come in more groups (tests).
   int prefill_ring_slots = 0;
   // The CPU as a third place of those prompt chunks (issue 30): per
-  // uploading layer, some of its non-resident experts (the least routed in
-  // the chunks so far: prefill_cpu_by_routing) are computed on the host through the handoff, as in a decode step,
+  // uploading layer, some of its non-resident experts (the last ones by id,
+  // or the least routed: prefill_cpu_by_routing) are computed on the host through the handoff, as in a decode step,
   // while the rest upload: as many as balance the host's time against the
   // uploads' (placement/prefill_split.h prefill_cpu_count, from pcie_gbs,
   // host_expert_gbs and the host's time per pair measured on the chunks
@@ -203,11 +203,13 @@ struct CudaOptions {
   // (int8 / int4 experts: the ring). Results as for any placement: the
   // host's kernels' own rounding for those experts.
   int prefill_cpu_experts = -1;
-  // Which experts those are: the least routed (each expert's share of its
-  // layer's pairs in the prompt chunks so far, or the heat's), the count
-  // from their expected pairs; false: the last ones by id, the count from
-  // the mean (COLI_CUDA_PREFILL_ORDER=id, for A/B timing).
-  bool prefill_cpu_by_routing = true;
+  // Which experts those are: false, the last ones by id, the count from the
+  // mean pairs an expert; true (COLI_CUDA_PREFILL_ORDER=routed), the least
+  // routed (each expert's share of its layer's pairs in the prompt chunks
+  // so far, or the heat's), the count from their expected pairs, the
+  // count's correction guarded for experts of one or two pairs. Off until
+  // measured on both families (docs/perf/families.md, session 18).
+  bool prefill_cpu_by_routing = false;
   double pcie_gbs = 55;         // the machine's rates (placement/planner.h MachineRates) for that split
   double host_expert_gbs = 60;
   double prefill_layer_token_s = 2.5e-6;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <thread>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -158,8 +159,9 @@ void ExpertTier::measure_prefill_cpu() {
   // the host one or two, and its fixed costs of a layer (the partial
   // sums' rows) spread over so few pairs would say a pair costs many
   // times what it does; the next chunk would hand the host fewer, then
-  // none, and no chunk would measure again.
-  if (experts >= 4 && pairs >= 4 * experts) {
+  // none, and no chunk would measure again. (With the id order, as before.)
+  const bool routed = opt_.prefill_cpu_by_routing;
+  if (experts >= 4 && pairs > 0 && (!routed || pairs >= 4 * experts)) {
     const double now = std::max(host_pair_floor_s(), (host_s - experts * read_s) / static_cast<double>(pairs));
     pu_.pair_s = pu_.pair_s > 0 ? 0.5 * (pu_.pair_s + now) : now;
   }
@@ -174,11 +176,16 @@ void ExpertTier::measure_prefill_cpu() {
     std::fprintf(stderr, "coli prefill third place: %d layers, %ld experts (%.1f pairs expected, %ld came), the GPU waited %.3f ms a layer; %.2f us a pair, bias %.2f\n",
                  layers, experts, pu_.pairs_per_expert * static_cast<double>(experts), pairs, waited_s * 1e3, pu_.pair_s * 1e6, pu_.cpu_bias);
   if (opt_.prefill_cpu_experts >= 0 || pu_.pass_tokens == 0) return;
-  // A chunk that handed the host nothing waited for nothing: the bias
-  // moves back as after a chunk without a wait, so that a bias that took
-  // every expert from the host does not keep it so.
+  // By routing, a chunk that handed the host nothing waited for nothing:
+  // the bias moves back as after a chunk without a wait, so that a bias
+  // that took every expert from the host does not keep it so; and one
+  // chunk moves at most half of the host's experts. With the id order the
+  // correction is as measured before (call S1 of docs/perf/families.md).
+  if (!routed && layers == 0) return;
   const double cpu_expert_s = read_s + pu_.pairs_per_expert * (pu_.pair_s > 0 ? pu_.pair_s : 0.0);
-  const double host_experts = layers ? std::accumulate(pu_.cpu_of.begin(), pu_.cpu_of.end(), 0.0) / layers : 0.0;
+  const double host_experts = !routed ? std::numeric_limits<double>::infinity()
+                              : layers ? std::accumulate(pu_.cpu_of.begin(), pu_.cpu_of.end(), 0.0) / layers
+                                       : 0.0;
   pu_.cpu_bias = prefill_cpu_bias(pu_.cpu_bias, layers ? std::max(0.0, waited_s) : 0.0, cpu_expert_s, expert_upload_s(), host_experts);
 }
 
