@@ -237,6 +237,13 @@ class ExpertTier {
     // the layer's last by id). heat_seen: the device counts at the last look.
     std::vector<std::vector<double>> share;
     std::vector<uint64_t> heat_seen;
+    // Per layer what the device's tables (gate, up, down, flags) hold: a
+    // refresh copies only the layers that differ.
+    struct Tables {
+      std::vector<const uint8_t*> g, u, d;
+      std::vector<uint8_t> flags;
+    };
+    std::vector<Tables> written;
     int pass_tokens = 0;                    // the chunk's tokens when it uploaded (start_pass), 0: none
     ExpertHandoff::Stats seen{};            // the handoff's prompt counters at the last measurement
     long long placed[3] = {};               // expert placements of uploading layers' chunks: resident, uploaded, host

@@ -40,6 +40,7 @@ void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
   pu_.cpu_of.assign(L, 0);
   pu_.on_cpu.assign(static_cast<std::size_t>(L) * E, 0);
   pu_.share.assign(L, {});
+  pu_.written.assign(L, {});
   // A heat from earlier runs says from the first chunk which experts the
   // routing leaves alone.
   if (opt_.prefill_cpu_by_routing && opt_.heat.size() == static_cast<std::size_t>(L) * E)
@@ -198,7 +199,7 @@ void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
   // new choice costs the tables' copies.
   const bool all = pu_.residency_gen != residency_gen_;
   std::vector<uint8_t> want(static_cast<std::size_t>(L) * E, 0);
-  std::vector<uint8_t> dirty(L, all ? 1 : 0);
+  std::vector<uint8_t> dirty(L, all ? 1 : 0);  // a layer's choice changed
   for (int l = 0; l < L; ++l) {
     if (layer_full_[l] || !pu_.ring || cpu[l] == 0) continue;
     const auto row = pu_.on_cpu.begin() + static_cast<std::ptrdiff_t>(l) * E;
@@ -246,12 +247,18 @@ void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
     }
     pu_.units.push_back({l, e0, E});
     pu_.unit_count[l] = static_cast<int>(pu_.units.size()) - pu_.first_unit[l];
-    if (!dirty[l]) continue;  // the device's tables hold this layer's choice already
     g[E] = shared_[l][0], u[E] = shared_[l][1], d[E] = shared_[l][2];
+    // Only what differs from the device's tables. A layer whose own choice
+    // did not change may still move between the staging areas: a unit's
+    // area is its index's parity, and an earlier layer's count of units
+    // changes with its choice.
+    PrefillUpload::Tables& was = pu_.written[l];
+    if (was.g == g && was.u == u && was.d == d && was.flags == flags) continue;
     check(cudaMemcpy(pu_.gate[l].get(), g.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.up[l].get(), u.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.down[l].get(), d.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.flags[l].get(), flags.data(), E, cudaMemcpyHostToDevice), "prefill expert flags");
+    was.g = g, was.u = u, was.d = d, was.flags = flags;
   }
   pu_.residency_gen = residency_gen_;
   pu_.cpu_of = cpu;
