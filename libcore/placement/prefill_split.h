@@ -82,7 +82,7 @@ int prefill_cpu_count(const std::vector<double>& pairs, double layer_pairs, cons
 std::vector<int> prefill_cpu_order(const std::vector<uint8_t>& resident, const std::vector<double>& share);
 // The host's n: the first n of order, unless `current` (flags [experts])
 // holds n non-residents expected to bring it at most 10 % more of the
-// layer's pairs than those, and 0.2 % of them at most: then current (the
+// layer's pairs than those, plus 0.2 % of the layer's pairs: then current (the
 // shares move a little with every chunk, and a new choice costs the
 // device's tables a copy). Flags [experts].
 std::vector<uint8_t> prefill_cpu_choice(const std::vector<int>& order, int n, const std::vector<double>& share, const std::vector<uint8_t>& current);
