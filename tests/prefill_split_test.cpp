@@ -224,3 +224,31 @@ TEST(PrefillSplit, MeasuredWaitsMoveExpertsBackToTheGpu) {
   EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-1.0, 10e-3, cpu_expert, upload, 8), -5.0);
   EXPECT_DOUBLE_EQ(coli::prefill_cpu_bias(-1.0, 10e-3, cpu_expert, upload, 0), -1.0);
 }
+
+TEST(PrefillSplit, SharesAreTrustedAsFarAsChunksBearThemOut) {
+  // A 512-token chunk of a 256-expert top-8 layer: 4,096 pairs, 16 an expert on average.
+  EXPECT_DOUBLE_EQ(coli::expected_pairs(0.0, 4096, 256, 0), 16.0) << "untrusted shares: the mean";
+  EXPECT_DOUBLE_EQ(coli::expected_pairs(0.0, 4096, 256, 1), 0.0) << "trusted: the share's own";
+  EXPECT_NEAR(coli::expected_pairs(0.01, 4096, 256, 0.5), 16 + 0.5 * (40.96 - 16), 1e-12);
+  EXPECT_THROW(coli::expected_pairs(0.01, 4096, 0, 0.5), coli::Error);
+  EXPECT_THROW(coli::expected_pairs(0.01, 4096, 256, 1.5), coli::Error);
+  // 100 host experts by the mean 1,600 pairs. Shares from a short first
+  // chunk (or another text) said 0; the mean's 1,600 came: no trust.
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0, 1600, 0, 1600), 0.0);
+  // The shares said 100 and 100 came: halfway to full trust, then 3/4.
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0, 100, 100, 1600), 0.5);
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0.5, 100, 100, 1600), 0.75);
+  // Half way between: (850 - 1600) / (100 - 1600) = 0.5, averaged with 0.
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0, 850, 100, 1600), 0.25);
+  // More than the mean came: the chunk trusts them not at all; fewer than
+  // the shares said: fully, no more.
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0.5, 2000, 100, 1600), 0.25);
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0, 0, 100, 1600), 0.5);
+  // A set the shares expect above the mean: (3000 - 1600) / (3200 - 1600).
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0, 3000, 3200, 1600), 0.4375);
+  // Expected within 10 % of the mean, or no mean: the chunk says nothing.
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0.3, 0, 1500, 1600), 0.3);
+  EXPECT_DOUBLE_EQ(coli::update_routing_trust(0.3, 0, 0, 0), 0.3);
+  EXPECT_THROW(coli::update_routing_trust(1.5, 0, 0, 10), coli::Error);
+  EXPECT_THROW(coli::update_routing_trust(0.5, -1, 0, 10), coli::Error);
+}

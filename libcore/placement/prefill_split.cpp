@@ -1,5 +1,6 @@
 #include "placement/prefill_split.h"
 
+#include <cmath>
 #include <algorithm>
 #include <numeric>
 
@@ -128,6 +129,21 @@ bool update_routing_share(std::vector<double>& share, bool known, const std::vec
     share[e] = known ? 0.5 * (share[e] + mine) : mine;
   }
   return true;
+}
+
+double expected_pairs(double share, double layer_pairs, int experts, double trust) {
+  if (!(experts > 0 && layer_pairs >= 0 && share >= 0 && trust >= 0 && trust <= 1))
+    throw Error("prefill split: expected pairs need experts, non-negative pairs and share, trust in [0, 1] (internal)");
+  const double mean = layer_pairs / experts;
+  return std::max(0.0, mean + trust * (share * layer_pairs - mean));
+}
+
+double update_routing_trust(double trust, double came, double expected, double mean) {
+  if (!(trust >= 0 && trust <= 1 && came >= 0 && expected >= 0 && mean >= 0))
+    throw Error("prefill split: trust in [0, 1], pairs non-negative (internal)");
+  if (mean <= 0 || std::abs(expected - mean) < 0.1 * mean) return trust;
+  const double chunk = std::clamp((came - mean) / (expected - mean), 0.0, 1.0);
+  return 0.5 * (trust + chunk);
 }
 
 double prefill_cpu_bias(double bias, double wait_s, double cpu_expert_s, double upload_s, double host_experts) {

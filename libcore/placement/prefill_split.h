@@ -91,6 +91,21 @@ std::vector<uint8_t> prefill_cpu_choice(const std::vector<int>& order, int n, co
 // false). Returns false, share untouched, when the chunk routed none.
 bool update_routing_share(std::vector<double>& share, bool known, const std::vector<uint64_t>& counts);
 
+// How far the shares predict the next chunk's routing ("trust", 0..1), and
+// the pairs an expert is expected to get from it: the mean (layer_pairs /
+// experts) plus `trust` of its share's difference from the mean. A share
+// learned from one prompt may say nothing of the next (another text routes
+// elsewhere; a short first chunk leaves most experts at share 0), so the
+// host's count starts from the mean (trust 0, the id order's count) and
+// trusts the shares as far as chunks bear them out.
+double expected_pairs(double share, double layer_pairs, int experts, double trust);
+// After a chunk whose host experts the shares expected `expected` pairs of
+// in all (`mean` by the mean) and `came` came: the chunk's own trust,
+// (came - mean) / (expected - mean) clamped to [0, 1], averaged with the
+// old one (halfway); unchanged when the shares' expectation lies within
+// 10 % of the mean (the chunk says nothing of them) or mean is 0.
+double update_routing_trust(double trust, double came, double expected, double mean);
+
 // The measured correction of prefill_cpu_count's counts (experts a layer,
 // <= 0), after a chunk that handed experts to the host: its layers' GPU
 // waited `wait_s` each on average for the host. A wait of more than 20 us

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "placement/prefill_split.h"
 #include "decode_upload.cuh"
 #include "prefill_stager.cuh"
 #include "staged_upload.cuh"
@@ -288,15 +289,23 @@ void ExpertTier::start_pass(int T) {
   pu_.cpu_layers = static_cast<int>(std::count_if(cpu.begin(), cpu.end(), [](int n) { return n > 0; }));
   pu_.pass_tokens = T;
   // The pairs an expert the host takes is expected to bring (the measured
-  // correction's cost of one): the mean, or its share where it is known.
+  // correction's cost of one): the mean, or where its share is known the
+  // mean moved towards it as far as the shares are trusted; and by the
+  // share and the mean alone, which the chunk's pairs will measure the
+  // trust against.
+  const double layer_pairs = static_cast<double>(T) * s_.num_experts_per_tok, mean = layer_pairs / s_.num_experts;
   double expect = 0;
   int taken = 0;
+  pu_.expect_share = pu_.expect_mean = 0;
   for (int l = 0; l < s_.num_layers; ++l)
     for (int e = 0; e < s_.num_experts; ++e)
-      if (pu_.on_cpu[static_cast<std::size_t>(l) * s_.num_experts + e])
-        ++taken, expect += !pu_.share[l].empty() ? pu_.share[l][e] * T * s_.num_experts_per_tok
-                                                 : static_cast<double>(T) * s_.num_experts_per_tok / s_.num_experts;
-  pu_.pairs_per_expert = taken ? expect / taken : static_cast<double>(T) * s_.num_experts_per_tok / s_.num_experts;
+      if (pu_.on_cpu[static_cast<std::size_t>(l) * s_.num_experts + e]) {
+        const bool known = !pu_.share[l].empty();
+        ++taken, pu_.expect_mean += mean;
+        pu_.expect_share += known ? pu_.share[l][e] * layer_pairs : mean;
+        expect += known ? expected_pairs(pu_.share[l][e], layer_pairs, s_.num_experts, pu_.trust) : mean;
+      }
+  pu_.pairs_per_expert = taken ? expect / taken : mean;
   if (timeline()) timeline_start(T);
   for (int u = 0; u < 2 && u < static_cast<int>(pu_.units.size()); ++u) upload_unit(u);
 }

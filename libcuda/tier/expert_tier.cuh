@@ -237,6 +237,10 @@ class ExpertTier {
     // the layer's last by id). heat_seen: the device counts at the last look.
     std::vector<std::vector<double>> share;
     std::vector<uint64_t> heat_seen;
+    // How far the shares have predicted the chunks (update_routing_trust),
+    // and what the last chunk's host experts were expected to bring by
+    // their shares and by the mean, to measure it against what came.
+    double trust = 0, expect_share = 0, expect_mean = 0;
     // Per layer what the device's tables (gate, up, down, flags) hold: a
     // refresh copies only the layers that differ.
     struct Tables {

@@ -106,7 +106,7 @@ std::vector<int> ExpertTier::prefill_cpu_counts(int T) const {
     int n = 0;
     if (!pu_.share[l].empty()) {  // the least routed first, each with the pairs its share expects
       std::vector<double> expect;
-      for (int e : prefill_cpu_order(resident_flags(l), pu_.share[l])) expect.push_back(pu_.share[l][e] * layer_pairs);
+      for (int e : prefill_cpu_order(resident_flags(l), pu_.share[l])) expect.push_back(expected_pairs(pu_.share[l][e], layer_pairs, E, pu_.trust));
       n = prefill_cpu_count(expect, layer_pairs, c);
     } else {
       n = prefill_cpu_count(missing, pairs, layer_pairs, c);
@@ -174,8 +174,12 @@ void ExpertTier::measure_prefill_cpu() {
   const double wait_ms = handoff_->stats().prompt_wait_ms, waited_s = layers ? (wait_ms - pu_.seen_wait_ms) / 1e3 / layers : 0.0;
   pu_.seen_wait_ms = wait_ms;
   if (timeline() && pu_.pass_tokens > 0)
-    std::fprintf(stderr, "coli prefill third place: %d layers, %ld experts (%.1f pairs expected, %ld came), the GPU waited %.3f ms a layer; %.2f us a pair, bias %.2f\n",
-                 layers, experts, pu_.pairs_per_expert * static_cast<double>(experts), pairs, waited_s * 1e3, pu_.pair_s * 1e6, pu_.cpu_bias);
+    std::fprintf(stderr, "coli prefill third place: %d layers, %ld experts (%.1f pairs expected, %.1f by share, %.1f by the mean, %ld came), the GPU waited %.3f ms a layer; %.2f us a pair, bias %.2f, trust %.2f\n",
+                 layers, experts, pu_.pairs_per_expert * static_cast<double>(experts), pu_.expect_share, pu_.expect_mean, pairs, waited_s * 1e3, pu_.pair_s * 1e6,
+                 pu_.cpu_bias, pu_.trust);
+  // By routing: how far the shares foretold what the host's experts got.
+  if (routed && pu_.pass_tokens > 0 && pairs >= 0)
+    pu_.trust = update_routing_trust(pu_.trust, static_cast<double>(pairs), pu_.expect_share, pu_.expect_mean);
   if (opt_.prefill_cpu_experts >= 0 || pu_.pass_tokens == 0) return;
   // By routing, a chunk that handed the host nothing waited for nothing:
   // the bias moves back as after a chunk without a wait, so that a bias
