@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <future>
 #include <thread>
+#include <limits>
 #include <tuple>
 #include <nlohmann/json.hpp>
 
@@ -606,6 +607,7 @@ TEST(CudaTier, TheCpuTakesPartOfAPromptsUploads) {
   for (const auto& [host, ring, routed] : std::vector<std::tuple<int, int, bool>>{{1, 0, false}, {3, 3, false}, {E, 4, false}, {-1, 3, false}, {3, 3, true}, {-1, 3, true}}) {
     cuda::CudaOptions o = tier_options(m, all / 4);
     o.prefill_upload = true, o.prefill_ring_slots = ring, o.prefill_cpu_experts = host, o.prefill_cpu_by_routing = routed;
+    o.prefill_hot_pairs = std::numeric_limits<int>::max();  // the host keeps what it was given (HotHostExpertsAreReadOverPcie...)
     o.host_regions.push_back(mm.region());
     auto tier = cuda::make_cuda_backend(m, o);
     Engine et(s, *tier, 64);
@@ -633,6 +635,52 @@ TEST(CudaTier, TheCpuTakesPartOfAPromptsUploads) {
     for (const auto& p : test::tiny_goldens()["prompts"])
       EXPECT_EQ(test::greedy_tokens(et, p["ids"]), test::greedy_tokens(ew, p["ids"])) << "host " << host << " ring " << ring << " routed " << routed;
   }
+}
+
+// Hot host experts (CudaOptions::prefill_hot_pairs): with a threshold of
+// 0 every host expert a token comes to is read over PCIe by the GPU after
+// the router, with the uploaded experts' kernels, so the prompt's logits
+// are those of every non-resident uploaded bit for bit and nothing goes to
+// the host; with the auto threshold the results are any placement's
+// (within the host kernels' error, the same greedy tokens).
+TEST(CudaTier, HotHostExpertsAreReadOverPcieWithTheGpusKernels) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  MirroredModel mm(QuantFormat::I4_G32, "hot");
+  ASSERT_NE(mm.loaded.mirror, nullptr);
+  const Model& m = mm.model();
+  const ModelSpec& s = m.spec();
+  const long long all = static_cast<long long>(s.num_layers) * s.num_experts;
+  auto whole = cuda::make_cuda_backend(m);
+  Engine ew(s, *whole, 64);
+  const float tol = std::max(1e-3f, 2 * cpu_quantization_error(m));
+  auto make = [&](int host, int hot) {
+    cuda::CudaOptions o = tier_options(m, all / 4);
+    o.prefill_upload = true, o.prefill_ring_slots = 3, o.prefill_cpu_experts = host, o.prefill_hot_pairs = hot;
+    o.host_regions.push_back(mm.region());
+    return cuda::make_cuda_backend(m, o);
+  };
+  auto uploaded = make(0, -1), read = make(3, 0), automatic = make(3, -1);
+  Engine eu(s, *uploaded, 64), er(s, *read, 64), ea(s, *automatic, 64);
+  long long chunks = 0;
+  for (const auto& p : test::tiny_goldens()["prompts"]) {
+    const std::vector<int> ids = p["ids"];
+    if (ids.size() < 4) continue;
+    ++chunks;
+    Session su = eu.new_session(), sr = er.new_session(), sa = ea.new_session(), sw = ew.new_session();
+    const std::vector<float> lu = eu.forward(su, ids);
+    EXPECT_EQ(max_abs_diff(lu, er.forward(sr, ids)), 0.0f) << "prompt " << ids.size();
+    EXPECT_LT(max_abs_diff(ew.forward(sw, ids), ea.forward(sa, ids)), tol) << "prompt " << ids.size();
+  }
+  ASSERT_GT(chunks, 0);
+  const TierStats tr = read->tier_stats(), ta = automatic->tier_stats();
+  EXPECT_GT(tr.prefill_placed_host, 0) << "the host was given experts";
+  EXPECT_GT(tr.prefill_hot_pcie, 0) << "and the GPU read them over PCIe";
+  EXPECT_LE(tr.prefill_hot_pcie, tr.prefill_placed_host);
+  EXPECT_EQ(tr.misses, 0) << "nothing went to the host";
+  EXPECT_EQ(uploaded->tier_stats().prefill_hot_pcie, 0);
+  EXPECT_LE(ta.prefill_hot_pcie, ta.prefill_placed_host);
+  for (const auto& p : test::tiny_goldens()["prompts"]) EXPECT_EQ(test::greedy_tokens(ea, p["ids"]), test::greedy_tokens(ew, p["ids"]));
 }
 
 // A background pin (CudaOptions::pending_pin): the run starts pageable

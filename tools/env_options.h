@@ -11,6 +11,7 @@
 //   COLI_CUDA_SPLIT_EXPERTS=0|1         CudaOptions::split_experts
 //   COLI_CUDA_FUSE=0|1                  CudaOptions::fuse_decode
 //   COLI_CUDA_PREFILL_ORDER=id|routed   CudaOptions::prefill_cpu_by_routing
+//   COLI_CUDA_PREFILL_HOT=auto|off|N    CudaOptions::prefill_hot_pairs (-1, INT_MAX, N >= 0)
 //   COLI_CUDA_PROFILE=0|1|graph         CudaOptions::profile (kOff, kSteps, kGraph)
 //   COLI_CUDA_REGISTER=0|auto|1         CudaOptions::register_hosts (kNever, kWhenNeeded, kAlways)
 //   COLI_CUDA_HANDOFF=thread|inline     CudaOptions::serve_handoff_inline (inline: for compute-sanitizer racecheck)
@@ -34,6 +35,7 @@
 #include <cstdlib>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -113,6 +115,13 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
     if (s == "routed") c.prefill_cpu_by_routing = true;
     else if (s == "id") c.prefill_cpu_by_routing = false;
     else bad("COLI_CUDA_PREFILL_ORDER", v, "routed or id");
+  }
+  if (const char* v = value_of(get, "COLI_CUDA_PREFILL_HOT")) {
+    const std::string s = v;
+    if (s == "auto") c.prefill_hot_pairs = -1;
+    else if (s == "off") c.prefill_hot_pairs = std::numeric_limits<int>::max();
+    else if (!s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos) c.prefill_hot_pairs = std::stoi(s);
+    else bad("COLI_CUDA_PREFILL_HOT", v, "auto, off or a count of pairs >= 0");
   }
   if (const char* v = value_of(get, "COLI_CUDA_PROFILE")) {
     const std::string s = v;

@@ -191,7 +191,7 @@ struct Samples {
     tier_upload_wait_ms += tier1.prefill_wait_ms - tier0.prefill_wait_ms;
     placed[0] += double(tier1.prefill_placed_resident - tier0.prefill_placed_resident);
     placed[1] += double(tier1.prefill_placed_uploaded - tier0.prefill_placed_uploaded);
-    placed[2] += double(tier1.prefill_placed_host - tier0.prefill_placed_host);
+    placed[2] += double(tier1.prefill_placed_host - tier0.prefill_placed_host) - double(tier1.prefill_hot_pcie - tier0.prefill_hot_pcie);
   }
 };
 

@@ -86,6 +86,9 @@ struct TierStats {
   // (layer, chunk) each expert once, resident in a slot, uploaded, or on
   // the host (the third place); and the host's time on prompt experts.
   long long prefill_placed_resident = 0, prefill_placed_uploaded = 0, prefill_placed_host = 0;
+  // Of the host's: those a chunk's routing made hot, read over PCIe by the
+  // GPU instead (CudaOptions::prefill_hot_pairs).
+  long long prefill_hot_pcie = 0;
   double prefill_host_ms = 0;
   uint64_t pinned_host_bytes = 0;       // host memory registered with the device for this backend (a mirror, a container's mapping)
   bool pin_pending = false;             // a background pin of the weights not yet taken over (CudaOptions::pending_pin)

@@ -210,6 +210,15 @@ struct CudaOptions {
   // count's correction guarded for experts of one or two pairs. Off until
   // measured on both families (docs/perf/families.md, session 18).
   bool prefill_cpu_by_routing = false;
+  // A host expert that the chunk's routing makes hot (more than this many
+  // pairs) is read over PCIe by the GPU instead, from its pinned host bytes
+  // (decided on the device after the router, so the choice above, made
+  // before the routing is known, cannot leave the host an expert many
+  // times the pairs it was planned for). -1: twice the layer's mean pairs
+  // an expert (COLI_CUDA_PREFILL_HOT=auto); n >= 0: more than n (0: every
+  // host expert a token comes to: tests); INT_MAX: never (off). Results:
+  // the GPU's kernels', as for an uploaded expert.
+  int prefill_hot_pairs = -1;
   double pcie_gbs = 55;         // the machine's rates (placement/planner.h MachineRates) for that split
   double host_expert_gbs = 60;
   double prefill_layer_token_s = 2.5e-6;

@@ -340,6 +340,7 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
 }
 
 void ExpertTier::post(const Step& st, int l, int* idx, const float* w, int ks, int T, const float* hn) {
+  if (st.upload && T > 1) read_hot_host_experts(l, idx, ks, T);
   post_rows_ = hn;  // the decode upload's kernels read the same rows
   handoff_->post(l, idx, w, ks, T, st.resident, hn, stream_, st.share, static_cast<float>(opt_.pcie_read_offset), s_.num_experts + 1,
                  st.lim ? split_inter() : 0);
@@ -414,6 +415,11 @@ void ExpertTier::fill_stats(TierStats& t) const {
   t.prefill_upload = pu_.on;
   t.prefill_wait_ms = pu_.wait_ms;
   t.prefill_placed_resident = pu_.placed[0], t.prefill_placed_uploaded = pu_.placed[1], t.prefill_placed_host = pu_.placed[2];
+  if (pu_.hot.get()) {
+    unsigned long long hot = 0;
+    check(cudaMemcpy(&hot, pu_.hot.get(), sizeof hot, cudaMemcpyDeviceToHost), "prefill hot experts");
+    t.prefill_hot_pcie = static_cast<long long>(hot);
+  }
   if (handoff_) t.prefill_host_ms = handoff_->prompt_stats().prompt_host_ms;
   t.pcie_read = pcie_read_;
   t.pcie_read_share = pcie_read_ ? opt_.pcie_read_share : 0.0;

@@ -246,8 +246,21 @@ class ExpertTier {
     struct Tables {
       std::vector<const uint8_t*> g, u, d;
       std::vector<uint8_t> flags;
+      std::vector<uint8_t> host;       // the host's choice (on_cpu's row) and host_at's row
+      std::vector<const uint8_t*> at;
     };
     std::vector<Tables> written;
+    // Hot host experts (CudaOptions::prefill_hot_pairs, prefill_hot.cu):
+    // per layer the host's choice on the device (1: the host's, before the
+    // routing) and where the device reads each one's gate, up and down
+    // over PCIe ([3 E], null where outside a registered range). After a
+    // layer's router a kernel sets the flags and tables of each chosen
+    // expert anew: the host's, or read over PCIe by the GPU when the chunk
+    // routes it more than hot_pairs; hot counts those (since creation).
+    std::vector<DeviceArray<uint8_t>> host;
+    std::vector<DeviceArray<const uint8_t*>> host_at;
+    DeviceArray<unsigned long long> hot;
+    unsigned long long hot_seen = 0;
     int pass_tokens = 0;                    // the chunk's tokens when it uploaded (start_pass), 0: none
     ExpertHandoff::Stats seen{};            // the handoff's prompt counters at the last measurement
     long long placed[3] = {};               // expert placements of uploading layers' chunks: resident, uploaded, host
@@ -263,6 +276,11 @@ class ExpertTier {
     bool timed_chunk = false;
     int timed_tokens = 0, chunks_timed = 0;
   };
+
+  // Before the handoff's post of an uploading layer with host experts:
+  // those the chunk's routing (idx, ks columns a token) makes hot go to
+  // the GPU over PCIe (prefill_hot.cu).
+  void read_hot_host_experts(int l, const int* idx, int ks, int T);
 
   // Construction (expert_tier.cu).
   void set_tables(int layer, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp, bool one_token = false,

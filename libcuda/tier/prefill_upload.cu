@@ -36,6 +36,15 @@ void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
     BudgetScope scope(budget_, "the prefill expert tables");
     pu_.gate.resize(L), pu_.up.resize(L), pu_.down.resize(L), pu_.flags.resize(L);
     for (int l = 0; l < L; ++l) pu_.gate[l].resize(E + 1), pu_.up[l].resize(E + 1), pu_.down[l].resize(E + 1), pu_.flags[l].resize(E);
+    if (ring && opt_.prefill_hot_pairs != std::numeric_limits<int>::max()) {
+      pu_.host.resize(L), pu_.host_at.resize(L);
+      for (int l = 0; l < L; ++l) pu_.host[l].resize(E), pu_.host_at[l].resize(3 * static_cast<std::size_t>(E));
+      pu_.hot.resize(1);
+      check(cudaMemset(pu_.hot.get(), 0, sizeof(unsigned long long)), "prefill hot experts");
+      int same = 0;  // registered memory at its host addresses (as pcie_read_set asks)
+      if (!host_ptrs_) host_ptrs_ = cudaDeviceGetAttribute(&same, cudaDevAttrCanUseHostPointerForRegisteredMem, opt_.device) == cudaSuccess && same;
+      cudaGetLastError();
+    }
   }
   pu_.cpu_of.assign(L, 0);
   pu_.on_cpu.assign(static_cast<std::size_t>(L) * E, 0);
@@ -173,10 +182,14 @@ void ExpertTier::measure_prefill_cpu() {
   pu_.cpu_layers = 0;
   const double wait_ms = handoff_->stats().prompt_wait_ms, waited_s = layers ? (wait_ms - pu_.seen_wait_ms) / 1e3 / layers : 0.0;
   pu_.seen_wait_ms = wait_ms;
-  if (timeline() && pu_.pass_tokens > 0)
-    std::fprintf(stderr, "coli prefill third place: %d layers, %ld experts (%.1f pairs expected, %.1f by share, %.1f by the mean, %ld came), the GPU waited %.3f ms a layer; %.2f us a pair, bias %.2f, trust %.2f\n",
-                 layers, experts, pu_.pairs_per_expert * static_cast<double>(experts), pu_.expect_share, pu_.expect_mean, pairs, waited_s * 1e3, pu_.pair_s * 1e6,
-                 pu_.cpu_bias, pu_.trust);
+  if (timeline() && pu_.pass_tokens > 0) {
+    unsigned long long hot = 0;
+    if (pu_.hot.get()) check(cudaMemcpy(&hot, pu_.hot.get(), sizeof hot, cudaMemcpyDeviceToHost), "prefill hot experts");
+    std::fprintf(stderr, "coli prefill third place: %d layers, %ld experts (%.1f pairs expected, %.1f by share, %.1f by the mean, %ld came; %llu hot ones read over PCIe), the GPU waited %.3f ms a layer; %.2f us a pair, bias %.2f, trust %.2f\n",
+                 layers, experts, pu_.pairs_per_expert * static_cast<double>(experts), pu_.expect_share, pu_.expect_mean, pairs, hot - pu_.hot_seen, waited_s * 1e3,
+                 pu_.pair_s * 1e6, pu_.cpu_bias, pu_.trust);
+    pu_.hot_seen = hot;
+  }
   // By routing: how far the shares foretold what the host's experts got.
   if (routed && pu_.pass_tokens > 0 && pairs >= 0)
     pu_.trust = update_routing_trust(pu_.trust, static_cast<double>(pairs), pu_.expect_share, pu_.expect_mean);
@@ -257,6 +270,21 @@ void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
     // area is its index's parity, and an earlier layer's count of units
     // changes with its choice.
     PrefillUpload::Tables& was = pu_.written[l];
+    // The host's choice and where the GPU would read each over PCIe when
+    // the chunk makes it hot (read_hot_host_experts): registered bytes only.
+    if (!pu_.host.empty()) {
+      std::vector<uint8_t> host(on_cpu, on_cpu + E);
+      std::vector<const uint8_t*> at(3 * static_cast<std::size_t>(E), nullptr);
+      for (int e = 0; e < E; ++e) {
+        const ExpertWeights& x = model_.layer(l).moe.experts[e];
+        if (host[e] && in_pinned_memory(x)) at[3 * e] = mapped(x.gate.data), at[3 * e + 1] = mapped(x.up.data), at[3 * e + 2] = mapped(x.down.data);
+      }
+      if (was.host != host || was.at != at) {
+        check(cudaMemcpy(pu_.host[l].get(), host.data(), E, cudaMemcpyHostToDevice), "prefill host experts");
+        check(cudaMemcpy(pu_.host_at[l].get(), at.data(), at.size() * sizeof(void*), cudaMemcpyHostToDevice), "prefill host experts");
+        was.host = std::move(host), was.at = std::move(at);
+      }
+    }
     if (was.g == g && was.u == u && was.d == d && was.flags == flags) continue;
     check(cudaMemcpy(pu_.gate[l].get(), g.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
     check(cudaMemcpy(pu_.up[l].get(), u.data(), (E + 1) * sizeof(void*), cudaMemcpyHostToDevice), "prefill expert table");
