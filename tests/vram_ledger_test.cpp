@@ -228,10 +228,11 @@ TEST(VramLedger, TooSmallBudget) {
   EXPECT_EQ(fl.fill(uint64_t{0}).plan.count, 5);
 }
 
-// 4 layers x 4 experts, slots of 1000 bytes, tables 4 x 5 x 24 = 480:
-// 13000 bytes give 12 slots; each step down one slot (12 / 64 = 0) until
-// slot 0, the residents and two areas of the most experts a layer leaves
-// out fit: 5 (2, 1, 1, 1) leave 3 out: 6000 + 6000 + 480 <= 13000.
+// 4 layers x 4 experts, slots of 1000 bytes, tables 4 x (5 x 24 + 2 x 4 +
+// 4 x 24) + 8 = 904 (pointers, flags, the host's choice and addresses, one
+// counter): 13000 bytes give 12 slots; each step down one slot (12 / 64 =
+// 0) until the residents and two areas of the most experts a layer leaves
+// out fit: 5 (2, 1, 1, 1) leave 3 out: 6000 + 6000 + 904 <= 13000.
 TEST(VramLedger, PrefillShrinkLoop) {
   TierFillInputs in;
   in.layers = 4, in.experts = 4, in.slot = 1000, in.reserve = 0, in.avail = 13000, in.prefill_upload = true;
@@ -242,7 +243,7 @@ TEST(VramLedger, PrefillShrinkLoop) {
   EXPECT_EQ(f.plan.count, 5);
   EXPECT_EQ(f.stage_slots, 3);
   EXPECT_EQ(f.stage_bytes, 6000u);
-  EXPECT_EQ(f.prefill_tables, 496u);
+  EXPECT_EQ(f.prefill_tables, 904u);
   EXPECT_EQ(f.slot_array, 6000u);
   // The reserve comes first.
   in.reserve = 2000, in.avail = 15000;
@@ -314,13 +315,15 @@ TEST(VramLedger, PrefillRingTakesFewSlots) {
   EXPECT_EQ(coli::prefill_ring_size(16, 1000), 62);
   EXPECT_EQ(coli::prefill_ring_size(0, 1000), 0) << "no ring";
   // 4 x 128 experts, 299 slots before the staging: areas of 299 / 16 = 18;
-  // the tier shrinks in steps of a sixty-fourth until 18 x 2 + the tables (12384) fit.
+  // the tier shrinks in steps of a sixty-fourth until 18 x 2 + the tables
+  // (4 x (129 x 24 + 2 x 128 + 128 x 24) + 8 = 25704) fit.
   in.layers = 4, in.experts = 128, in.slot = 1000, in.avail = 300000, in.prefill_ring = 4, in.swap = false;
   f = coli::fill_tier(in);
   EXPECT_TRUE(f.prefill);
   EXPECT_EQ(f.stage_slots, 18);
-  EXPECT_LE((f.plan.count + 1) * 1000 + 2 * 18 * 1000 + 12384, 300000);
-  EXPECT_GT((f.plan.count + 5) * 1000 + 2 * 18 * 1000 + 12384, 300000) << "one step of 4 slots more would not fit";
+  EXPECT_EQ(coli::prefill_table_bytes(4, 128), 25704u);
+  EXPECT_LE((f.plan.count + 1) * 1000 + 2 * 18 * 1000 + 25704, 300000);
+  EXPECT_GT((f.plan.count + 5) * 1000 + 2 * 18 * 1000 + 25704, 300000) << "one step of 4 slots more would not fit";
 }
 
 // Steps of slots / 64: 8 layers x 64 experts with even spread, against a
@@ -328,7 +331,7 @@ TEST(VramLedger, PrefillRingTakesFewSlots) {
 // (rounded down) of them.
 TEST(VramLedger, PrefillShrinkStepsOfASixtyFourth) {
   const int L = 8, E = 64;
-  const uint64_t slot = 1000, tables = uint64_t(L) * (E + 1) * 24;
+  const uint64_t slot = 1000, tables = coli::prefill_table_bytes(L, E);
   for (uint64_t avail : {400'000ull, 420'500ull, 470'000ull, 500'123ull}) {
     TierFillInputs in;
     in.layers = L, in.experts = E, in.slot = slot, in.avail = avail, in.prefill_upload = true;

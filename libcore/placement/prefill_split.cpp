@@ -46,6 +46,20 @@ PrefillLayerPlan plan_prefill_layer(const std::vector<int>& tokens, const std::v
   return p;
 }
 
+namespace {
+
+// A split the model says saves less than this share of the layer's time
+// without one is not taken: the host's side costs what the model does not
+// see (its pages, the handoff's rows competing with the uploads for PCIe,
+// a prompt's hot experts), and call T3 (docs/perf/families.md) lost 8 %
+// on qwen3_moe to 2-3 host experts a layer that the model said gained
+// under 1 %.
+constexpr double kCpuMinGain = 0.05;
+
+int worth_it(int best, double best_span, double none_span) { return best > 0 && best_span <= (1 - kCpuMinGain) * none_span ? best : 0; }
+
+}  // namespace
+
 int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, const PrefillCosts& c) {
   if (missing <= 0) return 0;
   if (!(pairs_per_expert >= 0 && layer_pairs >= 0 && c.upload_s >= 0 && c.gpu_token_s >= 0 && c.cpu_read_s >= 0 && c.cpu_token_s >= 0 &&
@@ -53,14 +67,15 @@ int prefill_cpu_count(int missing, double pairs_per_expert, double layer_pairs, 
     throw Error("prefill split: costs must be non-negative");
   const double cpu_one = c.cpu_read_s + pairs_per_expert * c.cpu_token_s;
   int best = 0;
-  double best_span = -1;
+  double best_span = -1, none_span = 0;
   for (int cpu = 0; cpu <= missing; ++cpu) {  // ascending: ties keep the fewer
     const double gpu = std::max(std::max(0.0, (missing - cpu) * c.upload_s - c.gpu_head_s), std::max(0.0, layer_pairs - cpu * pairs_per_expert) * c.gpu_token_s) +
                        (cpu > 0 ? c.handoff_gpu_s : 0.0);
     const double span = std::max(gpu, cpu > 0 ? c.cpu_fixed_s + cpu * cpu_one : 0.0);
+    if (cpu == 0) none_span = span;
     if (best_span < 0 || span < best_span) best = cpu, best_span = span;
   }
-  return best;
+  return worth_it(best, best_span, none_span);
 }
 
 int prefill_cpu_count(const std::vector<double>& pairs, double layer_pairs, const PrefillCosts& c) {
@@ -72,7 +87,7 @@ int prefill_cpu_count(const std::vector<double>& pairs, double layer_pairs, cons
   for (int i = 0; i < missing; ++i)
     if (!(pairs[i] >= 0) || (i > 0 && pairs[i] < pairs[i - 1])) throw Error("prefill split: expected pairs must be non-negative and ascending (internal)");
   int best = 0;
-  double best_span = -1, host = 0, taken = 0;
+  double best_span = -1, none_span = 0, host = 0, taken = 0;
   for (int cpu = 0; cpu <= missing; ++cpu) {  // ascending: ties keep the fewer
     if (cpu > 0) {
       const double p = pairs[cpu - 1];
@@ -81,9 +96,10 @@ int prefill_cpu_count(const std::vector<double>& pairs, double layer_pairs, cons
     const double gpu = std::max(std::max(0.0, (missing - cpu) * c.upload_s - c.gpu_head_s), std::max(0.0, layer_pairs - taken) * c.gpu_token_s) +
                        (cpu > 0 ? c.handoff_gpu_s : 0.0);
     const double span = std::max(gpu, cpu > 0 ? c.cpu_fixed_s + host : 0.0);
+    if (cpu == 0) none_span = span;
     if (best_span < 0 || span < best_span) best = cpu, best_span = span;
   }
-  return best;
+  return worth_it(best, best_span, none_span);
 }
 
 std::vector<int> prefill_cpu_order(const std::vector<uint8_t>& resident, const std::vector<double>& share) {

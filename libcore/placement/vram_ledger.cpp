@@ -208,7 +208,12 @@ int prefill_ring_size(int ring_min, long long room) {
   return static_cast<int>(std::max<long long>(ring_min, std::min<long long>(room / 16, 1 << 20)));
 }
 
-uint64_t prefill_table_bytes(int layers, int experts) { return uint64_t(layers) * ((uint64_t(experts) + 1) * 8 * 3 + uint64_t(experts)); }
+uint64_t prefill_table_bytes(int layers, int experts) {
+  // Per layer: the gate, up and down pointer tables (experts + 1: the
+  // shared expert), the handoff's flags, the host's choice and its experts'
+  // three host addresses (hot host experts); one counter of those.
+  return uint64_t(layers) * ((uint64_t(experts) + 1) * 8 * 3 + 2 * uint64_t(experts) + 8 * 3 * uint64_t(experts)) + 8;
+}
 
 TierFill fill_tier(const TierFillInputs& in) {
   TierFill f;

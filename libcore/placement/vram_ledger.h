@@ -196,7 +196,7 @@ int prefill_ring_size(int ring_min, long long room);
 // kPrefillRingSlots) when the experts are grouped (ExpertParts::grouped),
 // else 0 (no ring: whole-layer areas).
 int prefill_ring_min(bool grouped, const VramSettings& run);
-uint64_t prefill_table_bytes(int layers, int experts);  // per layer three pointer arrays of experts + 1 and the host experts' flags
+uint64_t prefill_table_bytes(int layers, int experts);  // per layer three pointer arrays of experts + 1, the host experts' flags, choice and host addresses
 
 struct TierFillInputs {
   int layers = 0, experts = 0;

@@ -43,6 +43,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -281,6 +282,7 @@ class ExpertTier {
   // those the chunk's routing (idx, ks columns a token) makes hot go to
   // the GPU over PCIe (prefill_hot.cu).
   void read_hot_host_experts(int l, const int* idx, int ks, int T);
+  bool hot_on() const { return pu_.ring && !pu_.host.empty() && opt_.prefill_hot_pairs != std::numeric_limits<int>::max(); }
 
   // Construction (expert_tier.cu).
   void set_tables(int layer, std::vector<const uint8_t*> gp, std::vector<const uint8_t*> upp, std::vector<const uint8_t*> dp, bool one_token = false,

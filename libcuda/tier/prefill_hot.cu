@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kHotThreads)
 }  // namespace
 
 void ExpertTier::read_hot_host_experts(int l, const int* idx, int ks, int T) {
-  if (pu_.host.empty() || static_cast<std::size_t>(l) >= pu_.host.size()) return;  // off (INT_MAX) or no ring
+  if (!hot_on() || static_cast<std::size_t>(l) >= pu_.host.size()) return;
   const int E = s_.num_experts, K = s_.num_experts_per_tok;
   // Auto: twice the layer's mean pairs an expert (the count planned the
   // host's experts at the mean).

@@ -36,7 +36,7 @@ void ExpertTier::init_prefill_upload(int stage_slots, bool ring) {
     BudgetScope scope(budget_, "the prefill expert tables");
     pu_.gate.resize(L), pu_.up.resize(L), pu_.down.resize(L), pu_.flags.resize(L);
     for (int l = 0; l < L; ++l) pu_.gate[l].resize(E + 1), pu_.up[l].resize(E + 1), pu_.down[l].resize(E + 1), pu_.flags[l].resize(E);
-    if (ring && opt_.prefill_hot_pairs != std::numeric_limits<int>::max()) {
+    {  // as the VRAM ledger counts them (prefill_table_bytes), used with a ring
       pu_.host.resize(L), pu_.host_at.resize(L);
       for (int l = 0; l < L; ++l) pu_.host[l].resize(E), pu_.host_at[l].resize(3 * static_cast<std::size_t>(E));
       pu_.hot.resize(1);
@@ -272,7 +272,7 @@ void ExpertTier::refresh_prefill_tables(const std::vector<int>& cpu) {
     PrefillUpload::Tables& was = pu_.written[l];
     // The host's choice and where the GPU would read each over PCIe when
     // the chunk makes it hot (read_hot_host_experts): registered bytes only.
-    if (!pu_.host.empty()) {
+    if (hot_on()) {
       std::vector<uint8_t> host(on_cpu, on_cpu + E);
       std::vector<const uint8_t*> at(3 * static_cast<std::size_t>(E), nullptr);
       for (int e = 0; e < E; ++e) {
