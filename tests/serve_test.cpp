@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "model/weights.h"
+#include "placement/vram_ledger.h"
 #include "serve/engine_generator.h"
 #include "serve/http_server.h"
 #include "test_util.h"
@@ -437,23 +438,35 @@ TEST(Serve, IdleConnectionsAreClosedAndDoNotCrowdOutOthers) {
 
 // The same server over the CUDA backend (issue 32: the checks on the GPU
 // machine): the whole model with two slots (a batched step's rows run in
-// turn) and a quarter of the experts in VRAM with the host computing the
-// others (one slot: the budget's ledger holds one sequence) give every
-// greedy reply the CPU reference gives, streamed and not, concurrently.
-// Skipped, saying why, without a device.
+// turn), a quarter of the experts in VRAM with the host computing the
+// others (one slot), and a VRAM budget made for two sessions
+// (CudaOptions::sequences: the ledger leaves each its KV cache and state)
+// with two slots, give every greedy reply the CPU reference gives, streamed
+// and not, concurrently; the budget is never exceeded. Skipped, saying
+// why, without a device.
 TEST(ServeCuda, GreedyRepliesWholeAndUnderABudget) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
   Fixture ref;
   const std::vector<std::string> want = replies_in_turn(ref.port(), kPrompts);
-  const long long all = static_cast<long long>(ref.m->spec().num_layers) * ref.m->spec().num_experts;
-  for (const long long slots : {-1LL, all / 4}) {
-    SCOPED_TRACE(slots < 0 ? "whole" : "a quarter of the experts");
+  const ModelSpec& spec = ref.m->spec();
+  const long long all = static_cast<long long>(spec.num_layers) * spec.num_experts;
+  for (const std::string c : {"whole", "a quarter of the experts", "a budget for two sessions"}) {
+    SCOPED_TRACE(c);
     cuda::CudaOptions o;
-    if (slots >= 0) o.expert_slots = slots, o.expert_host = std::make_shared<cpu::CpuExpertHost>(*ref.m, 2);
+    int parallel = 1;
+    if (c == "whole") parallel = 2;
+    if (c == "a quarter of the experts") o.expert_slots = all / 4, o.expert_host = std::make_shared<cpu::CpuExpertHost>(*ref.m, 2);
+    if (c == "a budget for two sessions") {
+      parallel = 2;
+      o.n_ctx = 256, o.sequences = 2, o.expert_host = std::make_shared<cpu::CpuExpertHost>(*ref.m, 2);
+      o.vram_budget = 1;  // the ledger's floor for these settings, then room for a quarter of the experts
+      const VramLedger ledger(*ref.m, cuda::vram_settings(o));
+      o.vram_budget = ledger.device_floor() + static_cast<uint64_t>(all / 4) * ledger.slot().bytes();
+    }
     auto backend = cuda::make_cuda_backend(*ref.m, o);
-    Engine engine(ref.m->spec(), *backend);
-    serve::EngineGenerator gen(engine, *ref.tok, 256, slots < 0 ? 2 : 1);
+    Engine engine(spec, *backend);
+    serve::EngineGenerator gen(engine, *ref.tok, 256, parallel);
     serve::ServerOptions so;
     so.port = 0, so.limits.model_name = "tiny";
     serve::HttpServer server(so, gen);
@@ -462,8 +475,12 @@ TEST(ServeCuda, GreedyRepliesWholeAndUnderABudget) {
     server.stop();
     runner.join();
     for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i / 2]) << "request " << i;
-    if (slots >= 0) {
-      EXPECT_GT(backend->tier_stats().misses, 0) << "the host computed experts";
+    const TierStats ts = backend->tier_stats();
+    if (c != "whole") {
+      EXPECT_GT(ts.misses, 0) << "the host computed experts";
+    }
+    if (o.vram_budget > 0) {
+      EXPECT_LE(ts.vram_peak, o.vram_budget);
     }
   }
 }

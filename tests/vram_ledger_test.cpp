@@ -198,6 +198,17 @@ TEST(VramLedger, ReserveArenaAndSlotsByHand) {
   VramSettings dflt = run;
   dflt.n_ctx = 0;
   EXPECT_EQ(VramLedger(s, thousand, kTinyParts, dflt).reserve().kv, 2u * 4096 * 64 * 2 * 4);
+  // Three sessions at once (coli-serve --parallel 3): three caches and
+  // states, the rest as for one; the slots give way by their bytes.
+  VramSettings three = run;
+  three.sequences = 3;
+  const VramLedger l3(s, thousand, kTinyParts, three);
+  EXPECT_EQ(l3.reserve().kv, 3 * r.kv);
+  EXPECT_EQ(l3.reserve().state, 3 * r.state);
+  EXPECT_EQ(l3.reserve().total(), r.total() + 2 * (262144u + 33792));
+  EXPECT_EQ(l3.expert_slots(floor + 200 * kTinySlot), 200 - static_cast<long long>((2 * (262144u + 33792) + kTinySlot - 1) / kTinySlot));
+  three.sequences = 0;
+  EXPECT_EQ(VramLedger(s, thousand, kTinyParts, three).reserve().total(), r.total()) << "0: one";
   // Untiered (no budget, no forced slots): the experts are in the arena.
   VramSettings whole = run;
   whole.budget = 0;

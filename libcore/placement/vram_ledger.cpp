@@ -160,9 +160,10 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
   const uint64_t n_ctx = run.context_tokens(), T = run.chunk_tokens();
   const uint64_t attn = s.num_attention_layers(), linear = uint64_t(s.num_layers) - attn;
   const uint64_t kv = uint64_t(s.num_kv_heads) * s.head_dim;
-  r.kv = attn * n_ctx * kv * 2 * 4;  // K and V
-  r.state = linear * (uint64_t(s.linear_conv_kernel - 1) * s.linear_conv_dim() +
-                      uint64_t(s.linear_num_value_heads) * s.linear_key_head_dim * s.linear_value_head_dim) * 4;
+  const uint64_t seqs = run.sequence_count();
+  r.kv = seqs * attn * n_ctx * kv * 2 * 4;  // K and V
+  r.state = seqs * linear * (uint64_t(s.linear_conv_kernel - 1) * s.linear_conv_dim() +
+                             uint64_t(s.linear_num_value_heads) * s.linear_key_head_dim * s.linear_value_head_dim) * 4;
   if (attn > 0) {  // at the context size (CudaBackend::prepare)
     const bool split = run.split_kv && attention_split_supported(s.head_dim);
     uint64_t scratch = 0;
@@ -176,7 +177,7 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
   r.fixed = uint64_t(8) << 20;  // decode graphs (measured 0.7 MiB), the allocations after the slots, rounding
   if (run.mtp && s.mtp_layers > 0) {
     const uint64_t cd = s.linear_conv_dim(), nv = s.linear_num_value_heads;
-    r.mtp = n_ctx * kv * 2 * 4 + linear * (r.state / std::max<uint64_t>(linear, 1) + uint64_t(kRewindTokens) * (cd + 2 * nv) * 4) +
+    r.mtp = n_ctx * kv * 2 * 4 + linear * (r.state / seqs / std::max<uint64_t>(linear, 1) + uint64_t(kRewindTokens) * (cd + 2 * nv) * 4) +
             3 * T * uint64_t(s.hidden_size) * 4 +        // a chunk's hidden rows, the fc's input [T, 2H]
             uint64_t(kRewindTokens - 1) * s.vocab_size * 4;  // a verify chunk's logits beyond the last row's
   }

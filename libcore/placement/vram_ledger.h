@@ -53,6 +53,7 @@ struct VramSettings {
   uint64_t budget = 0;           // bytes; 0: no limit (every expert resident unless expert_slots >= 0)
   long long expert_slots = -1;   // >= 0: exactly this many slots (the budget must still hold the reserve and slot 0)
   int n_ctx = 0;                 // 0: 4096
+  int sequences = 1;             // sessions alive at once (coli-serve --parallel): a KV cache and recurrent state each
   int max_chunk = 512;           // tokens of the largest chunk (at least 1)
   bool split_kv = true;          // asked for; on only where attention_split_supported(head_dim)
   bool chunked_gdn = true;
@@ -70,6 +71,7 @@ struct VramSettings {
 
   bool tiered() const { return budget > 0 || expert_slots >= 0; }
   int context_tokens() const { return n_ctx > 0 ? n_ctx : 4096; }
+  int sequence_count() const { return sequences > 1 ? sequences : 1; }
   int chunk_tokens() const { return max_chunk > 1 ? max_chunk : 1; }
 };
 
@@ -159,8 +161,8 @@ ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn);
 // 3. What the tier leaves aside for later charges (slot: ExpertSlot::bytes(),
 // for the decode-upload slots).
 struct RuntimeReserve {
-  uint64_t kv = 0;                 // K and V of every attention layer for n_ctx positions, f32
-  uint64_t state = 0;              // conv window and recurrent state of every Gated DeltaNet layer
+  uint64_t kv = 0;                 // K and V of every attention layer for n_ctx positions, f32, for each of the sequences
+  uint64_t state = 0;              // conv window and recurrent state of every Gated DeltaNet layer, for each of the sequences
   uint64_t attention_scratch = 0;  // split-KV partials or scores, at n_ctx, the larger of 1 and max_chunk tokens
   uint64_t logits = 0;             // the last row's
   uint64_t fixed = 0;              // 8 MiB: decode graphs, what is allocated after the slots, rounding

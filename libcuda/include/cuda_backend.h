@@ -82,6 +82,9 @@ struct CudaOptions {
   // resident as before.
   uint64_t vram_budget = 0;
   int n_ctx = 0;  // context the KV cache is sized for up front under a budget (0: 4096)
+  // Sessions alive at once under a budget (coli-serve --parallel): the
+  // VRAM ledger leaves each its KV cache and recurrent state.
+  int sequences = 1;
   // Expert slots: -1 as the budget allows; n >= 0 exactly n (tests, benchmarks).
   long long expert_slots = -1;
   // Routing counts [layers * experts] (layer-major) for the initial fill,
@@ -257,7 +260,7 @@ inline VramSettings vram_settings(const CudaOptions& o) {
   v.budget = o.vram_budget, v.expert_slots = o.expert_slots, v.n_ctx = o.n_ctx, v.max_chunk = o.max_chunk;
   v.split_kv = o.split_kv, v.chunked_gdn = o.chunked_gdn, v.pcie_read_share = o.pcie_read_share;
   v.decode_upload_max = o.decode_upload_max, v.prefill_upload = o.prefill_upload, v.swap = o.swap, v.prefill_ring_slots = o.prefill_ring_slots;
-  v.mtp = o.mtp;
+  v.mtp = o.mtp, v.sequences = o.sequences;
   return v;
 }
 

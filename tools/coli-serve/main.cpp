@@ -104,14 +104,15 @@ int run(int argc, char** argv) {
   coli::cli::RunRequest r;
   r.flags = &flags, r.model_path = model_path, r.model = lm.model.get(), r.mirror = lm.mirror.get();
   r.vram_budget = flags.vram_budgets.at(0);
-  r.n_ctx = n_ctx;
+  r.n_ctx = n_ctx, r.sequences = parallel;
   r.chunk = vm.count("prefill-chunk") ? vm["prefill-chunk"].as<int>() : 0;
   r.threads = threads, r.fast_cpu = !vm["reference"].as<bool>();
   r.env = coli::apply_environment();
   coli::cli::RunSetup s = coli::cli::setup_run(r);
   if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-serve: %s\n", line.c_str());
-  // Under a VRAM budget the ledger holds one sequence's KV cache and state:
-  // more slots would take VRAM the tier's experts were given.
+  // Under a VRAM budget the ledger leaves each slot its KV cache and state
+  // (RunRequest::sequences); the CUDA run of that is not yet checked on the
+  // GPU machine (ServeCuda.GreedyRepliesWholeAndUnderABudget), so refused.
   if (parallel > 1 && s.backend->tier_stats().tiered)
     throw coli::UsageError("--parallel " + std::to_string(parallel) +
                            " with a VRAM budget: not supported yet (the budget's ledger holds one sequence's cache); give --parallel 1, or run the "

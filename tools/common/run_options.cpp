@@ -20,7 +20,7 @@ namespace {
 void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget& t) {
   const TierFlags& f = flags.tier;
   co.vram_budget = t.vram_budget;
-  co.n_ctx = t.n_ctx;
+  co.n_ctx = t.n_ctx, co.sequences = t.sequences;
   co.swap = f.swap;
   co.decode_upload_max = f.decode_upload;
   // auto: with pinned weights (a mirror or the container, registered at the

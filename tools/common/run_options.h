@@ -44,6 +44,7 @@ struct BackendTarget {
   const MirrorAttachment* mirror = nullptr;  // the weights' coli-pin mirror, or null
   uint64_t vram_budget = 0;                  // bytes; 0: no tier
   int n_ctx = 0;                             // tokens the tier's KV cache is sized for (0: the backend's 4096)
+  int sequences = 1;                         // sessions alive at once, each its cache (CudaOptions::sequences)
   int max_chunk = 512;                       // most tokens per forward chunk
   int threads = 0;                           // the CPU's, as -t asked (0: the default)
   std::vector<uint64_t> heat;                // routing counts the tier fills from, hottest first (heat_flag.h tier_start_heat)

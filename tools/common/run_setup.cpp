@@ -67,7 +67,7 @@ void plan_tier(RunSetup& s, const RunRequest& r, const std::string& container, b
     // run their missing experts on the CPU, which larger chunks do not
     // speed up: only their activations' cost is left.
     VramSettings v;
-    v.budget = s.fit.budget, v.n_ctx = r.n_ctx, v.max_chunk = sizes[i], v.prefill_upload = upload, v.swap = r.flags->tier.swap;
+    v.budget = s.fit.budget, v.n_ctx = r.n_ctx, v.sequences = r.sequences, v.max_chunk = sizes[i], v.prefill_upload = upload, v.swap = r.flags->tier.swap;
     v.pcie_read_share = run_pcie_read_share(r.flags->tier, pinned);
     v.decode_upload_max = r.flags->tier.decode_upload;
     v.prefill_ring_slots = r.env.prefill_ring_slots;
@@ -185,7 +185,7 @@ RunSetup setup_run(const RunRequest& r) {
     const uint64_t free = cuda::device_free_bytes(), total = cuda::device_total_bytes();
     if (f.vram_margin >= total) throw UsageError("--vram-margin " + gib(f.vram_margin) + " is not less than the device's " + gib(total));
     VramSettings whole;
-    whole.n_ctx = r.n_ctx, whole.max_chunk = s.chunk, whole.mtp = r.env.mtp;
+    whole.n_ctx = r.n_ctx, whole.max_chunk = s.chunk, whole.mtp = r.env.mtp, whole.sequences = r.sequences;
     VramSettings tier = whole;
     tier.budget = 1;
     const uint64_t whole_need = VramLedger(m, whole).device_floor(), floor = VramLedger(m, tier).device_floor();
@@ -202,7 +202,7 @@ RunSetup setup_run(const RunRequest& r) {
   t.model = &m, t.mirror = r.mirror, t.threads = r.threads, t.heat = r.start_heat;
   if (s.fit.kind == DeviceFit::Kind::kTier) {
     t.vram_budget = s.fit.budget;
-    t.n_ctx = r.n_ctx;
+    t.n_ctx = r.n_ctx, t.sequences = r.sequences;
     const bool pinned = choose_host_memory(s, r, container, &t.container_span);
     t.container_pin = s.pin_future;
     // Prompts upload the experts the tier lacks when the weights are

@@ -83,6 +83,7 @@ struct RunRequest {
   const MirrorAttachment* mirror = nullptr;  // the weights' coli-pin mirror, or null
   uint64_t vram_budget = kBudgetAuto;        // one of flags->vram_budgets
   int n_ctx = 0;                             // tokens the KV cache is made for under a budget (0: 4096)
+  int sequences = 1;                         // sessions alive at once (coli-serve --parallel): each its cache under a budget
   int chunk = 0;                             // prompt tokens per forward chunk as given; 0: chosen
   int threads = 0;                           // the CPU's, as -t asked (0: the default)
   bool fast_cpu = true;                      // false: --reference (the scalar CPU backend)
