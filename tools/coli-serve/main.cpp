@@ -115,7 +115,7 @@ int run(int argc, char** argv) {
   // GPU machine (ServeCuda.GreedyRepliesWholeAndUnderABudget), so refused.
   if (parallel > 1 && s.backend->tier_stats().tiered)
     throw coli::UsageError("--parallel " + std::to_string(parallel) +
-                           " with a VRAM budget: not supported yet (the budget's ledger holds one sequence's cache); give --parallel 1, or run the "
+                           " with a VRAM budget: not supported yet (several sessions under one budget are not yet checked on a GPU); give --parallel 1, or run the "
                            "whole model on the GPU or with --device cpu");
   coli::Engine engine(spec, *s.backend, s.chunk);
   coli::serve::EngineGenerator gen(engine, *tok, n_ctx, parallel);
