@@ -41,7 +41,7 @@ std::string describe(const cuda::CudaOptions& o) {
   const cuda::CudaTuning& t = o.tuning;
   return std::to_string(o.device) + " " + std::to_string(o.max_chunk) + " " + std::to_string(o.graphs) + " " + std::to_string(o.pdl) + " " +
          std::to_string(o.split_kv) + " " + std::to_string(o.chunked_gdn) + " " + std::to_string(o.gemv_stream_min_rows) + " " +
-         std::to_string(o.gemv_stream_rows) + " " + std::to_string(static_cast<int>(o.profile)) + " " + std::to_string(static_cast<int>(o.register_hosts)) + " " + std::to_string(o.serve_handoff_inline) + " " + std::to_string(o.split_experts) + " " + std::to_string(o.fuse_decode) + " " + std::to_string(o.prefill_ring_slots) + " " + std::to_string(o.prefill_cpu_by_routing) + " " + std::to_string(o.prefill_hot_pairs) + " | " + std::to_string(t.norm_cluster) + " " +
+         std::to_string(o.gemv_stream_rows) + " " + std::to_string(static_cast<int>(o.profile)) + " " + std::to_string(static_cast<int>(o.register_hosts)) + " " + std::to_string(o.serve_handoff_inline) + " " + std::to_string(o.split_experts) + " " + std::to_string(o.fuse_decode) + " " + std::to_string(o.batch_rows) + " " + std::to_string(o.prefill_ring_slots) + " " + std::to_string(o.prefill_cpu_by_routing) + " " + std::to_string(o.prefill_hot_pairs) + " | " + std::to_string(t.norm_cluster) + " " +
          std::to_string(t.gemv_warps) + " " + std::to_string(t.float_warps) + " " + std::to_string(t.gemv_lanes) + " " +
          std::to_string(t.up_rows) + " " + std::to_string(t.down_rows) + " " + std::to_string(t.logit_parts);
 }
@@ -75,6 +75,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_CUDA_HANDOFF", "inline", [](cuda::CudaOptions& o) { o.serve_handoff_inline = true; }},
       {"COLI_CUDA_SPLIT_EXPERTS", "1", [](cuda::CudaOptions& o) { o.split_experts = true; }},
       {"COLI_CUDA_FUSE", "0", [](cuda::CudaOptions& o) { o.fuse_decode = false; }},
+      {"COLI_CUDA_ROWS", "0", [](cuda::CudaOptions& o) { o.batch_rows = false; }},
       {"COLI_CUDA_PREFILL_ORDER", "routed", [](cuda::CudaOptions& o) { o.prefill_cpu_by_routing = true; }},
       {"COLI_CUDA_PREFILL_HOT", "off", [](cuda::CudaOptions& o) { o.prefill_hot_pairs = std::numeric_limits<int>::max(); }},
       {"COLI_CUDA_PREFILL_HOT", "0", [](cuda::CudaOptions& o) { o.prefill_hot_pairs = 0; }},
@@ -99,7 +100,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
     EXPECT_FALSE(got.cpu_level);
   }
   // The "back to the default" values.
-  const EnvSettings on = FakeEnv{{{"COLI_CUDA_PDL", "1"}, {"COLI_CUDA_SPLIT_KV", "1"}, {"COLI_CUDA_GDN_CHUNK", "1"}, {"COLI_CUDA_PROFILE", "0"}, {"COLI_CUDA_REGISTER", "auto"}, {"COLI_CUDA_HANDOFF", "thread"}, {"COLI_CUDA_SPLIT_EXPERTS", "0"}, {"COLI_CUDA_FUSE", "1"}, {"COLI_CUDA_PREFILL_ORDER", "id"}, {"COLI_CUDA_PREFILL_HOT", "auto"}}}.read();
+  const EnvSettings on = FakeEnv{{{"COLI_CUDA_PDL", "1"}, {"COLI_CUDA_SPLIT_KV", "1"}, {"COLI_CUDA_GDN_CHUNK", "1"}, {"COLI_CUDA_PROFILE", "0"}, {"COLI_CUDA_REGISTER", "auto"}, {"COLI_CUDA_HANDOFF", "thread"}, {"COLI_CUDA_SPLIT_EXPERTS", "0"}, {"COLI_CUDA_FUSE", "1"}, {"COLI_CUDA_ROWS", "1"}, {"COLI_CUDA_PREFILL_ORDER", "id"}, {"COLI_CUDA_PREFILL_HOT", "auto"}}}.read();
   EXPECT_EQ(describe(on.cuda), describe(cuda::CudaOptions{}));
 }
 
@@ -113,7 +114,7 @@ TEST(EnvOptions, CpuLevel) {
 TEST(EnvOptions, MalformedValuesAreErrorsNamingTheVariable) {
   const std::pair<const char*, const char*> bad[] = {
       {"COLI_CPU_LEVEL", "sse"},          {"COLI_CPU_LEVEL", "AVX2"},       {"COLI_CUDA_PDL", "off"},
-      {"COLI_CUDA_SPLIT_KV", "2"},        {"COLI_CUDA_GDN_CHUNK", "yes"},   {"COLI_CUDA_PROFILE", "graphs"}, {"COLI_CUDA_REGISTER", "yes"}, {"COLI_CUDA_HANDOFF", "sync"}, {"COLI_CUDA_SPLIT_EXPERTS", "on"}, {"COLI_CUDA_FUSE", "no"}, {"COLI_CUDA_PREFILL_ORDER", "heat"}, {"COLI_CUDA_PREFILL_HOT", "-1"}, {"COLI_CUDA_PREFILL_HOT", "9999999999"}, {"COLI_CUDA_PREFILL_HOT", "on"},
+      {"COLI_CUDA_SPLIT_KV", "2"},        {"COLI_CUDA_GDN_CHUNK", "yes"},   {"COLI_CUDA_PROFILE", "graphs"}, {"COLI_CUDA_REGISTER", "yes"}, {"COLI_CUDA_HANDOFF", "sync"}, {"COLI_CUDA_SPLIT_EXPERTS", "on"}, {"COLI_CUDA_FUSE", "no"}, {"COLI_CUDA_ROWS", "off"}, {"COLI_CUDA_PREFILL_ORDER", "heat"}, {"COLI_CUDA_PREFILL_HOT", "-1"}, {"COLI_CUDA_PREFILL_HOT", "9999999999"}, {"COLI_CUDA_PREFILL_HOT", "on"},
       {"COLI_TUNE_STREAM_MIN_ROWS", "-1"}, {"COLI_TUNE_STREAM_MIN_ROWS", "2k"}, {"COLI_TUNE_STREAM_ROWS", "3"},
       {"COLI_TUNE_NORM_CLUSTER", "3"},    {"COLI_TUNE_GEMV_WARPS", "0"},    {"COLI_TUNE_GEMV_WARPS", " 4"},
       {"COLI_TUNE_FLOAT_WARPS", "33"},    {"COLI_TUNE_GEMV_LANES", "4"},    {"COLI_TUNE_UP_ROWS", "4"},

@@ -199,14 +199,21 @@ TEST(VramLedger, ReserveArenaAndSlotsByHand) {
   dflt.n_ctx = 0;
   EXPECT_EQ(VramLedger(s, thousand, kTinyParts, dflt).reserve().kv, 2u * 4096 * 64 * 2 * 4);
   // Three sessions at once (coli-serve --parallel 3): three caches and
-  // states, the rest as for one; the slots give way by their bytes.
+  // states, a rows step's three logits rows and its attention partials
+  // (3 tokens x 4 heads x (32 + 2) floats a split), the rest as for one;
+  // the slots give way by their bytes.
   VramSettings three = run;
   three.sequences = 3;
   const VramLedger l3(s, thousand, kTinyParts, three);
   EXPECT_EQ(l3.reserve().kv, 3 * r.kv);
   EXPECT_EQ(l3.reserve().state, 3 * r.state);
-  EXPECT_EQ(l3.reserve().total(), r.total() + 2 * (262144u + 33792));
-  EXPECT_EQ(l3.expert_slots(floor + 200 * kTinySlot), 200 - static_cast<long long>((2 * (262144u + 33792) + kTinySlot - 1) / kTinySlot));
+  EXPECT_EQ(l3.reserve().logits, 3 * r.logits);
+  int kps = 0;
+  const uint64_t rows_scratch = 3u * 4 * 34 * coli::attention_splits(3, 256, &kps) * 4;
+  EXPECT_EQ(l3.reserve().attention_scratch, std::max(r.attention_scratch, rows_scratch));
+  const uint64_t more = 2 * (262144u + 33792 + 2048) + (l3.reserve().attention_scratch - r.attention_scratch);
+  EXPECT_EQ(l3.reserve().total(), r.total() + more);
+  EXPECT_EQ(l3.expert_slots(floor + 200 * kTinySlot), 200 - static_cast<long long>((more + kTinySlot - 1) / kTinySlot));
   three.sequences = 0;
   EXPECT_EQ(VramLedger(s, thousand, kTinyParts, three).reserve().total(), r.total()) << "0: one";
   // Untiered (no budget, no forced slots): the experts are in the arena.

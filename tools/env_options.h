@@ -10,6 +10,7 @@
 //   COLI_CUDA_GDN_CHUNK=0|1             CudaOptions::chunked_gdn
 //   COLI_CUDA_SPLIT_EXPERTS=0|1         CudaOptions::split_experts
 //   COLI_CUDA_FUSE=0|1                  CudaOptions::fuse_decode
+//   COLI_CUDA_ROWS=0|1                  CudaOptions::batch_rows
 //   COLI_CUDA_PREFILL_ORDER=id|routed   CudaOptions::prefill_cpu_by_routing
 //   COLI_CUDA_PREFILL_HOT=auto|off|N    CudaOptions::prefill_hot_pairs (-1, INT_MAX, N >= 0)
 //   COLI_CUDA_PROFILE=0|1|graph         CudaOptions::profile (kOff, kSteps, kGraph)
@@ -110,6 +111,7 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_bool(get, "COLI_CUDA_GDN_CHUNK", &c.chunked_gdn);
   read_bool(get, "COLI_CUDA_SPLIT_EXPERTS", &c.split_experts);
   read_bool(get, "COLI_CUDA_FUSE", &c.fuse_decode);
+  read_bool(get, "COLI_CUDA_ROWS", &c.batch_rows);
   if (const char* v = value_of(get, "COLI_CUDA_PREFILL_ORDER")) {
     const std::string s = v;
     if (s == "routed") c.prefill_cpu_by_routing = true;

@@ -181,6 +181,13 @@ class Backend {
   // routing). Tokens ids[0..T) at positions pos0.. of the session; logits of
   // the last logit_rows tokens (0, 1 or T) into logits[logit_rows, V].
   virtual bool runs_whole_chunks() const { return false; }
+  // The decode step of S sessions as one pass, for a backend that runs
+  // whole chunks (Engine::forward_rows): row i is token ids[i] at position
+  // positions[i] of *states[i] (distinct states, S >= 2), its logits row i
+  // of logits[S, V]; each row's logits are those of its session stepped
+  // alone up to the rounding of S-row kernels. false: not taken, nothing
+  // done (the default; the engine then steps each session alone).
+  virtual bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) { return false; }
   // The expert tier's counters (zeros for a backend without one).
   virtual TierStats tier_stats() const { return {}; }
   // Where construction's time went: named phases in milliseconds, in order

@@ -165,7 +165,17 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
       if (sessions[i] == sessions[j]) throw Error("forward_rows: a session appears twice (internal)");
   }
   std::vector<float> logits(static_cast<std::size_t>(S) * V);
+  std::vector<BackendState*> states;
+  std::vector<int> positions;
+  for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
   if (S == 1 || (backend_.runs_whole_chunks() && (!heat_ || device_heat_))) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (S > 1 && backend_.step_rows(states.data(), ids.data(), positions.data(), S, logits.data())) {
+      if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (heat_) heat_->add_tokens(S);
+      for (Session* s : sessions) s->n_past += 1;
+      return logits;
+    }
     for (int i = 0; i < S; ++i) {
       const std::vector<float> l = forward(*sessions[i], ids.subspan(i, 1));
       std::copy(l.begin(), l.end(), logits.begin() + static_cast<std::ptrdiff_t>(i) * V);
@@ -173,9 +183,6 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
     return logits;
   }
   if (heat_) heat_->add_tokens(S);
-  std::vector<BackendState*> states;
-  std::vector<int> positions;
-  for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
   run_layers(
       ids.data(), S, [&](int l, float* x) { backend_.trunk_rows(l, states.data(), positions.data(), S, spec_.hidden_size, x); }, {}, S, logits.data());
   for (Session* s : sessions) s->n_past += 1;

@@ -79,8 +79,8 @@ class Engine {
   // step together (one pass over each weight; the routed experts over the
   // union of the rows' pairs, an expert two rows share read once) and steps
   // each row's own attention cache or recurrent state. A backend that runs
-  // whole chunks runs the rows one after another (a batched device step
-  // with per-row caches is not built).
+  // whole chunks takes the rows in one pass where it can (Backend::step_rows:
+  // the CUDA backend's rows step), else runs them one after another.
   std::vector<float> forward_rows(std::span<Session* const> sessions, std::span<const int> ids);
 
   const ModelSpec& spec() const { return spec_; }

@@ -168,12 +168,12 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
     const bool split = run.split_kv && attention_split_supported(s.head_dim);
     uint64_t scratch = 0;
     int kps = 0;
-    for (uint64_t t : {uint64_t(1), T})
+    for (uint64_t t : {uint64_t(1), T, seqs})  // a decode step, a prompt chunk, a rows step (one row a sequence)
       scratch = split ? std::max(scratch, t * s.num_heads * (s.head_dim + 2) * attention_splits(int(t), int(n_ctx), &kps))
                       : std::max(scratch, t * s.num_heads * n_ctx);
     r.attention_scratch = scratch * 4;
   }
-  r.logits = uint64_t(s.vocab_size) * 4;
+  r.logits = seqs * s.vocab_size * 4;  // the last row's; a rows step's, one a sequence
   r.fixed = uint64_t(8) << 20;  // decode graphs (measured 0.7 MiB), the allocations after the slots, rounding
   if (run.mtp && s.mtp_layers > 0) {
     const uint64_t cd = s.linear_conv_dim(), nv = s.linear_num_value_heads;

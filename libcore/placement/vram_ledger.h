@@ -163,9 +163,9 @@ ChunkBuffers chunk_buffers(const ModelSpec& s, int T, bool chunked_gdn);
 struct RuntimeReserve {
   uint64_t kv = 0;                 // K and V of every attention layer for n_ctx positions, f32, for each of the sequences
   uint64_t state = 0;              // conv window and recurrent state of every Gated DeltaNet layer, for each of the sequences
-  uint64_t attention_scratch = 0;  // split-KV partials or scores, at n_ctx, the larger of 1 and max_chunk tokens
-  uint64_t logits = 0;             // the last row's
-  uint64_t fixed = 0;              // 8 MiB: decode graphs, what is allocated after the slots, rounding
+  uint64_t attention_scratch = 0;  // split-KV partials or scores, at n_ctx, the largest of 1, max_chunk and sequences tokens
+  uint64_t logits = 0;             // the last row's; with sequences > 1 a rows step's (one a sequence)
+  uint64_t fixed = 0;              // 8 MiB: decode graphs, what is allocated after the slots (a rows step's table: KiBs), rounding
   uint64_t pcie_read_tables = 0;   // pcie_read_share > 0
   uint64_t decode_upload = 0;      // decode_upload_max > 0
   // VramSettings::mtp: the MTP layer's KV cache, per Gated DeltaNet layer

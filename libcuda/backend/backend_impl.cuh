@@ -90,6 +90,21 @@ struct KvSpare {
   std::vector<DeviceArray<float>> arrays;
 };
 
+// A rows step's sessions (CudaBackend::step_rows): in device memory, row
+// t's position and, per layer, its cache or state: K and V of an attention
+// layer, the conv window and recurrent state of a Gated DeltaNet layer.
+// The kernels read them at run time, so one captured graph serves any
+// sessions of the same row count.
+struct RowsRun {
+  int cap = 0;                    // the largest of the rows' KV caches (the split-KV attention's splits)
+  float* const* table = nullptr;  // [layer][2][stride] device pointers
+  int stride = 0;                 // rows a table entry has room for
+  const int* pos = nullptr;       // [rows]
+  float* const* first(int l) const { return table + std::size_t(2 * l) * stride; }
+  float* const* second(int l) const { return table + std::size_t(2 * l + 1) * stride; }
+  KvRows kv(int l) const { return {first(l), second(l), pos}; }
+};
+
 // Per-session state on the device.
 struct CudaState : BackendState {
   std::shared_ptr<DeviceBudget> budget;  // first: outlives the arrays charged to it
@@ -149,7 +164,8 @@ class CudaBackend : public Backend {
   // start_chunk's launches once the ids are on their way: the decode graph or a prompt chunk's kernels.
   void launch_chunk(CudaState& st, int T, int logit_rows, std::chrono::steady_clock::time_point t_start, bool hidden);
   // The chunk's kernels captured into g (again when a buffer moved) and launched.
-  void launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden);
+  // rows: a rows step's (step_rows), captured once per row count and cap.
+  void launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden, const RowsRun* rows = nullptr);
   void finish_chunk(BackendState& state, float* logits) override;
   // Routing heat of whole chunks: heat_, counted by the router's top-k kernel.
   bool read_heat(std::vector<uint64_t>& counts) override;
@@ -172,6 +188,10 @@ class CudaBackend : public Backend {
   void mark_state(BackendState& state) override;
   void rewind_state(BackendState& state, int tokens) override;
   bool chunk_hidden(float* hidden) override;
+  // The decode step of S sessions as one pass (CudaOptions::batch_rows):
+  // the chunk's kernels over S rows, each row's mixer on its own cache or
+  // state through a RowsRun; on the whole model a captured graph per S.
+  bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) override;
   bool mtp_chunk(BackendState& state, const int* ids, const float* h, int T, int pos0, int logit_rows, float* logits, float* g) override;
 
  private:
@@ -212,20 +232,37 @@ class CudaBackend : public Backend {
     return {edge(i), edge(i + 1)};
   }
   void ensure_cap(CudaState& st, int needed);
+  // The attention's scratch (split-KV partials or scores) for T tokens over caches of cap positions.
+  void ensure_attention_scratch(int T, int cap);
+  // The device and pinned logits of logit_rows rows, and hidden rows for T tokens.
+  void ensure_logits(int logit_rows, int T, bool hidden);
+  // The pinned host buffer the logits are copied into: at least nlog floats.
+  void ensure_pinned_logits(std::size_t nlog);
+  // step_rows: whether the model's mixers take rows (the one-token DeltaNet
+  // kernels fit its heads), the table's pinned and device copies
+  // (RowsRun: positions, then the pointers), and the captured graph.
+  bool rows_supported_ = false;
+  int rows_stride_ = 0;
+  uint8_t* h_rows_ = nullptr;
+  DeviceArray<uint8_t> rows_dev_;
+  CudaState::Graph rows_graph_;
+  std::size_t rows_bytes(int stride) const { return device_padded(std::size_t(stride) * 4) + std::size_t(2) * s_.num_layers * stride * sizeof(float*); }
   // Buffers, KV cache and attention scratch for T tokens at positions pos0.. (T <= max_chunk).
   void prepare(CudaState& st, int T, int pos0);
   // The forward pass of T tokens whose position and ids are in io_.
   // hidden: also every row's final-normed hidden into hid_ (chunk_hidden).
-  void run(CudaState& st, int T, int logit_rows, bool hidden = false);
+  // rows: a rows step (step_rows), st then one of its sessions (not read).
+  void run(CudaState& st, int T, int logit_rows, bool hidden = false, const RowsRun* rows = nullptr);
   // A Gated DeltaNet layer's conv, q/k norm and recurrence over the conv
   // inputs in proj_ and the beta / decay inputs in b_, a_ (deltanet_layer;
   // rewind_state replays them from the journal); whether the output is in qx_.
-  bool gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q);
+  bool gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q, const RowsRun* rows = nullptr, int l = 0);
   // Throws unless the MTP module is on the device.
   void need_mtp(const char* step) const;
   // hn_q: the norm before left hn quantized for this step's int8 readers.
-  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap);
-  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q);
+  // rows (a rows step, layer l): each row's cache or state instead of st's.
+  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap, KvRows rows = {});
+  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, const RowsRun* rows = nullptr, int l = 0);
   // Returns whether the host's part is still to be joined: a one-token
   // step's join goes into the residual add and norm after the block
   // (CudaOptions::fuse_decode; ExpertTier::join_norm).

@@ -30,15 +30,41 @@ void CudaBackend::prepare(CudaState& st, int T, int pos0) {
   if (T > opt_.max_chunk) throw Error("CUDA backend: chunk of " + std::to_string(T) + " tokens exceeds max_chunk " + std::to_string(opt_.max_chunk));
   ensure_buffers(T);
   ensure_cap(st, pos0 + T);
+  ensure_attention_scratch(T, st.cap);
+}
+
+void CudaBackend::ensure_attention_scratch(int T, int cap) {
   BudgetScope scope(budget_.get(), "the attention scratch");
   if (s_.num_attention_layers() > 0 && split_kv_) {
     int kps = 0;
-    const std::size_t need = std::size_t(T) * s_.num_heads * (s_.head_dim + 2) * attention_splits(T, st.cap, &kps);
+    const std::size_t need = std::size_t(T) * s_.num_heads * (s_.head_dim + 2) * attention_splits(T, cap, &kps);
     if (part_.size() < need) part_.resize(need), ++buffer_gen_;
-  } else if (s_.num_attention_layers() > 0 && (scores_cap_ < st.cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * st.cap)) {
-    scores_.resize(std::size_t(buf_T_) * s_.num_heads * st.cap);
+  } else if (s_.num_attention_layers() > 0 && (scores_cap_ < cap || scores_.size() < std::size_t(buf_T_) * s_.num_heads * cap)) {
+    scores_.resize(std::size_t(buf_T_) * s_.num_heads * cap);
     ++buffer_gen_;
-    scores_cap_ = st.cap;
+    scores_cap_ = cap;
+  }
+}
+
+void CudaBackend::ensure_pinned_logits(std::size_t nlog) {
+  if (nlog <= h_logits_n_) return;
+  if (h_logits_) cudaFreeHost(h_logits_);
+  h_logits_ = nullptr, h_logits_n_ = 0;
+  check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
+  h_logits_n_ = nlog;
+  ++buffer_gen_;  // the decode graph copies into it
+}
+
+void CudaBackend::ensure_logits(int logit_rows, int T, bool hidden) {
+  const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;
+  ensure_pinned_logits(nlog);
+  if (logits_.size() < nlog) {
+    BudgetScope scope(budget_.get(), "the logits");
+    logits_.resize(nlog), ++buffer_gen_;
+  }
+  if (hidden && hid_.size() < std::size_t(T) * s_.hidden_size) {
+    BudgetScope scope(budget_.get(), "a chunk's hidden rows (the MTP layer's input)");
+    hid_.resize(std::size_t(T) * s_.hidden_size), ++buffer_gen_;
   }
 }
 
@@ -68,22 +94,7 @@ void CudaBackend::start_chunk(BackendState& state, const int* ids, int T, int po
   adopt_pending_pin(T);  // a background pin that is ready switches the run over here
   const auto t_start = std::chrono::steady_clock::now();
   prepare(st, T, pos0);
-  const std::size_t nlog = std::size_t(logit_rows) * s_.vocab_size;
-  if (nlog > h_logits_n_) {
-    if (h_logits_) cudaFreeHost(h_logits_);
-    h_logits_ = nullptr, h_logits_n_ = 0;
-    check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
-    h_logits_n_ = nlog;
-    ++buffer_gen_;  // the decode graph copies into it
-  }
-  if (logits_.size() < nlog) {
-    BudgetScope scope(budget_.get(), "the logits");
-    logits_.resize(nlog), ++buffer_gen_;
-  }
-  if (hidden && hid_.size() < std::size_t(T) * s_.hidden_size) {
-    BudgetScope scope(budget_.get(), "a chunk's hidden rows (the MTP layer's input)");
-    hid_.resize(std::size_t(T) * s_.hidden_size), ++buffer_gen_;
-  }
+  ensure_logits(logit_rows, T, hidden != nullptr);
   h_io_[0] = pos0;
   std::memcpy(h_io_ + 1, ids, T * sizeof(int));
   stage_embedding(ids, T);
@@ -140,15 +151,16 @@ void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono
   pending_ = {true, T, logit_rows, t_start, t_launched};
 }
 
-void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden) {
-  if (!g.exec || g.cap != st.cap || g.rows != logit_rows || g.gen != buffer_gen_ || g.T != T || g.hidden != hidden) {
+void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden, const RowsRun* rows) {
+  const int cap = rows ? rows->cap : st.cap;
+  if (!g.exec || g.cap != cap || g.rows != logit_rows || g.gen != buffer_gen_ || g.T != T || g.hidden != hidden) {
     if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
     std::vector<int> journal;  // capturing runs deltanet_layer's counting: undone after
     for (const CudaState::Layer& L : st.layers) journal.push_back(L.journal);
     cudaGraph_t graph;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
     try {
-      run(st, T, logit_rows, hidden);
+      run(st, T, logit_rows, hidden, rows);
     } catch (...) {  // leave the stream usable: end the broken capture
       cudaGraph_t broken = nullptr;
       cudaStreamEndCapture(stream_, &broken);
@@ -166,7 +178,7 @@ void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int lo
     cudaMemGetInfo(&free1, &total_b);
     if (st.budget && g.bytes) st.budget->credit(g.bytes), g.bytes = 0;
     if (st.budget && free1 < free0) st.budget->charge("a captured graph", free0 - free1), g.bytes = free0 - free1;
-    g.cap = st.cap, g.rows = logit_rows, g.gen = buffer_gen_, g.T = T, g.hidden = hidden;
+    g.cap = cap, g.rows = logit_rows, g.gen = buffer_gen_, g.T = T, g.hidden = hidden;
   }
   const bool timing = graph_timing_ && T == 1;
   if (timing && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);

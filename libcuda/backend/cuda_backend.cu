@@ -130,6 +130,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   };
   split_kv_ = opt_.split_kv && attention_split_supported(s_.head_dim);
   chunked_gdn_ = opt_.chunked_gdn;
+  // A rows step runs each row's Gated DeltaNet with the one-token kernels.
+  rows_supported_ = opt_.batch_rows && (s_.num_attention_layers() == s_.num_layers ||
+                                        gdn_rows_supported(s_.linear_key_head_dim, s_.linear_value_head_dim, s_.linear_conv_kernel));
   stream_min_rows_ = opt_.gemv_stream_min_rows;
   stream_rows_ = opt_.gemv_stream_rows;
   if (stream_rows_ < 0 || stream_rows_ > 2) throw UsageError("CUDA backend: gemv_stream_rows must be 0, 1 or 2");
@@ -384,6 +387,9 @@ CudaBackend::~CudaBackend() {
     cudaIpcCloseMemHandle(const_cast<uint8_t*>(twin_dev_));
   }
   if (h_io_) cudaFreeHost(h_io_);
+  if (h_rows_) cudaFreeHost(h_rows_);
+  if (rows_graph_.exec) cudaGraphExecDestroy(rows_graph_.exec);
+  if (rows_graph_.bytes) budget_->credit(rows_graph_.bytes);
   if (h_emb_) cudaFreeHost(h_emb_);
   if (emb_read_) cudaEventDestroy(emb_read_);
   for (int i = 0; i < kMaxLogitParts; ++i) {

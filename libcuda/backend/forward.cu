@@ -9,7 +9,7 @@
 
 namespace coli::cuda::detail {
 
-void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap) {
+void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap, KvRows rows) {
   const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
   const AttnForm form{s_.norm_plus_one, s_.attention_output_gate};
   const int qg_w = nh * hd * (form.gated ? 2 : 1);
@@ -21,24 +21,24 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
   const bool out_q = takes_int8_x(L.o_proj) && hd % 32 == 0;
   step("attention", [&] {
     attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, st.k.get(), st.v.get(),
-                  stream_, form);
+                  stream_, form, rows);
     if (split_kv_)
       attention_split(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, cap,
-                      part_.get(), heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form);
+                      part_.get(), heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form, rows);
     else
       attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps,
-                scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form);
+                scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form, rows);
   });
   step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
 
-void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q) {
+void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, const RowsRun* rows, int l) {
   const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
   step("gdn proj", [&] {
     const MatmulOut outs[] = {{L.in_qkv, proj_.get(), cd}, {L.in_z, z_.get(), s_.linear_value_dim()}, {L.in_b, b_.get(), nv}, {L.in_a, a_.get(), nv}};
     matmul_many(outs, 4, hn_.get(), T, stream_, &qx_, hn_q);
   });
-  if (st.j_proj.get() && st.journal >= 0) {  // a speculative window: what rewind_state replays
+  if (!rows && st.j_proj.get() && st.journal >= 0) {  // a speculative window: what rewind_state replays
     if (st.journal + T > kRewindTokens)
       throw Error("CUDA backend: more than " + std::to_string(kRewindTokens) + " tokens fed between mark_state and rewind_state");
     check(cudaMemcpyAsync(st.j_proj.get() + std::size_t(st.journal) * cd, proj_.get(), std::size_t(T) * cd * 4, cudaMemcpyDeviceToDevice, stream_), "journal");
@@ -46,12 +46,25 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T,
     check(cudaMemcpyAsync(st.j_a.get() + std::size_t(st.journal) * nv, a_.get(), std::size_t(T) * nv * 4, cudaMemcpyDeviceToDevice, stream_), "journal");
     st.journal += T;
   }
-  const bool out_q = gdn_conv_recurrence(L, st, T, takes_int8_x(L.out_proj));
+  const bool out_q = gdn_conv_recurrence(L, st, T, takes_int8_x(L.out_proj), rows, l);
   step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
 
-bool CudaBackend::gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q) {
+bool CudaBackend::gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q, const RowsRun* rows, int l) {
   const int cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
+  if (rows) {  // each row's conv window and state its session's (rows_supported_: the one-token kernels take this model's heads)
+    step("gdn conv+norm", [&] {
+      gdn_conv_norm_step(proj_.get(), L.conv1d, nullptr, cd, s_.linear_conv_kernel, s_.linear_num_key_heads, s_.linear_key_head_dim, conv_out_.get(),
+                         stream_, T, rows->first(l));
+    });
+    bool out_q = false;
+    step("gdn recurrence", [&] {
+      out_q = gdn_recurrence_rows(rows->second(l), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T,
+                                  s_.linear_num_key_heads, nv, s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(),
+                                  stream_, want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4);
+    });
+    return out_q;
+  }
   step("gdn conv+norm", [&] {
     if (T == 1 && gdn_conv_norm_step(proj_.get(), L.conv1d, st.conv.get(), cd, s_.linear_conv_kernel, s_.linear_num_key_heads,
                                      s_.linear_key_head_dim, conv_out_.get(), stream_))
@@ -179,7 +192,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   return join_later;
 }
 
-void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden) {
+void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const RowsRun* rows) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
   tier_->start_pass(T);  // a prompt chunk's first uploaded layer, while the trunk starts
@@ -193,8 +206,8 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden) {
   step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble); });
   for (int l = 0; l < s_.num_layers; ++l) {
     const DevLayer& L = layers_[l];
-    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q, st.cap);
-    else deltanet_layer(L, st.layers[l], T, hn_q);
+    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q, rows ? rows->cap : st.cap, rows ? rows->kv(l) : KvRows{});
+    else deltanet_layer(L, st.layers[l], T, hn_q, rows, l);
     hn_q = moe_quant(l, &nibble);
     step("norms+adds", [&] {
       add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble, s_.norm_plus_one);

@@ -89,13 +89,7 @@ bool CudaBackend::mtp_chunk(BackendState& state, const int* ids, const float* h,
   // The logits through the chunks' pinned buffer (a pageable copy of 1 MB
   // goes through the driver's staging at a fraction of the rate).
   const std::size_t nlog = std::size_t(logit_rows) * V;
-  if (nlog > h_logits_n_) {
-    if (h_logits_) cudaFreeHost(h_logits_);
-    h_logits_ = nullptr, h_logits_n_ = 0;
-    check(cudaMallocHost(&h_logits_, nlog * sizeof(float)), "cudaMallocHost");
-    h_logits_n_ = nlog;
-    ++buffer_gen_;  // the decode graph copies into it
-  }
+  ensure_pinned_logits(nlog);
   if (nlog) check(cudaMemcpyAsync(h_logits_, logits_.get(), nlog * sizeof(float), cudaMemcpyDeviceToHost, stream_), "MTP logits");
   check(cudaStreamSynchronize(stream_), "MTP layer");
   if (nlog) std::memcpy(logits, h_logits_, nlog * sizeof(float));

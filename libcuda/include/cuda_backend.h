@@ -178,6 +178,13 @@ struct CudaOptions {
   // on the path each token waits on. false (COLI_CUDA_FUSE=0): the separate
   // kernels, for A/B runs.
   bool fuse_decode = true;
+  // The decode steps of several sessions (coli-serve's slots,
+  // Engine::forward_rows) as one forward pass: the trunk's matmuls and the
+  // routed experts over all the rows at once, each row's attention or
+  // Gated DeltaNet on its own cache and state in the same launches, a
+  // captured graph per row count on the whole model. false
+  // (COLI_CUDA_ROWS=0): each session's step in turn, for A/B runs.
+  bool batch_rows = true;
   // Hybrid prefill (issue 18): a prompt chunk's routed experts outside the
   // tier are uploaded, a whole layer at a time, into one of two staging
   // areas on a copy stream of their own, the next tiered layer's while the

@@ -39,11 +39,12 @@ __device__ void norm_rope(float* v, const float* w, int hd, int rot, int pos, co
 
 // Block (t, kv head): k normalised and rotated, k and v into the cache.
 __global__ void store_kv_kernel(const float* k, const float* v, const float* k_norm, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
-                                float eps, float* kc, float* vc, bool plus_one) {
+                                float eps, float* kc, float* vc, bool plus_one, KvRows rows) {
   griddep_wait();
   extern __shared__ float sh[];
   const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd;
-  const int pos = *d_pos + t;
+  const int pos = rows.pos ? rows.pos[t] : *d_pos + t;
+  if (rows.k) kc = rows.k[t], vc = rows.v[t];
   for (int i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = k[static_cast<long long>(t) * kv_w + h * hd + i];
   __syncthreads();
   norm_rope(sh, k_norm, hd, rot, pos, inv_freq, eps, plus_one);
@@ -56,12 +57,13 @@ __global__ void store_kv_kernel(const float* k, const float* v, const float* k_n
 // Block (t, head): scores over positions 0 .. pos, softmax, weighted values.
 __global__ void attention_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads, int kv_heads,
                                  int hd, int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, QuantX oq, bool quant,
-                                 bool nibble, AttnForm form) {
+                                 bool nibble, AttnForm form, KvRows rows) {
   griddep_wait();
   extern __shared__ float q[];
   const int per_head = form.gated ? 2 * hd : hd;
   const int t = blockIdx.x, h = blockIdx.y, kv_w = kv_heads * hd, qg_w = heads * per_head;
-  const int pos = *d_pos + t, n_ctx = pos + 1;
+  const int pos = rows.pos ? rows.pos[t] : *d_pos + t, n_ctx = pos + 1;
+  if (rows.k) kc = rows.k[t], vc = rows.v[t];
   const float* qsrc = qg + static_cast<long long>(t) * qg_w + h * per_head;  // query, then gate
   for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = qsrc[i];
   __syncthreads();
@@ -109,13 +111,15 @@ __global__ void attention_kernel(const float* qg, const float* q_norm, const flo
 // order (deterministic).
 template <int PER>
 __global__ void attention_split_kernel(const float* qg, const float* q_norm, const float* kc, const float* vc, const int* d_pos, int heads,
-                                       int kv_heads, int hd, int rot, const float* inv_freq, float eps, int keys_per_split, float* part, AttnForm form) {
+                                       int kv_heads, int hd, int rot, const float* inv_freq, float eps, int keys_per_split, float* part, AttnForm form,
+                                       KvRows rows) {
   griddep_wait();
   extern __shared__ float sm[];  // q [hd], then per warp [max, sum, out[hd]]
   const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, splits = gridDim.z;
   const int per_head = form.gated ? 2 * hd : hd;
   const int kv_w = kv_heads * hd, qg_w = heads * per_head, stride = hd + 2;
-  const int pos = *d_pos + t, n_ctx = pos + 1;
+  const int pos = rows.pos ? rows.pos[t] : *d_pos + t, n_ctx = pos + 1;
+  if (rows.k) kc = rows.k[t], vc = rows.v[t];
   const int j0 = sp * keys_per_split, j1 = min(n_ctx, j0 + keys_per_split);
   float* out = part + ((static_cast<long long>(t) * heads + h) * splits + sp) * stride;
   if (j0 >= j1) {  // past this token's position: an empty split
@@ -199,23 +203,24 @@ __global__ void attention_combine_kernel(const float* part, const float* qg, int
 }  // namespace
 
 void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
-                   float eps, float* kc, float* vc, cudaStream_t s, AttnForm form) {
-  launch(store_kv_kernel, dim3(T, kv_heads), 128, hd * sizeof(float), s, k, v, k_norm, d_pos, kv_heads, hd, rot, inv_freq, eps, kc, vc, form.plus_one);
+                   float eps, float* kc, float* vc, cudaStream_t s, AttnForm form, KvRows rows) {
+  launch(store_kv_kernel, dim3(T, kv_heads), 128, hd * sizeof(float), s, k, v, k_norm, d_pos, kv_heads, hd, rot, inv_freq, eps, kc, vc, form.plus_one,
+         rows);
   check(cudaGetLastError(), "store_kv launch");
 }
 
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s, const QuantX* q, bool nibble,
-               AttnForm form) {
+               AttnForm form, KvRows rows) {
   if (q && hd % 32) throw Error("CUDA: attention output quantized with a head size of " + std::to_string(hd) + " (needs a multiple of 32)");
   launch(attention_kernel, dim3(T, heads), 256, hd * sizeof(float), s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, inv_freq, eps, scores, cap, out,
-         q ? *q : QuantX{}, q != nullptr, nibble, form);
+         q ? *q : QuantX{}, q != nullptr, nibble, form, rows);
   check(cudaGetLastError(), "attention launch");
 }
 
 void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                      int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q, bool nibble,
-                     AttnForm form) {
+                     AttnForm form, KvRows rows) {
   if (!attention_split_supported(hd)) throw Error("CUDA: split-KV attention with a head size of " + std::to_string(hd) + " (needs 32, 64, 128 or 256)");
   int kps = 0;
   const int splits = attention_splits(T, cap, &kps);
@@ -223,7 +228,7 @@ void attention_split(const float* qg, const float* q_norm, const float* kc, cons
   const std::size_t smem = (hd + (kThreads / 32) * std::size_t(hd + 2)) * sizeof(float);
   auto run = [&]<int PER>() {
     launch(attention_split_kernel<PER>, dim3(T, heads, splits), kThreads, smem, s, qg, q_norm, kc, vc, d_pos, heads, kv_heads, hd, rot, inv_freq, eps,
-           kps, part, form);
+           kps, part, form, rows);
   };
   switch (hd) {
     case 32: run.template operator()<1>(); break;

@@ -71,9 +71,15 @@ __global__ void conv_kernel(const float* qkv, const float* taps, float* state, i
 // heads (dk a power of two <= 128); a head's sum of squares is reduced by
 // shuffles within the warp and, for heads wider than a warp, over its warps
 // in order (deterministic).
+// With states (forward_rows' rows: blockIdx.y is the row), row r's input,
+// output and window.
 __global__ void __launch_bounds__(128) conv_norm_step_kernel(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk,
-                                                             float* out) {
+                                                             float* out, float* const* states) {
   __shared__ float warp_ss[4];
+  if (states) {
+    const int r = blockIdx.y;
+    state = states[r], qkv += static_cast<long long>(r) * cd, out += static_cast<long long>(r) * cd;
+  }
   const int c = blockIdx.x * 128 + threadIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x / 32;
   // The taps (weights) and the window (this kernel's own output of the
   // previous token, long complete): read while the kernels this one waits
@@ -315,11 +321,21 @@ __global__ void __launch_bounds__(128) recurrence_warp_kernel(float* S_all, cons
 // the head's dv outputs (the blocks' sums of squares meet in cluster_sum)
 // and their quantization for the out projection in the same kernel (no
 // gated_norm launch). Threads: 32 * ceil(dv / S / 4) (>= dv / S).
+// With states (forward_rows' rows: blockIdx.y is the row), row r's
+// inputs, output and state states[r].
 template <int R, bool kCluster>
 __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, const float* conv_out, const float* z, const float* b, const float* a,
                                                                const float* A_log, const float* dt_bias, const float* norm_w, int nk, int nv, int dk,
-                                                               int dv, int cd, float eps, float* normed, QuantX q, bool quant, bool nibble) {
+                                                               int dv, int cd, float eps, float* normed, QuantX q, bool quant, bool nibble,
+                                                               float* const* states) {
   extern __shared__ float o_s[];  // [dv / S]
+  long long qrow = 0;  // the row's first quantization block
+  if (states) {
+    const int r = blockIdx.y;
+    const long long vd = static_cast<long long>(nv) * dv;
+    S_all = states[r], conv_out += r * static_cast<long long>(cd), z += r * vd, b += r * static_cast<long long>(nv), a += r * static_cast<long long>(nv);
+    normed += r * vd, qrow = r * vd / 32;
+  }
   const int S = kCluster ? gridDim.x / nv : 1, cols = dv / S;
   const int h = blockIdx.x / S, c0 = blockIdx.x % S * cols, lane = threadIdx.x & 31, jl = threadIdx.x / 8, p = lane & 7;
   const int j = c0 + jl;  // this thread's column of the head
@@ -364,7 +380,7 @@ __global__ void __launch_bounds__(1024) recurrence_step_kernel(float* S_all, con
     y = x * r * nw * siluf(z[h * dv + c0 + tid]);
     normed[h * dv + c0 + tid] = y;
   }
-  if (quant) warp_quantize_block(y, nibble, q, (h * dv + c0) / 32 + tid / 32);  // (cols % 32 == 0 when quant)
+  if (quant) warp_quantize_block(y, nibble, q, qrow + (h * dv + c0) / 32 + tid / 32);  // (cols % 32 == 0 when quant)
 }
 
 // Warp per (t, value head), in place: o = RMSNorm(o) * w * silu(z); with
@@ -414,9 +430,10 @@ void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, 
   check(cudaGetLastError(), "gdn conv launch");
 }
 
-bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s) {
-  if (dk > 128 || (dk & (dk - 1)) || K < 1) return false;
-  launch(conv_norm_step_kernel, (cd + 127) / 128, 128, 0, s, qkv, taps, state, cd, K, nk, dk, out);
+bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s, int rows,
+                        float* const* states) {
+  if (dk > 128 || (dk & (dk - 1)) || K < 1 || K > kMaxTaps) return false;
+  launch(conv_norm_step_kernel, dim3((cd + 127) / 128, states ? rows : 1), 128, 0, s, qkv, taps, state, cd, K, nk, dk, out, states);
   check(cudaGetLastError(), "gdn conv+norm launch");
   return true;
 }
@@ -427,31 +444,53 @@ void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s)
   check(cudaGetLastError(), "gdn qk norm launch");
 }
 
+namespace {
+
+// A head over a cluster of kStepSplit blocks where its columns split into
+// whole blocks of 32 (sm_90): 4x the SMs on the state's bytes.
+constexpr int kStepSplit = 4;
+int step_split(int dv) { return device_cc_major() >= 9 && dv % (32 * kStepSplit) == 0 ? kStepSplit : 1; }
+bool step_fits(int dk, int dv) { return (dk + 7) / 8 <= 16 && 32 * ((dv / step_split(dv) + 3) / 4) <= 1024; }
+
+// recurrence_step_kernel over `rows` rows (states: forward_rows' rows; null: one token of S).
+bool recurrence_step(float* S, float* const* states, int rows, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
+                     const float* dt_bias, const float* norm_w, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s,
+                     const QuantX* q, bool nibble) {
+  const int rows_per_lane = (dk + 7) / 8, split = step_split(dv);
+  const int cols = dv / split, step_threads = 32 * ((cols + 3) / 4);
+  const bool quant = q && cols % 32 == 0;
+  auto run = [&]<int R>() {
+    if (split > 1)
+      launch_cluster(recurrence_step_kernel<R, true>, dim3(nv * split, rows), step_threads, cols * sizeof(float), s, split, S, conv_out, z, b, a, A_log,
+                     dt_bias, norm_w, nk, nv, dk, dv, cd, eps, normed, quant ? *q : QuantX{}, quant, nibble, states);
+    else
+      launch(recurrence_step_kernel<R, false>, dim3(nv, rows), step_threads, cols * sizeof(float), s, S, conv_out, z, b, a, A_log, dt_bias, norm_w, nk, nv,
+             dk, dv, cd, eps, normed, quant ? *q : QuantX{}, quant, nibble, states);
+  };
+  if (rows_per_lane <= 2) run.template operator()<2>();
+  else if (rows_per_lane <= 4) run.template operator()<4>();
+  else if (rows_per_lane <= 8) run.template operator()<8>();
+  else run.template operator()<16>();
+  check(cudaGetLastError(), "gdn recurrence step launch");
+  return quant;
+}
+
+}  // namespace
+
+bool gdn_rows_supported(int dk, int dv, int K) { return dk <= 128 && !(dk & (dk - 1)) && K >= 1 && K <= kMaxTaps && step_fits(dk, dv); }
+
+bool gdn_recurrence_rows(float* const* states, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
+                         const float* dt_bias, const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed,
+                         cudaStream_t s, const QuantX* q, bool nibble) {
+  if (!step_fits(dk, dv)) throw Error("CUDA: Gated DeltaNet rows of a head of " + std::to_string(dk) + " x " + std::to_string(dv) + " (internal)");
+  return recurrence_step(nullptr, states, T, conv_out, z, b, a, A_log, dt_bias, norm_w, nk, nv, dk, dv, cd, eps, normed, s, q, nibble);
+}
+
 bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s, const QuantX* q,
                     bool nibble, float* chunk_work) {
   const int rows_per_lane = (dk + 7) / 8;
-  // A head over a cluster of kStepSplit blocks where its columns split
-  // into whole blocks of 32 (sm_90): 4x the SMs on the state's bytes.
-  constexpr int kStepSplit = 4;
-  const int split = device_cc_major() >= 9 && dv % (32 * kStepSplit) == 0 ? kStepSplit : 1;
-  const int cols = dv / split, step_threads = 32 * ((cols + 3) / 4);
-  if (T == 1 && rows_per_lane <= 16 && step_threads <= 1024) {
-    const bool quant = q && cols % 32 == 0;
-    auto run = [&]<int R>() {
-      if (split > 1)
-        launch_cluster(recurrence_step_kernel<R, true>, nv * split, step_threads, cols * sizeof(float), s, split, S, conv_out, z, b, a, A_log, dt_bias,
-                       norm_w, nk, nv, dk, dv, cd, eps, normed, quant ? *q : QuantX{}, quant, nibble);
-      else
-        launch(recurrence_step_kernel<R, false>, nv, step_threads, cols * sizeof(float), s, S, conv_out, z, b, a, A_log, dt_bias, norm_w, nk, nv, dk, dv,
-               cd, eps, normed, quant ? *q : QuantX{}, quant, nibble);
-    };
-    if (rows_per_lane <= 2) run.template operator()<2>();
-    else if (rows_per_lane <= 4) run.template operator()<4>();
-    else if (rows_per_lane <= 8) run.template operator()<8>();
-    else run.template operator()<16>();
-    return quant;
-  }
+  if (T == 1 && step_fits(dk, dv)) return recurrence_step(S, nullptr, 1, conv_out, z, b, a, A_log, dt_bias, norm_w, nk, nv, dk, dv, cd, eps, normed, s, q, nibble);
   if (T > 1 && chunk_work && dv <= 32 * kNormPer &&
       gdn_recurrence_chunked(S, conv_out, b, a, A_log, dt_bias, T, nk, nv, dk, dv, cd, chunk_work, normed, s)) {
     const bool quant = q && dv % 32 == 0;

@@ -97,30 +97,44 @@ struct AttnForm {
   bool plus_one = true;
   bool gated = true;
 };
+// Rows of different sessions (CudaBackend::forward_rows): token t is one
+// session's next token, its cache k[t], v[t] (device arrays of device
+// pointers) at position pos[t]; kc, vc and d_pos are then unused. Empty
+// (the default): the T tokens of one session's chunk at *d_pos + t.
+struct KvRows {
+  float* const* k = nullptr;
+  float* const* v = nullptr;
+  const int* pos = nullptr;
+};
 void attn_store_kv(const float* k, const float* v, const float* k_norm, int T, const int* d_pos, int kv_heads, int hd, int rot, const float* inv_freq,
-                   float eps, float* kc, float* vc, cudaStream_t s, AttnForm form = {});
+                   float eps, float* kc, float* vc, cudaStream_t s, AttnForm form = {}, KvRows rows = {});
 // out [T, heads * hd] = sigmoid(gate) * softmax(q K^T / sqrt(hd)) V over
 // positions 0 .. *d_pos + t; scores [T * heads, cap] scratch. With q (hd %
 // 32 == 0), out is also left quantized there for an int8-activation o_proj.
 void attention(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                int rot, const float* inv_freq, float eps, float* scores, int cap, float* out, cudaStream_t s,
-               const QuantX* q = nullptr, bool nibble = false, AttnForm form = {});
+               const QuantX* q = nullptr, bool nibble = false, AttnForm form = {}, KvRows rows = {});
 // The same without a score buffer (split-KV, online softmax): keys in
 // attention_splits(T, cap) splits of *keys_per_split positions
 // (cap: the KV cache's positions), partial results in part [T, heads,
 // splits, hd + 2], then merged in split order. hd: 32, 64, 128 or 256.
+// With rows, cap is the largest of the rows' caches.
 using ::coli::attention_split_supported;  // placement/device_sizes.h
 using ::coli::attention_splits;
 void attention_split(const float* qg, const float* q_norm, const float* kc, const float* vc, int T, const int* d_pos, int heads, int kv_heads, int hd,
                      int rot, const float* inv_freq, float eps, int cap, float* part, float* out, cudaStream_t s, const QuantX* q = nullptr,
-                     bool nibble = false, AttnForm form = {});
+                     bool nibble = false, AttnForm form = {}, KvRows rows = {});
 
 // Gated DeltaNet. conv: out[t, c] = silu(causal conv of qkv over the state
 // [K-1, cd] then this token); advances the state.
 void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, int K, float* out, cudaStream_t s);
 // One token: gdn_conv then gdn_qk_norm in one launch where the heads allow
-// (dk a power of two <= 128); false, nothing launched, otherwise.
-bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s);
+// (dk a power of two <= 128); false, nothing launched, otherwise. With
+// states (a device array of `rows` device pointers), the one token of each
+// of rows sessions (CudaBackend::forward_rows): row r of qkv and out with
+// the conv window states[r]; state is then unused.
+bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s, int rows = 1,
+                        float* const* states = nullptr);
 // q and k heads of conv_out [T, cd] L2-normalised, q scaled by 1/sqrt(dk).
 void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s);
 // Token by token per value head with S [nv][dv][dk] (each head's state
@@ -132,6 +146,15 @@ void gdn_qk_norm(float* conv_out, int T, int cd, int nk, int dk, cudaStream_t s)
 bool gdn_recurrence(float* S, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log, const float* dt_bias,
                     const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed, cudaStream_t s,
                     const QuantX* q = nullptr, bool nibble = false, float* chunk_work = nullptr);
+// The one-token step of gdn_recurrence for T rows of different sessions
+// (CudaBackend::forward_rows): row t with the state states[t] (a device
+// array of device pointers). Where gdn_rows_supported(dk, dv), else throws.
+bool gdn_recurrence_rows(float* const* states, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
+                         const float* dt_bias, const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed,
+                         cudaStream_t s, const QuantX* q = nullptr, bool nibble = false);
+// Whether a head of dk x dv (and a conv over heads of dk) takes the rows
+// steps above (gdn_conv_norm_step's and the one-token recurrence's shapes).
+bool gdn_rows_supported(int dk, int dv, int K);
 // The recurrence of a prompt chunk (T > 1) in the chunked WY form
 // (deltanet_chunk.cu) into out [T, nv * dv], before the gated norm, using
 // work (gdn_chunk_workspace_floats floats); false (nothing launched) when

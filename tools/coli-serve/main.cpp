@@ -110,13 +110,6 @@ int run(int argc, char** argv) {
   r.env = coli::apply_environment();
   coli::cli::RunSetup s = coli::cli::setup_run(r);
   if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-serve: %s\n", line.c_str());
-  // Under a VRAM budget the ledger leaves each slot its KV cache and state
-  // (RunRequest::sequences); the CUDA run of that is not yet checked on the
-  // GPU machine (ServeCuda.GreedyRepliesWholeAndUnderABudget), so refused.
-  if (parallel > 1 && s.backend->tier_stats().tiered)
-    throw coli::UsageError("--parallel " + std::to_string(parallel) +
-                           " with a VRAM budget: not supported yet (several sessions under one budget are not yet checked on a GPU); give --parallel 1, or run the "
-                           "whole model on the GPU or with --device cpu");
   coli::Engine engine(spec, *s.backend, s.chunk);
   coli::serve::EngineGenerator gen(engine, *tok, n_ctx, parallel);
 

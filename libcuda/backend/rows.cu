@@ -1,0 +1,96 @@
+// CudaBackend's rows step: the decode steps of several sessions (coli-serve's
+// slots, Engine::forward_rows) as one forward pass. The rows go through the
+// chunk's kernels as T = S tokens: the trunk's matmuls read each weight once
+// for all of them and the routed experts run grouped over the union of the
+// rows' experts (under a budget the host computes the misses of all rows in
+// one handoff), while each row's attention or Gated DeltaNet step reads and
+// advances its own session's cache or state through a RowsRun table in
+// device memory. On the whole model the pass is one captured graph per row
+// count, valid for any sessions: the table is data, rewritten each step.
+#include <algorithm>
+#include <cstring>
+
+#include "backend_impl.cuh"
+
+namespace coli::cuda::detail {
+
+bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) {
+  if (!rows_supported_ || S < 2 || S > opt_.max_chunk || hidden_next_) return false;
+  for (int i = 0; i < S; ++i)
+    if (static_cast<CudaState*>(states[i])->keeping) return false;  // a speculative window's journal is per session: stepped alone
+  CudaState& st0 = *static_cast<CudaState*>(states[0]);
+  if (pending_.active) hidden_dst_ = nullptr, finish_chunk(st0, nullptr);  // a chunk started and never finished: drain it
+  adopt_pending_pin(S);
+  const auto t_start = std::chrono::steady_clock::now();
+  ensure_buffers(S);
+  int cap = 0;
+  for (int i = 0; i < S; ++i) {
+    auto& st = *static_cast<CudaState*>(states[i]);
+    ensure_cap(st, positions[i] + 1);
+    cap = std::max(cap, st.cap);
+  }
+  ensure_attention_scratch(S, cap);
+  ensure_logits(S, S, false);
+  if (S > rows_stride_) {  // the table, for at least 16 rows
+    const int stride = std::max({S, 16, 2 * rows_stride_});
+    BudgetScope scope(budget_.get(), "the rows step's table (--parallel)");
+    if (h_rows_) cudaFreeHost(h_rows_), h_rows_ = nullptr;
+    check(cudaMallocHost(&h_rows_, rows_bytes(stride)), "cudaMallocHost");
+    rows_dev_.resize(0);
+    rows_dev_.resize(rows_bytes(stride));
+    rows_stride_ = stride;
+    ++buffer_gen_;  // a captured graph reads the table's address
+  }
+  // The table: positions, then per layer the rows' K / V or conv window / state.
+  const int L = s_.num_layers;
+  int* pos = reinterpret_cast<int*>(h_rows_);
+  auto* ptrs = reinterpret_cast<float**>(h_rows_ + device_padded(std::size_t(rows_stride_) * 4));
+  for (int i = 0; i < S; ++i) {
+    auto& st = *static_cast<CudaState*>(states[i]);
+    pos[i] = positions[i];
+    for (int l = 0; l < L; ++l) {
+      CudaState::Layer& y = st.layers[l];
+      const bool attn = layers_[l].kind == LayerKind::kFullAttention;
+      ptrs[std::size_t(2 * l) * rows_stride_ + i] = attn ? y.k.get() : y.conv.get();
+      ptrs[std::size_t(2 * l + 1) * rows_stride_ + i] = attn ? y.v.get() : y.S.get();
+    }
+  }
+  RowsRun rows;
+  rows.cap = cap, rows.stride = rows_stride_, rows.pos = reinterpret_cast<const int*>(rows_dev_.get());
+  rows.table = reinterpret_cast<float* const*>(rows_dev_.get() + device_padded(std::size_t(rows_stride_) * 4));
+  h_io_[0] = positions[0];  // not read: each row's position is in the table
+  std::memcpy(h_io_ + 1, ids, S * sizeof(int));
+  stage_embedding(ids, S);
+  check(cudaMemcpyAsync(io_.get(), h_io_, (S + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
+  check(cudaMemcpyAsync(rows_dev_.get(), h_rows_, rows_bytes(rows_stride_), cudaMemcpyHostToDevice, stream_), "copy the rows' table");
+  prof_tokens_ += S;
+  tier_->speculative_window(true);  // no prompt uploads: the rows' misses go to the host, as a verify chunk's
+  tier_->begin_chunk(S);
+  try {
+    pdl_wanted() = false;
+    gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
+    launch_tuning() = opt_.tuning;
+    // Graphs on the whole model only: under a budget the ledger keeps room
+    // for the decode graphs alone (RuntimeReserve::fixed), and a step there
+    // waits on the host's experts, not on launches.
+    if (opt_.graphs && !tiered_) launch_graph(st0, rows_graph_, S, S, false, &rows);
+    else run(st0, S, S, false, &rows);
+    enqueue_logit_copies(S);
+    pending_ = {true, S, S, t_start, std::chrono::steady_clock::now()};
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    tier_->abandon_chunk();
+    tier_->speculative_window(false);
+    throw;
+  }
+  try {
+    finish_chunk(st0, logits);
+  } catch (...) {
+    tier_->speculative_window(false);
+    throw;
+  }
+  tier_->speculative_window(false);
+  return true;
+}
+
+}  // namespace coli::cuda::detail

@@ -1,0 +1,161 @@
+// The CUDA backend's rows step (Backend::step_rows: coli-serve's slots
+// decoded as one pass) against each session stepped alone on the same
+// backend. Skipped, with the reason, without a device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "convert/synth.h"
+#include "cpu_expert_host.h"
+#include "cuda_backend.h"
+#include "cuda_device.h"
+#include "engine/engine.h"
+#include "engine_util.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+using namespace coli;
+
+namespace {
+
+int argmax(const float* l, int V) { return static_cast<int>(std::max_element(l, l + V) - l); }
+
+// Five sessions at different depths (prompts of 3 .. 50 ids) step together
+// through the rows step: 5 rows (the grouped expert kernels) for 5 steps,
+// then rows {0, 2, 4} (3 rows: the shared expert folded in) and rows
+// {1, 3}, each session's token its own greedy one. After every step each
+// row's logits are compared with a twin session, fed the same ids, stepped
+// alone (the one-token path): within tol, the same greedy token, the same
+// position. The rows step must be taken (step_rows returns true).
+void expect_rows_match_alone(const Model& m, const cuda::CudaOptions& opt, float tol) {
+  auto gpu = cuda::make_cuda_backend(m, opt);
+  Engine e(m.spec(), *gpu, 64);
+  const int V = m.spec().vocab_size;
+  std::vector<Session> rows, alone;
+  std::vector<int> next;
+  for (int p = 0; p < 5; ++p) {
+    std::vector<int> ids(3 + p * 47 / 4);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>((i * 7919 + 131 * p + 13) % V);
+    rows.push_back(e.new_session()), alone.push_back(e.new_session());
+    const std::vector<float> a = e.forward(rows.back(), ids), b = e.forward(alone.back(), ids);
+    ASSERT_EQ(a, b) << "the same prompt on the same backend";
+    next.push_back(argmax(a.data(), V));
+  }
+  const std::vector<std::vector<int>> steps = {{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4},
+                                               {0, 2, 4},       {0, 2, 4},       {1, 3},          {0, 1, 2, 3, 4}};
+  float worst = 0;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const std::vector<int>& which = steps[k];
+    const int S = static_cast<int>(which.size());
+    std::vector<BackendState*> states;
+    std::vector<int> ids, positions;
+    for (int i : which) states.push_back(rows[i].state.get()), ids.push_back(next[i]), positions.push_back(rows[i].n_past);
+    std::vector<float> l(static_cast<std::size_t>(S) * V);
+    ASSERT_TRUE(gpu->step_rows(states.data(), ids.data(), positions.data(), S, l.data())) << "step " << k << ": the rows step is taken";
+    for (int r = 0; r < S; ++r) {
+      const int i = which[r];
+      rows[i].n_past += 1;
+      const std::vector<float> solo = e.forward(alone[i], std::vector<int>{next[i]});
+      float d = 0;
+      for (int v = 0; v < V; ++v) d = std::max(d, std::fabs(l[static_cast<std::size_t>(r) * V + v] - solo[v]));
+      worst = std::max(worst, d);
+      ASSERT_LT(d, tol) << "step " << k << " row " << r << " (session " << i << ", position " << positions[r] << ")";
+      const int a = argmax(l.data() + static_cast<std::size_t>(r) * V, V);
+      ASSERT_EQ(a, argmax(solo.data(), V)) << "step " << k << " session " << i;
+      EXPECT_EQ(rows[i].n_past, alone[i].n_past);
+      next[i] = a;
+    }
+  }
+  std::printf("[ info     ] rows step vs each session alone: max |dlogit| %.2e\n", worst);
+  // Engine::forward_rows takes the same step and gives the same rows.
+  std::vector<Session*> all;
+  std::vector<int> ids;
+  for (int i = 0; i < 5; ++i) all.push_back(&rows[i]), ids.push_back(next[i]);
+  const std::vector<float> l = e.forward_rows(all, ids);
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<float> solo = e.forward(alone[i], std::vector<int>{next[i]});
+    EXPECT_EQ(argmax(l.data() + static_cast<std::size_t>(i) * V, V), argmax(solo.data(), V)) << "forward_rows, session " << i;
+  }
+}
+
+// cuda_test.cpp's real layouts at a smaller scale, in int4-g32.
+std::unique_ptr<Model> real_layouts_int4(const test::TempDir& d) {
+  SynthOptions so;
+  so.layers = 4, so.seed = 5, so.threads = 2;
+  so.vocab = 512, so.hidden = 256, so.experts = 16, so.top_k = 4, so.moe_inter = 64, so.shared_inter = 64;
+  so.heads = 4, so.kv_heads = 2, so.head_dim = 64, so.lin_k_heads = 2, so.lin_v_heads = 4, so.lin_k_dim = 128, so.lin_v_dim = 128;
+  write_synthetic_checkpoint(d / "synth", so);
+  return test::convert_all(d / "synth", d / "m.coli", QuantFormat::I4_G32);
+}
+
+}  // namespace
+
+// The whole model: the tiny fixture (f32 container) with the rows as a
+// captured graph, and without graphs on the score-buffer attention kernel;
+// real layouts (hidden 256, 128-wide DeltaNet heads: the recurrence step's
+// output quantized for out_proj, split over a cluster; 64-wide attention
+// heads) in int4, whose rows' int8 activations are the one-token path's
+// row by row.
+TEST(CudaRows, WholeModelMatchesEachSessionAlone) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  {
+    SCOPED_TRACE("tiny, graphs");
+    expect_rows_match_alone(*m, {}, 1e-3f);
+  }
+  {
+    SCOPED_TRACE("tiny, no graphs, score-buffer attention");
+    cuda::CudaOptions o;
+    o.graphs = false, o.split_kv = false;
+    expect_rows_match_alone(*m, o, 1e-3f);
+  }
+  SCOPED_TRACE("real layouts, int4");
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  expect_rows_match_alone(*q, {}, 2e-3f);
+}
+
+// Under a budget: the rows' misses computed by the host in one handoff
+// (a quarter of the tiny fixture's experts in VRAM; half of the real
+// layouts' int4 experts).
+TEST(CudaRows, UnderABudgetMatchesEachSessionAlone) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+  {
+    SCOPED_TRACE("tiny, a quarter of the experts");
+    cuda::CudaOptions o;
+    o.expert_slots = all / 4, o.expert_host = std::make_shared<cpu::CpuExpertHost>(*m, 2);
+    expect_rows_match_alone(*m, o, 1e-3f);
+  }
+  SCOPED_TRACE("real layouts, int4, half the experts");
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  cuda::CudaOptions o;
+  o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
+  o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
+  expect_rows_match_alone(*q, o, 2e-3f);
+}
+
+// CudaOptions::batch_rows false: the backend declines (the engine then
+// steps each session alone).
+TEST(CudaRows, OffDeclines) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  cuda::CudaOptions o;
+  o.batch_rows = false;
+  auto gpu = cuda::make_cuda_backend(*m, o);
+  Engine e(m->spec(), *gpu, 64);
+  Session a = e.new_session(), b = e.new_session();
+  e.forward(a, std::vector<int>{1, 2}), e.forward(b, std::vector<int>{3});
+  std::vector<BackendState*> states = {a.state.get(), b.state.get()};
+  const std::vector<int> ids = {4, 5}, positions = {2, 1};
+  std::vector<float> l(2 * static_cast<std::size_t>(m->spec().vocab_size));
+  EXPECT_FALSE(gpu->step_rows(states.data(), ids.data(), positions.data(), 2, l.data()));
+}
