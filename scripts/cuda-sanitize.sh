@@ -40,9 +40,9 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export COLI_BIN_DIR=$bin COLI_TEST_SHARED_DEVICE=1
 
-cuda_tests='Cuda.*:CudaBackend.*:CudaBackend/*:CudaTier.*:HeatCuda.*:VramLedgerCuda.*:RunSetupCuda.*:ServeCuda.*:MtpCuda.*'
+cuda_tests='Cuda.*:CudaRows.*:CudaBackend.*:CudaBackend/*:CudaTier.*:HeatCuda.*:VramLedgerCuda.*:RunSetupCuda.*:ServeCuda.*:MtpCuda.*'
 # The tier tests whose handoff a host thread serves (racecheck leaves them out, above).
-threaded=' RunSetupCuda.TakesTheFreeMemoryItFinds RunSetupCuda.ABackgroundPinIsTakenOrRefusedWithALine CudaTier.ABackgroundPinSwitchesOverBetweenChunks RunSetupCuda.RefusedPinningRunsPageableAndSaysSo CudaTier.SameGreedyTokensAtEveryPlacement CudaTier.LayerStepsAddTheHostsExperts CudaTier.TheBudgetIsNeverExceeded CudaTier.SwapsDoNotChangeTokens CudaTier.DecodeMissesOverPcieKeepTokens CudaTier.PcieReadsKeepTokens CudaTier.SplitExpertsKeepTheWholeModelsLogits CudaTier.PrefillUploadsMatchTheWholeModel CudaTier.TheCpuTakesPartOfAPromptsUploads CudaTier.BackendsShareOneRegistrationOfAMirror ServeCuda.GreedyRepliesWholeAndUnderABudget CudaTier.FusedDecodeKernelsKeepEveryLogit CudaTier.OtherFamiliesKeepTheWholeModelsLogits CudaTier.OtherFamiliesFixturesUnderBudgets '
+threaded=' CudaRows.UnderABudgetMatchesEachSessionAlone RunSetupCuda.TakesTheFreeMemoryItFinds RunSetupCuda.ABackgroundPinIsTakenOrRefusedWithALine CudaTier.ABackgroundPinSwitchesOverBetweenChunks RunSetupCuda.RefusedPinningRunsPageableAndSaysSo CudaTier.SameGreedyTokensAtEveryPlacement CudaTier.LayerStepsAddTheHostsExperts CudaTier.TheBudgetIsNeverExceeded CudaTier.SwapsDoNotChangeTokens CudaTier.DecodeMissesOverPcieKeepTokens CudaTier.PcieReadsKeepTokens CudaTier.SplitExpertsKeepTheWholeModelsLogits CudaTier.PrefillUploadsMatchTheWholeModel CudaTier.TheCpuTakesPartOfAPromptsUploads CudaTier.BackendsShareOneRegistrationOfAMirror ServeCuda.GreedyRepliesWholeAndUnderABudget CudaTier.FusedDecodeKernelsKeepEveryLogit CudaTier.OtherFamiliesKeepTheWholeModelsLogits CudaTier.OtherFamiliesFixturesUnderBudgets '
 tests=$("$bin/coli-tests" --gtest_list_tests --gtest_filter="$cuda_tests" | awk '/^[^ ]/ { s = $1 } /^  / { print s $1 }')
 
 # The hybrid run's model and mirror: the real shapes at int4-g32, a budget
