@@ -200,3 +200,45 @@ TEST(Bench, VaryPromptGivesEachRepetitionIdsOfItsOwn) {
   for (int i = 1; i < 4; ++i)
     for (int j = 0; j < i; ++j) EXPECT_NE(prompts[1][i], prompts[1][j]) << i << " " << j;
 }
+
+// "tgN pP": P sessions stepped together, one batched forward (the backend's
+// trunk_rows with S = P) a step; ts is the aggregate of the P sessions.
+TEST(Bench, ParallelTestsStepTheSessionsTogether) {
+  struct Recording : cpu::CpuBackend {
+    Recording(const Model& m, std::vector<int>* rows) : CpuBackend(m), rows_(rows) {}
+    void trunk_rows(int layer, BackendState* const* states, const int* positions, int S, int hidden, float* x) override {
+      if (layer == 0) rows_->push_back(S);
+      CpuBackend::trunk_rows(layer, states, positions, S, hidden, x);
+    }
+    std::vector<int>* rows_;
+  };
+  std::vector<int> rows;
+  char* buf = nullptr;
+  std::size_t len = 0;
+  std::FILE* mem = open_memstream(&buf, &len);
+  {
+    RecordWriter w(RecordFormat::kJsonl, mem);
+    BenchOptions o;
+    o.models = {kTiny};
+    o.n_prompt = {0}, o.n_gen = {4}, o.n_parallel = {1, 3}, o.repetitions = 2;
+    ASSERT_EQ(run_bench(o, [&rows](const BackendRequest& q) {
+      EXPECT_EQ(q.sequences, 3) << "the ledger's sessions: the largest P";
+      return BenchBackend{std::make_unique<Recording>(*q.model, &rows), 512, {}};
+    }, w, nullptr), 0);
+  }
+  std::fclose(mem);
+  const std::vector<std::string> ls = lines(std::string(buf, len));
+  std::free(buf);
+  ASSERT_EQ(ls.size(), 2u);
+  const auto plain = nlohmann::json::parse(ls[0]), par = nlohmann::json::parse(ls[1]);
+  EXPECT_EQ(plain["test"], "tg4");
+  EXPECT_EQ(plain["n_parallel"], 1);
+  EXPECT_EQ(par["test"], "tg4 p3");
+  EXPECT_EQ(par["n_parallel"], 3);
+  // The warm-up and two repetitions, 4 steps each, every step 3 rows at once.
+  EXPECT_EQ(rows, std::vector<int>(12, 3));
+  // Aggregate: 4 steps x 3 sessions over each repetition's time.
+  const auto ns = par["samples_ns"], ts = par["samples_ts"];
+  ASSERT_EQ(ns.size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(ts[i].get<double>(), 12.0 / (ns[i].get<double>() / 1e9), 1e-3 * ts[i].get<double>());
+}

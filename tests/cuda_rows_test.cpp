@@ -28,9 +28,11 @@ int argmax(const float* l, int V) { return static_cast<int>(std::max_element(l, 
 // then rows {0, 2, 4} (3 rows: the shared expert folded in) and rows
 // {1, 3}, each session's token its own greedy one. After every step each
 // row's logits are compared with a twin session, fed the same ids, stepped
-// alone (the one-token path): within tol, the same greedy token, the same
-// position. The rows step must be taken (step_rows returns true).
-void expect_rows_match_alone(const Model& m, const cuda::CudaOptions& opt, float tol) {
+// alone (the one-token path): within tol + rel x the largest |logit| of
+// the step (the kernels of S rows against one row's: the same math, their
+// own rounding of activations), the same greedy token, the same position.
+// The rows step must be taken (step_rows returns true).
+void expect_rows_match_alone(const Model& m, const cuda::CudaOptions& opt, float tol, float rel = 0) {
   auto gpu = cuda::make_cuda_backend(m, opt);
   Engine e(m.spec(), *gpu, 64);
   const int V = m.spec().vocab_size;
@@ -46,7 +48,7 @@ void expect_rows_match_alone(const Model& m, const cuda::CudaOptions& opt, float
   }
   const std::vector<std::vector<int>> steps = {{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4},
                                                {0, 2, 4},       {0, 2, 4},       {1, 3},          {0, 1, 2, 3, 4}};
-  float worst = 0;
+  float worst = 0, range = 0;
   for (std::size_t k = 0; k < steps.size(); ++k) {
     const std::vector<int>& which = steps[k];
     const int S = static_cast<int>(which.size());
@@ -59,17 +61,17 @@ void expect_rows_match_alone(const Model& m, const cuda::CudaOptions& opt, float
       const int i = which[r];
       rows[i].n_past += 1;
       const std::vector<float> solo = e.forward(alone[i], std::vector<int>{next[i]});
-      float d = 0;
-      for (int v = 0; v < V; ++v) d = std::max(d, std::fabs(l[static_cast<std::size_t>(r) * V + v] - solo[v]));
-      worst = std::max(worst, d);
-      ASSERT_LT(d, tol) << "step " << k << " row " << r << " (session " << i << ", position " << positions[r] << ")";
+      float d = 0, top = 0;
+      for (int v = 0; v < V; ++v) d = std::max(d, std::fabs(l[static_cast<std::size_t>(r) * V + v] - solo[v])), top = std::max(top, std::fabs(solo[v]));
+      worst = std::max(worst, d), range = std::max(range, top);
+      ASSERT_LT(d, tol + rel * top) << "step " << k << " row " << r << " (session " << i << ", position " << positions[r] << ")";
       const int a = argmax(l.data() + static_cast<std::size_t>(r) * V, V);
       ASSERT_EQ(a, argmax(solo.data(), V)) << "step " << k << " session " << i;
       EXPECT_EQ(rows[i].n_past, alone[i].n_past);
       next[i] = a;
     }
   }
-  std::printf("[ info     ] rows step vs each session alone: max |dlogit| %.2e\n", worst);
+  std::printf("[ info     ] rows step vs each session alone: max |dlogit| %.2e of logits up to %.2e\n", worst, range);
   // Engine::forward_rows takes the same step and gives the same rows.
   std::vector<Session*> all;
   std::vector<int> ids;
@@ -97,8 +99,9 @@ std::unique_ptr<Model> real_layouts_int4(const test::TempDir& d) {
 // captured graph, and without graphs on the score-buffer attention kernel;
 // real layouts (hidden 256, 128-wide DeltaNet heads: the recurrence step's
 // output quantized for out_proj, split over a cluster; 64-wide attention
-// heads) in int4, whose rows' int8 activations are the one-token path's
-// row by row.
+// heads) in int4, whose S-row kernels round their int8 activations in
+// their own order (measured 1.9e-3 of logits up to about 1: 3e-3 of the
+// largest logit allowed).
 TEST(CudaRows, WholeModelMatchesEachSessionAlone) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
@@ -116,12 +119,14 @@ TEST(CudaRows, WholeModelMatchesEachSessionAlone) {
   SCOPED_TRACE("real layouts, int4");
   test::TempDir d;
   auto q = real_layouts_int4(d);
-  expect_rows_match_alone(*q, {}, 2e-3f);
+  expect_rows_match_alone(*q, {}, 1e-3f, 3e-3f);
 }
 
 // Under a budget: the rows' misses computed by the host in one handoff
 // (a quarter of the tiny fixture's experts in VRAM; half of the real
-// layouts' int4 experts).
+// layouts' int4 experts: a row alone takes the tier's one-token decode
+// kernels, the rows step the chunk's grouped ones; 1 % of the largest
+// logit allowed, measured 4.8e-3).
 TEST(CudaRows, UnderABudgetMatchesEachSessionAlone) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
@@ -139,7 +144,7 @@ TEST(CudaRows, UnderABudgetMatchesEachSessionAlone) {
   cuda::CudaOptions o;
   o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
   o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
-  expect_rows_match_alone(*q, o, 2e-3f);
+  expect_rows_match_alone(*q, o, 1e-3f, 1e-2f);
 }
 
 // CudaOptions::batch_rows false: the backend declines (the engine then

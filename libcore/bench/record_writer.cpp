@@ -27,7 +27,7 @@ const std::vector<std::string>& bench_fields() {
       "peak_vram_mb", "vram_budget_mb", "vram_budget_auto", "vram_free_mb", "vram_margin_mb", "tier_experts", "host_memory", "prefill_path", "plan_source", "tier_resident", "tier_hit_rate", "tier_pcie_read", "tier_pcie_pairs", "tier_split_pairs", "host_bytes_per_token", "bytes_read_per_token", "bytes_uploaded_per_token", "t_trunk_ms", "t_router_ms", "t_gpu_experts_ms",
       "t_cpu_experts_ms", "t_shared_ms", "t_combine_ms", "t_lm_head_ms", "t_upload_ms", "t_wait_ms",
       "gpu_wait_share", "cpu_expert_gbs", "pcie_bytes_per_token", "prompt_experts_resident", "prompt_experts_uploaded", "prompt_experts_cpu",
-      "n_verify", "n_draft", "draft_accept_rate", "draft_tokens_per_step", "t_mtp_ms", "error"};
+      "n_verify", "n_draft", "draft_accept_rate", "draft_tokens_per_step", "t_mtp_ms", "n_parallel", "error"};
   return f;
 }
 

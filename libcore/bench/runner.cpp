@@ -33,11 +33,13 @@ struct Test {
   int n_prompt, n_gen, n_depth;
   int n_verify = 1;  // tokens a decode step feeds (> 1: a speculative verify step, logits of every row)
   int n_draft = 0;   // > 0: the tokens generated greedily with drafts by the MTP layer (engine/speculative.h)
+  int n_parallel = 1;  // > 1: sessions stepped together (Engine::forward_rows)
   std::string name() const {
     std::string s = n_gen == 0 ? "pp" + std::to_string(n_prompt) : n_prompt == 0 ? "tg" + std::to_string(n_gen)
                                                                                  : "pp" + std::to_string(n_prompt) + "+tg" + std::to_string(n_gen);
     if (n_verify > 1) s += " x" + std::to_string(n_verify);
     if (n_draft > 0) s += " draft" + std::to_string(n_draft);
+    if (n_parallel > 1) s += " p" + std::to_string(n_parallel);
     return n_depth ? s + " @ d" + std::to_string(n_depth) : s;
   }
 };
@@ -119,6 +121,8 @@ std::vector<Test> tests_of(const BenchOptions& opt) {
         if (n > 0) tests.push_back({0, n, d, v});
       for (int k : opt.draft)
         if (n > 0 && k > 0) tests.push_back({0, n, d, 1, k});
+      for (int p : opt.n_parallel)
+        if (n > 0 && p > 1) tests.push_back({0, n, d, 1, 0, p});
     }
     for (auto [p, n] : opt.prompt_gen) tests.push_back({p, n, d});
   }
@@ -160,7 +164,7 @@ struct TestIds {
       for (int i = 0; i < n; ++i) v[i] = cur.text_ids.empty() ? static_cast<int>(rng() % V) : cur.text_ids[i % cur.text_ids.size()];
       return v;
     };
-    depth = ids(t.n_depth), prompt = ids(t.n_prompt), gen = ids(t.n_gen * t.n_verify);
+    depth = ids(t.n_depth), prompt = ids(t.n_prompt), gen = ids(t.n_gen * t.n_verify * t.n_parallel);
   }
 };
 
@@ -267,11 +271,54 @@ void run_draft_repetition(Engine& engine, Backend& backend, const Test& t, const
   sm.drafted += st.n_drafted, sm.accepted += st.n_accepted, sm.rounds += st.n_rounds, sm.mtp_secs += st.mtp_seconds;
 }
 
+// A parallel test's repetition: P sessions (each the depth's tokens first,
+// untimed), then n_gen steps of all P as one forward_rows call each; the
+// ids of step i are gen[i P .. i P + P). Expert bytes are estimated (a rows
+// step does not hand its routing back).
+void run_parallel_repetition(Engine& engine, Backend& backend, const Loaded& cur, const Test& t, const TestIds& ids, bool timed, bool tiered,
+                             Samples& sm) {
+  const int P = t.n_parallel;
+  std::vector<Session> sessions;
+  std::vector<Session*> rows;
+  for (int r = 0; r < P; ++r) sessions.push_back(engine.new_session());
+  for (Session& s : sessions) {
+    if (t.n_depth) engine.forward(s, ids.depth);
+    rows.push_back(&s);
+  }
+  engine.stage_times() = StageTimes{};
+  engine.set_timing(timed);
+  ExpertReads reads{cur, 1, timed, false, 0, {}, {}};
+  const TierStats tier0 = tiered && timed ? backend.tier_stats() : TierStats{};
+  const auto t0 = clock_type::now();
+  for (int i = 0; i < t.n_gen; ++i) {
+    const auto s0 = clock_type::now();
+    engine.forward_rows(rows, std::span<const int>(&ids.gen[std::size_t(i) * P], P));
+    reads.estimate(P);
+    const double dt = std::chrono::duration<double>(clock_type::now() - s0).count();
+    if (timed) {
+      sm.latencies.push_back(dt);
+      if (i == 0) sm.ttft.push_back(dt);
+    }
+  }
+  const double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+  engine.set_timing(false);
+  if (!timed) return;
+  if (tiered) sm.add_tier(tier0, backend.tier_stats());
+  const double n_tok = double(t.n_gen) * P;
+  sm.ns.push_back(secs * 1e9);
+  sm.secs += secs;
+  sm.ts.push_back(n_tok / secs);
+  sm.add_stages(engine.stage_times());
+  sm.expert_bytes += reads.bytes;
+  sm.tokens += n_tok;
+}
+
 // One repetition of test t (the warm-up when not timed), into sm; tiered:
 // the backend has an expert tier, whose counters sm takes too.
 void run_repetition(Engine& engine, Backend& backend, const Loaded& cur, const Test& t, const TestIds& ids, int n_ubatch, bool timed, bool tiered,
                     Samples& sm) {
   if (t.n_draft > 0) return run_draft_repetition(engine, backend, t, ids, timed, tiered, sm);
+  if (t.n_parallel > 1) return run_parallel_repetition(engine, backend, cur, t, ids, timed, tiered, sm);
   Session s = engine.new_session();
   if (t.n_depth) engine.forward(s, ids.depth);
   engine.stage_times() = StageTimes{};
@@ -471,7 +518,9 @@ void BenchRun::start(const Config& c, json& base, std::unique_ptr<Backend>& back
     if (!cur_.warning.empty()) say(c.model_path, cur_.warning);
   }
   if (c.n_ubatch < 0) throw Error("n_ubatch must be >= 1 (0: chosen)");
-  BenchBackend made = make_backend_({cur_.model.get(), cur_.mirror.get(), c.model_path, c.threads_req, c.vram_budget, c.n_ubatch, cur_.heat.get()});
+  const int sequences = std::max(1, *std::max_element(opt_.n_parallel.begin(), opt_.n_parallel.end()));
+  BenchBackend made =
+      make_backend_({cur_.model.get(), cur_.mirror.get(), c.model_path, c.threads_req, c.vram_budget, c.n_ubatch, cur_.heat.get(), sequences});
   if (made.n_ubatch < 1) throw Error("the backend factory chose no chunk size");
   backend = std::move(made.backend);
   *n_ubatch = made.n_ubatch;
@@ -493,6 +542,7 @@ void BenchRun::write_records(const Config& c, int n_ubatch, const json& base, co
     rec["n_gen"] = t.n_gen;
     rec["n_verify"] = t.n_verify;
     rec["n_draft"] = t.n_draft;
+    rec["n_parallel"] = t.n_parallel;
     rec["n_depth"] = t.n_depth;
     rec["test_time"] = utc_now();
     if (!error.empty()) {

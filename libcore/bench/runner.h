@@ -8,6 +8,8 @@
 //   tg N      N decode steps, one token each          ts = N / time
 //   tg N xk   N verify steps of k tokens each         ts = N / time (steps)
 //   tg N draftk  N tokens, k drafts a step (MTP)      ts = N / decode time
+//   tg N pP   N decode steps of P sessions at once    ts = N x P / time
+//             (Engine::forward_rows: coli-serve's slots; aggregate tok/s)
 //   pp P+tg G P prompt tokens then G decode steps      ts = (P + G) / time
 // Inputs are deterministic random token ids (seeded) or the ids of a text
 // file. A warm-up run precedes the timed repetitions. A configuration that
@@ -45,6 +47,11 @@ struct BenchOptions {
   // second of the decode part, with the acceptance rate, tokens a step and
   // the MTP layer's time in the record.
   std::vector<int> draft = {0};
+  // Sessions decoded together for "tgN pP" tests (P > 1; 1: the plain tg
+  // test): P sessions, each its own ids (and the depth's tokens, untimed),
+  // step N times as one Engine::forward_rows call a step, as coli-serve's
+  // slots do; ts is the aggregate of all P, latencies per step.
+  std::vector<int> n_parallel = {1};
   std::vector<int> threads = {0};
   std::vector<int> n_batch = {2048};
   std::vector<int> n_ubatch = {512};        // 0: the factory's choice
@@ -75,6 +82,7 @@ struct BackendRequest {
   uint64_t vram_budget = 0;                  // one of BenchOptions::vram_budget, as the tool reads it
   int n_ubatch = 0;                          // one of BenchOptions::n_ubatch (0: the factory chooses)
   const HeatRecorder* heat = nullptr;        // the model's routing heat (its file), or null
+  int sequences = 1;                         // sessions alive at once (the largest of BenchOptions::n_parallel)
 };
 // The backend it made, the chunk it runs (n_ubatch's value, or the chosen
 // one) and record fields that describe the choice (coli-bench: where the

@@ -240,12 +240,14 @@ class CudaBackend : public Backend {
   void ensure_pinned_logits(std::size_t nlog);
   // step_rows: whether the model's mixers take rows (the one-token DeltaNet
   // kernels fit its heads), the table's pinned and device copies
-  // (RowsRun: positions, then the pointers), and the captured graph.
+  // (RowsRun: positions, then the pointers), and the captured graphs, one
+  // per row count (coli-serve's steps change rows as requests come and go:
+  // a graph made again at each change costs more than the step).
   bool rows_supported_ = false;
   int rows_stride_ = 0;
   uint8_t* h_rows_ = nullptr;
   DeviceArray<uint8_t> rows_dev_;
-  CudaState::Graph rows_graph_;
+  std::vector<CudaState::Graph> rows_graphs_;  // [S]
   std::size_t rows_bytes(int stride) const { return device_padded(std::size_t(stride) * 4) + std::size_t(2) * s_.num_layers * stride * sizeof(float*); }
   // Buffers, KV cache and attention scratch for T tokens at positions pos0.. (T <= max_chunk).
   void prepare(CudaState& st, int T, int pos0);

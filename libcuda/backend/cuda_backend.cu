@@ -388,8 +388,10 @@ CudaBackend::~CudaBackend() {
   }
   if (h_io_) cudaFreeHost(h_io_);
   if (h_rows_) cudaFreeHost(h_rows_);
-  if (rows_graph_.exec) cudaGraphExecDestroy(rows_graph_.exec);
-  if (rows_graph_.bytes) budget_->credit(rows_graph_.bytes);
+  for (CudaState::Graph& g : rows_graphs_) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    if (g.bytes) budget_->credit(g.bytes);
+  }
   if (h_emb_) cudaFreeHost(h_emb_);
   if (emb_read_) cudaEventDestroy(emb_read_);
   for (int i = 0; i < kMaxLogitParts; ++i) {

@@ -5,8 +5,9 @@
 // rows' experts (under a budget the host computes the misses of all rows in
 // one handoff), while each row's attention or Gated DeltaNet step reads and
 // advances its own session's cache or state through a RowsRun table in
-// device memory. On the whole model the pass is one captured graph per row
-// count, valid for any sessions: the table is data, rewritten each step.
+// device memory. On the whole model the pass is a captured graph, one per
+// row count and kept, valid for any sessions: the table is data, rewritten
+// each step.
 #include <algorithm>
 #include <cstring>
 
@@ -73,7 +74,10 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
     // Graphs on the whole model only: under a budget the ledger keeps room
     // for the decode graphs alone (RuntimeReserve::fixed), and a step there
     // waits on the host's experts, not on launches.
-    if (opt_.graphs && !tiered_) launch_graph(st0, rows_graph_, S, S, false, &rows);
+    if (opt_.graphs && !tiered_) {
+      if (rows_graphs_.size() <= std::size_t(S)) rows_graphs_.resize(S + 1);
+      launch_graph(st0, rows_graphs_[S], S, S, false, &rows);
+    }
     else run(st0, S, S, false, &rows);
     enqueue_logit_copies(S);
     pending_ = {true, S, S, t_start, std::chrono::steady_clock::now()};

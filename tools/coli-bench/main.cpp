@@ -33,6 +33,8 @@ namespace po = boost::program_options;
 
 namespace {
 
+constexpr int kMaxParallel = 256;  // as coli-serve's --parallel
+
 const char* kUsage =
     "usage: coli-bench -m MODEL[,MODEL...] [-p N,...] [-n N,...] [-pg P,G ...] [-d N,...] [-r N]\n"
     "                  [-t N,...] [-b N,...] [-ub N,...] [-o tsv|csv|jsonl|md] [--seed S] [--vary-prompt] [--prompt-file F]\n"
@@ -82,6 +84,8 @@ po::options_description options() {
                                                             "(test \"tgN draftK\"; 0: none)")
       ("n-verify", po::value<std::string>()->default_value("1"), "tokens each tg step feeds: k > 1 times a speculative verify step of k tokens "
                                                                  "(test \"tgN xk\", ts in steps/s)")
+      ("n-parallel", po::value<std::string>()->default_value("1"), "sessions decoded together in tg tests (test \"tgN pP\", ts the aggregate "
+                                                                   "tok/s of all P: coli-serve's slots; llama-batched-bench's -npl)")
       ("repetitions", po::value<int>()->default_value(5), "timed repetitions per test")
       ("threads", po::value<std::string>()->default_value("0"), "CPU threads (0: all cores)")
       ("batch-size", po::value<std::string>()->default_value("2048"), "logical batch size (recorded)")
@@ -127,6 +131,9 @@ void read_tests(const po::variables_map& vm, coli::BenchOptions& o) {
     if (k < 0 || k > coli::kMaxDraft) throw coli::UsageError("--draft values must be 0 to " + std::to_string(coli::kMaxDraft));
   for (int v : o.n_verify)
     if (v < 1 || v > 1 + coli::kMaxDraft) throw coli::UsageError("--n-verify values must be 1 to " + std::to_string(1 + coli::kMaxDraft));
+  o.n_parallel = coli::parse_int_list(vm["n-parallel"].as<std::string>(), "--n-parallel");
+  for (int p : o.n_parallel)
+    if (p < 1 || p > kMaxParallel) throw coli::UsageError("--n-parallel values must be 1 to " + std::to_string(kMaxParallel));
   o.threads = coli::parse_int_list(vm["threads"].as<std::string>(), "-t");
   for (int t : o.threads) coli::check_thread_count(t, "-t");
   o.n_batch = coli::parse_int_list(vm["batch-size"].as<std::string>(), "-b");
@@ -220,6 +227,7 @@ int run(int argc, char** argv) {
         coli::cli::RunRequest r;
         r.flags = &flags, r.model_path = q.model_path, r.model = q.model, r.mirror = q.mirror;
         r.vram_budget = q.vram_budget, r.n_ctx = n_ctx, r.chunk = q.n_ubatch, r.threads = q.threads, r.fast_cpu = fast;
+        r.sequences = q.sequences;
         if (q.heat) r.start_heat = coli::cli::tier_start_heat(*q.heat, q.mirror);
         r.plan_file = plan ? &*plan : nullptr;
         r.env = env;
