@@ -5,9 +5,13 @@
 # ratio to its bound (docs/perf/families.md):
 #   pp512: the run's expert uploads over PCIe (pcie_bytes_per_token x 512
 #          at PCIE_GBS, default 55);
-#   tg128: the whole GPU's token plus the run's host expert bytes a token
+#   tg128: the whole GPU's token plus the slower of the misses' two paths,
+#          which run at once: the host's expert bytes a token
 #          (host_bytes_per_token) at HOST_GBS (default 95, the H200
-#          machine's measured read bandwidth).
+#          machine's measured read bandwidth) and the GPU's reads of the
+#          others over PCIe (pcie_bytes_per_token) at PCIE_GBS. (Until
+#          session 21 the host's bytes alone: written when every miss was
+#          the host's; column "host only".)
 # Usage: scripts/bench_families.sh WORKDIR [BIN] [ROUNDS]
 # Records in WORKDIR/families.tsv; prints the table last.
 set -euo pipefail
@@ -51,14 +55,16 @@ whole_tg = {}
 for r in rows:
     if r['budget'] == 'whole' and r['test'].startswith('tg'):
         whole_tg.setdefault(r['family'], []).append(float(r['avg_ts']))
-print(f"{'family':12} {'budget':6} {'round':>5} {'test':6} {'tok/s':>9} {'bound':>9} {'ratio':>6}")
+print(f"{'family':12} {'budget':6} {'round':>5} {'test':6} {'tok/s':>9} {'bound':>9} {'ratio':>6} {'host only':>9}")
 for r in rows:
-    ts, bound = float(r['avg_ts']), 0.0
+    ts, bound, host_only = float(r['avg_ts']), 0.0, ''
     if r['budget'] != 'whole' and r['test'].startswith('pp') and float(r['pcie_bytes_per_token'] or 0) > 0:
         bound = pcie / float(r['pcie_bytes_per_token'])
     elif r['budget'] != 'whole' and r['test'].startswith('tg') and whole_tg.get(r['family']):
         serial = 1 / max(whole_tg[r['family']])
-        bound = 1 / (serial + float(r['host_bytes_per_token'] or 0) / host)
+        h, p = float(r['host_bytes_per_token'] or 0) / host, float(r['pcie_bytes_per_token'] or 0) / pcie
+        bound = 1 / (serial + max(h, p))
+        host_only = f"{ts * (serial + h):9.3f}"
     ratio = f"{ts / bound:6.3f}" if bound else ''
-    print(f"{r['family']:12} {r['budget']:6} {r['round']:>5} {r['test']:6} {ts:9.0f} {bound:9.0f} {ratio:>6}")
+    print(f"{r['family']:12} {r['budget']:6} {r['round']:>5} {r['test']:6} {ts:9.0f} {bound:9.0f} {ratio:>6} {host_only:>9}")
 PY
