@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
 
 #include "engine/chat_session.h"
 #include "sampling/sampler.h"
-#include "util/parallel.h"
 
 namespace coli::serve {
 
@@ -261,42 +259,22 @@ void EngineGenerator::decode_step() {
     std::lock_guard<std::mutex> lock(mu_);
     ++steps_, rows_ += static_cast<long long>(rows.size());
   }
-  // The rows' ids drawn on a few threads (each slot its own sampler; a
-  // greedy pick is two passes over 248K logits, some 50 us a row), then
-  // handed out in row order; a row whose logits failed throws in turn.
-  std::vector<int> picked(rows.size(), -1);
-  std::vector<std::exception_ptr> failed(rows.size());
-  parallel_for(rows.size(), rows.size() >= 4 ? kSampleThreads : 1, [&](std::size_t i) {
-    try {
-      picked[i] = pick(*rows[i], logits, i);
-    } catch (...) {
-      failed[i] = std::current_exception();
-    }
-  });
   for (std::size_t i = 0; i < rows.size(); ++i) {
     Slot& s = *rows[i];
     s.fed.push_back(s.pending);
     s.pending = -1;
-    if (failed[i]) std::rethrow_exception(failed[i]);
-    take_id(s, picked[i]);
+    take(s, logits, i);
   }
-}
-
-// The slot's next id from row `row` of logits (checked finite).
-int EngineGenerator::pick(Slot& s, const std::vector<float>& logits, std::size_t row) {
-  const std::size_t V = static_cast<std::size_t>(engine_.spec().vocab_size);
-  const std::span<const float> l(logits.data() + row * V, V);
-  const std::string step = s.n_generated == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(s.n_generated);
-  check_logits_finite(l, step);
-  return s.sampler->sample(l, s.history);
 }
 
 // Samples the slot's next id from row `row` of logits and hands its text
 // out; ends the request where it ends.
-void EngineGenerator::take(Slot& s, const std::vector<float>& logits, std::size_t row) { take_id(s, pick(s, logits, row)); }
-
-// Hands out the text of the slot's next id; ends the request where it ends.
-void EngineGenerator::take_id(Slot& s, int id) {
+void EngineGenerator::take(Slot& s, const std::vector<float>& logits, std::size_t row) {
+  const std::size_t V = static_cast<std::size_t>(engine_.spec().vocab_size);
+  const std::span<const float> l(logits.data() + row * V, V);
+  const std::string step = s.n_generated == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(s.n_generated);
+  check_logits_finite(l, step);
+  const int id = s.sampler->sample(l, s.history);
   ++s.n_generated;
   s.history.push_back(id);
   if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) return finish(s, "stop");

@@ -91,9 +91,6 @@ class EngineGenerator {
   void prefill_chunk(Slot& s);
   void decode_step();
   void take(Slot& s, const std::vector<float>& logits, std::size_t row);
-  int pick(Slot& s, const std::vector<float>& logits, std::size_t row);
-  void take_id(Slot& s, int id);
-  static constexpr int kSampleThreads = 4;  // a decode step's rows sampled at once (4 or more rows)
   void finish(Slot& s, const std::string& reason);
   void fail_all(std::exception_ptr e);
 
