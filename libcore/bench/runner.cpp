@@ -180,6 +180,15 @@ struct Samples {
   double tier_pcie_bytes = 0, secs = 0;  // decode steps' expert bytes over PCIe (TierStats::pcie_expert_bytes); the timed seconds
   double drafted = 0, accepted = 0, rounds = 0, mtp_secs = 0;  // draft tests (GenerateStats)
 
+  // A timed repetition of n_tok tokens in `seconds`: its time, rate, stages and expert bytes.
+  void add_repetition(double seconds, double n_tok, const StageTimes& st, double bytes) {
+    ns.push_back(seconds * 1e9);
+    secs += seconds;
+    ts.push_back(n_tok / seconds);
+    add_stages(st);
+    expert_bytes += bytes;
+    tokens += n_tok;
+  }
   void add_stages(const StageTimes& st) {
     stages.embed += st.embed, stages.trunk += st.trunk, stages.router += st.router, stages.shared += st.shared;
     stages.experts += st.experts, stages.combine += st.combine, stages.lm_head += st.lm_head;
@@ -304,13 +313,7 @@ void run_parallel_repetition(Engine& engine, Backend& backend, const Loaded& cur
   engine.set_timing(false);
   if (!timed) return;
   if (tiered) sm.add_tier(tier0, backend.tier_stats());
-  const double n_tok = double(t.n_gen) * P;
-  sm.ns.push_back(secs * 1e9);
-  sm.secs += secs;
-  sm.ts.push_back(n_tok / secs);
-  sm.add_stages(engine.stage_times());
-  sm.expert_bytes += reads.bytes;
-  sm.tokens += n_tok;
+  sm.add_repetition(secs, double(t.n_gen) * P, engine.stage_times(), reads.bytes);
 }
 
 // One repetition of test t (the warm-up when not timed), into sm; tiered:
@@ -343,13 +346,7 @@ void run_repetition(Engine& engine, Backend& backend, const Loaded& cur, const T
   engine.set_timing(false);
   if (!timed) return;
   if (tiered) sm.add_tier(tier0, backend.tier_stats());
-  const int n_tok = t.n_prompt + t.n_gen;
-  sm.ns.push_back(secs * 1e9);
-  sm.secs += secs;
-  sm.ts.push_back(n_tok / secs);
-  sm.add_stages(engine.stage_times());
-  sm.expert_bytes += reads.bytes;
-  sm.tokens += n_tok;
+  sm.add_repetition(secs, t.n_prompt + t.n_gen, engine.stage_times(), reads.bytes);
 }
 
 // The record's times: per repetition, to the first token, per decode step.

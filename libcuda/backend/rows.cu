@@ -66,6 +66,10 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
   check(cudaMemcpyAsync(rows_dev_.get(), h_rows_, rows_bytes(rows_stride_), cudaMemcpyHostToDevice, stream_), "copy the rows' table");
   prof_tokens_ += S;
   tier_->speculative_window(true);  // no prompt uploads: the rows' misses go to the host, as a verify chunk's
+  struct WindowOff {
+    ExpertTier* tier;
+    ~WindowOff() { tier->speculative_window(false); }
+  } window_off{tier_.get()};
   tier_->begin_chunk(S);
   try {
     pdl_wanted() = false;
@@ -84,16 +88,9 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
   } catch (...) {
     cudaStreamSynchronize(stream_);
     tier_->abandon_chunk();
-    tier_->speculative_window(false);
     throw;
   }
-  try {
-    finish_chunk(st0, logits);
-  } catch (...) {
-    tier_->speculative_window(false);
-    throw;
-  }
-  tier_->speculative_window(false);
+  finish_chunk(st0, logits);
   return true;
 }
 

@@ -430,9 +430,14 @@ void gdn_conv(const float* qkv, const float* taps, float* state, int T, int cd, 
   check(cudaGetLastError(), "gdn conv launch");
 }
 
+namespace {
+// conv_norm_step_kernel's reach: key heads a power of two <= 128, K <= kMaxTaps taps.
+bool conv_step_fits(int dk, int K) { return dk <= 128 && !(dk & (dk - 1)) && K >= 1 && K <= kMaxTaps; }
+}  // namespace
+
 bool gdn_conv_norm_step(const float* qkv, const float* taps, float* state, int cd, int K, int nk, int dk, float* out, cudaStream_t s, int rows,
                         float* const* states) {
-  if (dk > 128 || (dk & (dk - 1)) || K < 1 || K > kMaxTaps) return false;
+  if (!conv_step_fits(dk, K)) return false;
   launch(conv_norm_step_kernel, dim3((cd + 127) / 128, states ? rows : 1), 128, 0, s, qkv, taps, state, cd, K, nk, dk, out, states);
   check(cudaGetLastError(), "gdn conv+norm launch");
   return true;
@@ -477,7 +482,7 @@ bool recurrence_step(float* S, float* const* states, int rows, const float* conv
 
 }  // namespace
 
-bool gdn_rows_supported(int dk, int dv, int K) { return dk <= 128 && !(dk & (dk - 1)) && K >= 1 && K <= kMaxTaps && step_fits(dk, dv); }
+bool gdn_rows_supported(int dk, int dv, int K) { return conv_step_fits(dk, K) && step_fits(dk, dv); }
 
 bool gdn_recurrence_rows(float* const* states, const float* conv_out, const float* z, const float* b, const float* a, const float* A_log,
                          const float* dt_bias, const float* norm_w, int T, int nk, int nv, int dk, int dv, int cd, float eps, float* normed,
