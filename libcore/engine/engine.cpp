@@ -157,6 +157,12 @@ void Engine::rewind(Session& s, int n_past) {
 }
 
 std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std::span<const int> ids) {
+  std::vector<float> logits;
+  forward_rows(sessions, ids, logits);
+  return logits;
+}
+
+void Engine::forward_rows(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits) {
   const int S = static_cast<int>(sessions.size()), V = spec_.vocab_size;
   if (S == 0 || ids.size() != sessions.size()) throw Error("forward_rows: " + std::to_string(ids.size()) + " ids for " + std::to_string(S) + " sessions");
   check_ids(ids);
@@ -164,7 +170,7 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
     for (int j = 0; j < i; ++j)
       if (sessions[i] == sessions[j]) throw Error("forward_rows: a session appears twice (internal)");
   }
-  std::vector<float> logits(static_cast<std::size_t>(S) * V);
+  logits.resize(static_cast<std::size_t>(S) * V);
   std::vector<BackendState*> states;
   std::vector<int> positions;
   for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
@@ -174,19 +180,18 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
       if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (heat_) heat_->add_tokens(S);
       for (Session* s : sessions) s->n_past += 1;
-      return logits;
+      return;
     }
     for (int i = 0; i < S; ++i) {
       const std::vector<float> l = forward(*sessions[i], ids.subspan(i, 1));
       std::copy(l.begin(), l.end(), logits.begin() + static_cast<std::ptrdiff_t>(i) * V);
     }
-    return logits;
+    return;
   }
   if (heat_) heat_->add_tokens(S);
   run_layers(
       ids.data(), S, [&](int l, float* x) { backend_.trunk_rows(l, states.data(), positions.data(), S, spec_.hidden_size, x); }, {}, S, logits.data());
   for (Session* s : sessions) s->n_past += 1;
-  return logits;
 }
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe, std::vector<float>* hidden) {

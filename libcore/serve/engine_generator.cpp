@@ -250,10 +250,10 @@ void EngineGenerator::decode_step() {
   std::vector<Session*> sessions;
   std::vector<int> ids;
   for (Slot* s : rows) sessions.push_back(&s->session), ids.push_back(s->pending);
-  std::vector<float> logits;
+  std::vector<float>& logits = rows_logits_;
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
-    logits = engine_.forward_rows(sessions, ids);
+    engine_.forward_rows(sessions, ids, logits);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

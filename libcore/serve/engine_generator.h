@@ -101,6 +101,7 @@ class EngineGenerator {
   std::vector<int> stop_ids_;  // the model's end-of-sequence ids and the tokenizer's
   std::vector<std::unique_ptr<Slot>> slots_;  // the scheduler's
   std::size_t next_prefill_ = 0;              // round robin over slots reading their prompts
+  std::vector<float> rows_logits_;            // the scheduler's: each decode step's [rows, vocab], one buffer reused
   mutable std::mutex mu_;                     // queue_, stop_, the counters
   std::condition_variable cv_;
   std::deque<Job*> queue_;
