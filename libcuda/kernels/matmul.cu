@@ -313,21 +313,28 @@ __global__ void __launch_bounds__(kStreamWarps * 32) gemv_q_stream_kernel(Batch 
 }
 
 // Tensor cores: block (blk, ty) computes rows blk * kMmaRows .. + kMmaRows
-// of its matrix for tokens ty * kMmaTokens .. + kMmaTokens.
-template <Kind K, bool kAsym>
+// of its matrix for tokens ty * BN .. + BN, S pipeline stages: (64, 2) for
+// prompt chunks, (kSmallTokens, kSmallStages) for a few tokens.
+constexpr int kSmallTokens = 16, kSmallStages = 5;
+
+template <Kind K, bool kAsym, int BN, int S>
 __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, QuantX q, int T) {
   griddep_wait();
-  using Tile = MmaTile<K, kAsym, 1, kMmaTokens>;
+  using Tile = MmaTile<K, kAsym, 1, BN, S>;
   __shared__ typename Tile::Smem sm;
   int blk;
   const MatmulOut& o = b.m[batch_index(b, &blk)];
-  const int r0 = blk * kMmaRows, t0 = blockIdx.y * kMmaTokens, ntok = min(kMmaTokens, T - t0);
-  for (int x = threadIdx.x; x < kMmaTokens; x += blockDim.x) sm.qrow[x] = min(t0 + x, T - 1);
+  const int r0 = blk * kMmaRows, t0 = blockIdx.y * BN, ntok = min(BN, T - t0);
+  for (int x = threadIdx.x; x < BN; x += blockDim.x) sm.qrow[x] = min(t0 + x, T - 1);
   const DevMatrix W[1] = {o.W};
   float acc[1][Tile::NT][4];
   Tile::run(W, r0, q, ntok, sm, acc);
   Tile::for_each_result(r0, o.W.rows, ntok, [&](int j, int c, int tok, int row) { o.y[static_cast<long long>(t0 + tok) * o.ldy + row] = acc[0][j][c]; });
 }
+
+// Whether a chunk of T tokens takes the few-token tensor-core tiles: 2 ..
+// small tokens (CudaTuning::mma_small) of an int8-activation matrix.
+bool int8_x_small(const QuantX* q, const DevMatrix& W, int T, int small) { return q && takes_int8_x(W) && T >= 2 && T <= small; }
 
 // Rows per lane group of a one-token matmul over this many rows: two for
 // the lm_head's ranges, one otherwise. Measured on the H200 (tg128, int4):
@@ -395,7 +402,9 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     return;
   }
   const DevMatrix& W = outs[0].W;
-  const bool int8_x = q && takes_int8_x(W), mma = int8_x && T >= kMmaMinTokens && mma_supported();
+  const int small = launch_tuning().mma_small;
+  const bool small_mma = int8_x_small(q, W, T, small);
+  const bool int8_x = q && takes_int8_x(W), mma = int8_x && (T >= kMmaMinTokens || small_mma) && mma_supported();
   // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
   // (row, 8 tokens) in blocks of kWarps (float path).
   const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
@@ -417,9 +426,17 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   const dim3 grid(b.first[n]), block(warps * 32);
   if (int8_x) {
     if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
+    if (mma && small_mma) {
+      const dim3 mgrid(b.first[n], (T + kSmallTokens - 1) / kSmallTokens);
+      dispatch_mma(W, [&]<Kind K, bool kAsym>() {
+        launch(matmul_mma_kernel<K, kAsym, kSmallTokens, kSmallStages>, mgrid, kMmaWarps * 32, 0, s, b, *q, T);
+      });
+      check(cudaGetLastError(), "matmul_mma launch");
+      return;
+    }
     if (mma) {
       const dim3 mgrid(b.first[n], (T + kMmaTokens - 1) / kMmaTokens);
-      dispatch_mma(W, [&]<Kind K, bool kAsym>() { launch(matmul_mma_kernel<K, kAsym>, mgrid, kMmaWarps * 32, 0, s, b, *q, T); });
+      dispatch_mma(W, [&]<Kind K, bool kAsym>() { launch(matmul_mma_kernel<K, kAsym, kMmaTokens, 2>, mgrid, kMmaWarps * 32, 0, s, b, *q, T); });
       check(cudaGetLastError(), "matmul_mma launch");
       return;
     }

@@ -40,23 +40,29 @@ __device__ __forceinline__ uint32_t nibbles_minus_8(uint32_t v) { return (v + 0x
 // A block of kMmaWarps warps multiplies up to NM matrices sharing one input
 // (gate and up) with BN tokens: warp w owns rows r0 + 16 w .. + 16 of each.
 // Per stage of KB 32-column blocks the block copies the weight rows, the
-// tokens' codes and their scales into shared memory (double-buffered
-// cp.async), and the warps run their mma from there. Row strides are padded
-// so that the fragment reads hit 32 distinct banks.
+// tokens' codes and their scales into shared memory (cp.async into S
+// buffers, S - 1 stages in flight while one computes), and the warps run
+// their mma from there. Row strides are padded so that the fragment reads
+// hit 32 distinct banks. S = 2 (double buffering) suits prompt chunks, whose
+// grids fill the GPU many times over; a few tokens (decode rows) make grids
+// of one block per 64 rows, where only the loads in flight per block keep
+// the weights streaming: more stages, fewer tokens per tile.
 constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps;
 
-template <Kind K, bool kAsym, int NM, int BN>
+template <Kind K, bool kAsym, int NM, int BN, int S = 2>
 struct MmaTile {
+  static_assert(S >= 2, "at least double buffering");
+  static constexpr int kTokens = BN;
   static constexpr int KB = K == Kind::kI4 ? 4 : 2;              // 32-column blocks per stage
   static constexpr int kBlockBytes = K == Kind::kI4 ? 16 : 32;  // bytes of a row per block
   static constexpr int ASTR = K == Kind::kI4 ? 80 : 96;         // bytes per weight row in shared memory
   static constexpr int BSTR = 160;                              // bytes per token (KB * 32 codes + padding)
   static constexpr int NT = BN / 8;
   struct Smem {
-    alignas(16) uint8_t a[2][NM][kMmaRows * ASTR];
-    alignas(16) uint8_t b[2][BN * BSTR];
-    float xs[2][KB * BN];
-    int xsum[2][kAsym ? KB * BN : 1];
+    alignas(16) uint8_t a[S][NM][kMmaRows * ASTR];
+    alignas(16) uint8_t b[S][BN * BSTR];
+    float xs[S][KB * BN];
+    int xsum[S][kAsym ? KB * BN : 1];
     int qrow[BN];
   };
 
@@ -110,15 +116,19 @@ struct MmaTile {
       cp_async_commit();
     };
     __syncthreads();  // sm.qrow is written
-    load(0, 0);
+    // Stages 0 .. S - 2 ahead; each iteration issues stage s + S - 1 into
+    // the buffer stage s - 1 computed from (freed by its closing barrier),
+    // an empty group past the end so that the count of groups in flight is
+    // always S - 1 when stage s is waited for.
+    for (int p = 0; p + 1 < S; ++p) {
+      if (p < stages) load(p, p * KB);
+      else cp_async_commit();
+    }
     for (int s = 0; s < stages; ++s) {
-      const int st = s & 1, kb0 = s * KB;
-      if (s + 1 < stages) {
-        load(st ^ 1, kb0 + KB);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+      const int st = s % S, kb0 = s * KB;
+      if (s + S - 1 < stages) load((s + S - 1) % S, kb0 + (S - 1) * KB);
+      else cp_async_commit();
+      cp_async_wait<S - 1>();
       __syncthreads();
       const int nbv = min(KB, nb - kb0);
 #pragma unroll
@@ -172,7 +182,7 @@ struct MmaTile {
           }
         }
       }
-      __syncthreads();  // this stage's buffers are free for the load after next
+      __syncthreads();  // this stage's buffers are free for the load S - 1 stages on
     }
     if constexpr (K == Kind::kI8) {
 #pragma unroll

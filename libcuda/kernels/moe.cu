@@ -227,6 +227,9 @@ constexpr int kMmaPairs = 32;
 // staged groups of 16 experts took 0.1 or 1 ms by whether they held one).
 // A pass of the tile reads the weights once either way.
 constexpr int kChunkPairs = kMmaPairs;
+// A few tokens' tiles (CudaTuning::mma_small): 16 pairs, 3 stages of gate
+// and up, 5 of down (shared memory under 48 KB each).
+constexpr int kSmallPairs = 16, kSmallUpStages = 3, kSmallDownStages = 5;
 
 // Block y of a launch over experts [e0, e1): its chunk's expert and pairs
 // order[p0 .. p1); false for a block past the range's last chunk (a launch
@@ -286,14 +289,14 @@ __device__ __forceinline__ void zero_expert_rows(const int* order, int p0, int p
     for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) out[static_cast<long long>(order[i]) * n + r] = 0.0f;
 }
 
-// Runs Tile over expert e's pairs order[p0 .. p1), kMmaPairs at a time (the
+// Runs Tile over expert e's pairs order[p0 .. p1), Tile::kTokens at a time (the
 // QuantX row of pair p is p / div); store(acc, i0, n) keeps each pass's
 // results for pairs order[i0 .. i0 + n).
 template <typename Tile, int NM, typename Store>
 __device__ __forceinline__ void expert_passes(const DevMatrix (&W)[NM], int r0, const QuantX& q, const int* order, int p0, int p1, int div,
                                               typename Tile::Smem& sm, Store&& store) {
-  for (int i0 = p0; i0 < p1; i0 += kMmaPairs) {
-    const int n = min(kMmaPairs, p1 - i0);
+  for (int i0 = p0; i0 < p1; i0 += Tile::kTokens) {
+    const int n = min(Tile::kTokens, p1 - i0);
     __syncthreads();  // the previous pass is done with sm.qrow
     for (int x = threadIdx.x; x < n; x += blockDim.x) sm.qrow[x] = order[i0 + x] / div;
     float acc[NM][Tile::NT][4];
@@ -303,11 +306,11 @@ __device__ __forceinline__ void expert_passes(const DevMatrix (&W)[NM], int r0, 
 }
 
 // act[p, r] = silu(gate_e[r] . hn[t]) * (up_e[r] . hn[t]) for expert e's pairs p (token t = p / K).
-template <Kind K, bool kAsym>
+template <Kind K, bool kAsym, int BN, int S>
 __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks,
                                                                       int e0, int e1, int Kk, QuantX qx, float* act) {
   griddep_wait();
-  using Tile = MmaTile<K, kAsym, 2, kMmaPairs>;
+  using Tile = MmaTile<K, kAsym, 2, BN, S>;
   __shared__ typename Tile::Smem sm;
   const int I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
   int e, p0, p1;
@@ -324,11 +327,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
 }
 
 // y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
-template <Kind K, bool kAsym>
+template <Kind K, bool kAsym, int BN, int S>
 __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks, int e0,
                                                                    int e1, QuantX qa, float* y) {
   griddep_wait();
-  using Tile = MmaTile<K, kAsym, 1, kMmaPairs>;
+  using Tile = MmaTile<K, kAsym, 1, BN, S>;
   __shared__ typename Tile::Smem sm;
   const int H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
   int e, p0, p1;
@@ -428,10 +431,18 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
   const bool mma = mma_supported() && tab.gate.asym == tab.up.asym;
   const dim3 block(kWarps * 32);
-  if (mma) {
+  // A few tokens (decode rows): tiles of 16 pairs, deeper pipelines (an
+  // expert has one or two pairs; its blocks' loads in flight set the pace).
+  const bool small = T <= launch_tuning().mma_small;
+  if (mma && small) {
     dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
-      launch(gate_up_mma_kernel<KK, kAsym>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, chunks, e0,
-             e1, K, q, sc.act);
+      launch(gate_up_mma_kernel<KK, kAsym, kSmallPairs, kSmallUpStages>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab,
+             sc.order, sc.offsets, chunks, e0, e1, K, q, sc.act);
+    });
+  } else if (mma) {
+    dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
+      launch(gate_up_mma_kernel<KK, kAsym, kMmaPairs, 2>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
+             chunks, e0, e1, K, q, sc.act);
     });
   } else {
     const dim3 g1((I + kWarps - 1) / kWarps, nc);
@@ -442,10 +453,15 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
   // quantized each on its own, so the values are the same either way.
   if (e0 == 0 && e1 == E) quantize_x(sc.act, n, I, tab.down.kind == Kind::kI4, q, s);
   else quantize_x_rows(sc.act, sc.order, sc.offsets + e0, sc.offsets + e1, n, I, tab.down.kind == Kind::kI4, q, s);
-  if (mma) {
+  if (mma && small) {
     dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
-      launch(down_mma_kernel<KK, kAsym>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets, chunks, e0, e1, q,
-             sc.y);
+      launch(down_mma_kernel<KK, kAsym, kSmallPairs, kSmallDownStages>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab,
+             sc.order, sc.offsets, chunks, e0, e1, q, sc.y);
+    });
+  } else if (mma) {
+    dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
+      launch(down_mma_kernel<KK, kAsym, kMmaPairs, 2>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
+             chunks, e0, e1, q, sc.y);
     });
   } else {
     const dim3 g2((H + kWarps - 1) / kWarps, nc);
