@@ -13,11 +13,14 @@
 #          session 21 the host's bytes alone: written when every miss was
 #          the host's; column "host only".)
 # Usage: scripts/bench_families.sh WORKDIR [BIN] [ROUNDS]
+#   env FAMILIES ("family:budget,budget ..."), PP (prompt length, default
+#   512; 0 runs the decode rows alone, for more rounds in one call).
 # Records in WORKDIR/families.tsv; prints the table last.
 set -euo pipefail
 work=${1:?usage: bench_families.sh WORKDIR [BIN] [ROUNDS]}
 bin=${2:-build/bin}
 rounds=${3:-2}
+pp=${PP:-512}
 families=${FAMILIES:-"qwen3_5_moe:1.75G,2.7G qwen3_moe:1.2G,1.86G qwen3_next:3.1G,4.8G"}
 mkdir -p "$work"
 out="$work/families.tsv"
@@ -39,9 +42,9 @@ for round in $(seq 1 "$rounds"); do
   for fb in $families; do
     f=${fb%%:*}
     budgets=${fb#*:}
-    bench "$f" whole -p 512 -n 128 -r 2
+    bench "$f" whole -p "$pp" -n 128 -r 2
     for one in ${budgets//,/ }; do
-      bench "$f" "$one" -p 512 -n 0 -r 4
+      [ "$pp" = 0 ] || bench "$f" "$one" -p "$pp" -n 0 -r 4
       bench "$f" "$one" -p 0 -n 128 -r 2
     done
   done

@@ -125,8 +125,11 @@ TEST(CudaRows, WholeModelMatchesEachSessionAlone) {
 // Under a budget: the rows' misses computed by the host in one handoff
 // (a quarter of the tiny fixture's experts in VRAM; half of the real
 // layouts' int4 experts: a row alone takes the tier's one-token decode
-// kernels, the rows step the chunk's grouped ones; 1 % of the largest
-// logit allowed, measured 4.8e-3).
+// kernels, the rows step the chunk's grouped ones; the twins' states drift
+// apart step by step through those roundings, measured 4.8e-3 after two
+// steps and 1.25e-2 of logits up to 1.2 after more (session 22, H100), the
+// greedy token equal at every step: 2 % of the largest logit allowed; a
+// row given another session's cache or state is off by the logits' scale).
 TEST(CudaRows, UnderABudgetMatchesEachSessionAlone) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
@@ -144,7 +147,7 @@ TEST(CudaRows, UnderABudgetMatchesEachSessionAlone) {
   cuda::CudaOptions o;
   o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
   o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
-  expect_rows_match_alone(*q, o, 1e-3f, 1e-2f);
+  expect_rows_match_alone(*q, o, 1e-3f, 2e-2f);
 }
 
 // CudaOptions::batch_rows false: the backend declines (the engine then

@@ -17,10 +17,12 @@ struct CudaTuning {
   int up_rows = 2;       // rows per lane group of the experts' gate+up (1 or 2)
   int down_rows = 4;     // the same for their down (2, 4 or 8)
   int logit_parts = 4;   // column ranges the logits come back in (1 to 8)
-  // Chunks of 2 .. mma_small tokens (coli-serve's decode rows, short
-  // verify windows) run their int4 / int8 matmuls and grouped experts on
-  // tensor-core tiles of 16 tokens with deeper cp.async pipelines
-  // (mma_tile.cuh); 0: the prompt chunk's tiles from 8 tokens, dp4a below.
+  // int4 / int8 matmuls of chunks of mma_min_tokens or more tokens run on
+  // tensor cores (mma_tile.cuh), fewer on dp4a row dots; of those, chunks
+  // of up to mma_small tokens (coli-serve's decode rows, verify windows)
+  // on tiles of 16 tokens with deeper cp.async pipelines, as do their
+  // grouped experts (0: the prompt chunk's tiles of 64 for every chunk).
+  int mma_min_tokens = 8;
   int mma_small = 16;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the

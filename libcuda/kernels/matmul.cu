@@ -20,9 +20,10 @@ namespace {
 constexpr int kWarps = 8;        // rows per block of 256 threads
 constexpr int kDecodeWarps = 4;  // the same for one token
 static_assert(CudaTuning{}.gemv_warps == kDecodeWarps && CudaTuning{}.float_warps == kDecodeWarps, "CudaTuning's defaults are these");
-// Tensor-core path (mma_tile.cuh): chunks of at least kMmaMinTokens tokens;
-// a block covers kMmaRows rows times kMmaTokens tokens.
-constexpr int kMmaMinTokens = 8, kMmaTokens = 64;
+// Tensor-core path (mma_tile.cuh): chunks of at least
+// CudaTuning::mma_min_tokens tokens; a block covers kMmaRows rows times
+// kMmaTokens tokens (kSmallTokens up to CudaTuning::mma_small).
+constexpr int kMmaTokens = 64;
 
 // ---- float path ----------------------------------------------------------
 
@@ -332,10 +333,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, Qua
   Tile::for_each_result(r0, o.W.rows, ntok, [&](int j, int c, int tok, int row) { o.y[static_cast<long long>(t0 + tok) * o.ldy + row] = acc[0][j][c]; });
 }
 
-// Whether a chunk of T tokens takes the few-token tensor-core tiles: 2 ..
-// small tokens (CudaTuning::mma_small) of an int8-activation matrix.
-bool int8_x_small(const QuantX* q, const DevMatrix& W, int T, int small) { return q && takes_int8_x(W) && T >= 2 && T <= small; }
-
 // Rows per lane group of a one-token matmul over this many rows: two for
 // the lm_head's ranges, one otherwise. Measured on the H200 (tg128, int4):
 // (4, 2, 1) rows for (>= 32K, >= 8K, fewer) rows 1,842 t/s, (2, 1, 1) 1,892,
@@ -402,9 +399,8 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     return;
   }
   const DevMatrix& W = outs[0].W;
-  const int small = launch_tuning().mma_small;
-  const bool small_mma = int8_x_small(q, W, T, small);
-  const bool int8_x = q && takes_int8_x(W), mma = int8_x && (T >= kMmaMinTokens || small_mma) && mma_supported();
+  const bool int8_x = q && takes_int8_x(W), mma = int8_x && T >= launch_tuning().mma_min_tokens && mma_supported();
+  const bool small_mma = mma && T <= launch_tuning().mma_small;
   // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
   // (row, 8 tokens) in blocks of kWarps (float path).
   const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;

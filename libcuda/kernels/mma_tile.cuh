@@ -124,10 +124,32 @@ struct MmaTile {
       if (p < stages) load(p, p * KB);
       else cp_async_commit();
     }
+    // int4 scales: this lane's two rows' per block, read from global memory
+    // one stage ahead into registers (sc[.][.][0..3]: s and mn of row g,
+    // then of row g + 8), so that their latency hides behind a stage's
+    // mma instead of stalling every block of it (a few tokens' grids have
+    // one block per 64 rows: nothing else to switch to).
+    constexpr int kScales = K == Kind::kI4 ? KB : 1;
+    float sc[kScales][NM][4], sc_next[kScales][NM][4];
+    auto read_scales = [&](int kb0, float (&out)[kScales][NM][4]) {
+      if constexpr (K == Kind::kI4) {
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+#pragma unroll
+          for (int m = 0; m < NM; ++m) {
+            const int c = min(kb0 + kk, nb - 1) * 32;
+            const int ra = min(r0 + wr + g, W[m].rows - 1), rb = min(r0 + wr + g + 8, W[m].rows - 1);
+            int4_scale(W[m], ra, c, &out[kk][m][0], &out[kk][m][1]);
+            int4_scale(W[m], rb, c, &out[kk][m][2], &out[kk][m][3]);
+          }
+      }
+    };
+    read_scales(0, sc);
     for (int s = 0; s < stages; ++s) {
       const int st = s % S, kb0 = s * KB;
       if (s + S - 1 < stages) load((s + S - 1) % S, kb0 + (S - 1) * KB);
       else cp_async_commit();
+      if (s + 1 < stages) read_scales(kb0 + KB, sc_next);
       cp_async_wait<S - 1>();
       __syncthreads();
       const int nbv = min(KB, nb - kb0);
@@ -145,9 +167,7 @@ struct MmaTile {
             const uint32_t la = ua & 0x0F0F0F0Fu, ha = (ua >> 4) & 0x0F0F0F0Fu, lb = ub & 0x0F0F0F0Fu, hb = (ub >> 4) & 0x0F0F0F0Fu;
             if (kAsym) a[m][0] = la, a[m][1] = lb, a[m][2] = ha, a[m][3] = hb;
             else a[m][0] = nibbles_minus_8(la), a[m][1] = nibbles_minus_8(lb), a[m][2] = nibbles_minus_8(ha), a[m][3] = nibbles_minus_8(hb);
-            const int ra = min(r0 + wr + g, W[m].rows - 1), rb = min(r0 + wr + g + 8, W[m].rows - 1);
-            int4_scale(W[m], ra, (kb0 + kk) * 32, &sa[m], &ma[m]);
-            int4_scale(W[m], rb, (kb0 + kk) * 32, &sb[m], &mb[m]);
+            sa[m] = sc[kk][m][0], ma[m] = sc[kk][m][1], sb[m] = sc[kk][m][2], mb[m] = sc[kk][m][3];
           } else {
             const uint2 ua = *reinterpret_cast<const uint2*>(base + (wr + g) * ASTR + i * 8);
             const uint2 ub = *reinterpret_cast<const uint2*>(base + (wr + g + 8) * ASTR + i * 8);
@@ -183,6 +203,13 @@ struct MmaTile {
         }
       }
       __syncthreads();  // this stage's buffers are free for the load S - 1 stages on
+      if (K == Kind::kI4 && s + 1 < stages)
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk)
+#pragma unroll
+          for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) sc[kk][m][c] = sc_next[kk][m][c];
     }
     if constexpr (K == Kind::kI8) {
 #pragma unroll
