@@ -267,8 +267,8 @@ struct RealLayouts {
   }
   decltype(Model::load("")) convert(QuantFormat f) { return test::convert_all(d / "synth", d / (std::string(format_name(f)) + ".coli"), f); }
   // Logits after the prompt and after each decode step.
-  std::vector<std::vector<float>> run(Backend& be, const Model& m) const {
-    Engine e(m.spec(), be, 64);
+  std::vector<std::vector<float>> run(Backend& be, const Model& m, int chunk = 64) const {
+    Engine e(m.spec(), be, chunk);
     Session s = e.new_session();
     std::vector<std::vector<float>> out{e.forward(s, prompt)};
     for (int tok : feed) out.push_back(e.forward(s, std::vector<int>{tok}));
@@ -300,6 +300,14 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
     const float e_quant = max_step_diff(c, r.ref), e_gpu = max_step_diff(g, c);
     std::printf("[ info     ] %s, real layouts: max |dlogit| GPU vs CPU %.2e, CPU container vs bf16 %.2e\n", format_name(f), e_gpu, e_quant);
     EXPECT_LT(e_gpu, std::max(1e-3f, 2 * e_quant)) << format_name(f);
+    // Prompt chunks of 12 (decode rows' sizes): the few-token tensor-core
+    // tiles (CudaTuning::mma_small) and the pair-by-pair experts below
+    // CudaTuning::grouped_min_tokens; of 5, the dp4a row dots.
+    for (int chunk : {12, 5}) {
+      const float e_small = max_step_diff(r.run(*gpu_be, *m, chunk), c);
+      std::printf("[ info     ] %s, real layouts, chunks of %d: max |dlogit| GPU vs CPU %.2e\n", format_name(f), chunk, e_small);
+      EXPECT_LT(e_small, std::max(1e-3f, 2 * e_quant)) << format_name(f) << " chunks of " << chunk;
+    }
   }
 }
 

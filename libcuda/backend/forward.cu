@@ -165,7 +165,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   // the whole layer, or expert ranges streaming through a ring), each
   // waited for just before its kernels; the shared expert above and the
   // earlier groups ran meanwhile.
-  const bool grouped = T >= kGroupedMinTokens && moe_grouped_supported(table);
+  const bool grouped = T >= kGroupedMinTokens && (T >= opt_.tuning.grouped_min_tokens || x.upload) && moe_grouped_supported(table);
   if (x.upload && x.groups > 1 && !grouped) throw Error("CUDA backend: a staged layer in groups needs the grouped expert kernels (internal)");
   step("experts", [&] {
     if (grouped) {

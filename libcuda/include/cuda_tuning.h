@@ -24,6 +24,16 @@ struct CudaTuning {
   // grouped experts (0: the prompt chunk's tiles of 64 for every chunk).
   int mma_min_tokens = 8;
   int mma_small = 16;
+  // Chunks of this many tokens or more run their routed experts grouped by
+  // expert (moe_grouped: each expert's rows read once per tile of its
+  // pairs); fewer take the decode kernels pair by pair (an expert shared
+  // by two pairs read twice, from L2 the second time), faster while
+  // experts have a pair or two each (measured on the H100 at the 35B
+  // shapes, 8 uniform picks of 256: 16 tokens 112 us against 193, 32
+  // tokens 208 against 279, 64 tokens 406 against 358). A prompt chunk
+  // that uploads its experts in groups always groups (from
+  // kMoeGroupedMinTokens).
+  int grouped_min_tokens = 48;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).
