@@ -20,8 +20,9 @@ struct CudaTuning {
   // int4 / int8 matmuls of chunks of mma_min_tokens or more tokens run on
   // tensor cores (mma_tile.cuh), fewer on dp4a row dots; of those, chunks
   // of up to mma_small tokens (coli-serve's decode rows, verify windows)
-  // on tiles of 16 tokens with deeper cp.async pipelines, as do their
-  // grouped experts (0: the prompt chunk's tiles of 64 for every chunk).
+  // on tiles of 16 tokens with deeper cp.async pipelines (0: the prompt
+  // chunk's tiles of 64 for every chunk). The same values either way: a
+  // tile's token count changes no output's sum.
   int mma_min_tokens = 8;
   int mma_small = 16;
   // Chunks of this many tokens or more run their routed experts grouped by
@@ -29,11 +30,15 @@ struct CudaTuning {
   // pairs); fewer take the decode kernels pair by pair (an expert shared
   // by two pairs read twice, from L2 the second time), faster while
   // experts have a pair or two each (measured on the H100 at the 35B
-  // shapes, 8 uniform picks of 256: 16 tokens 112 us against 193, 32
-  // tokens 208 against 279, 64 tokens 406 against 358). A prompt chunk
-  // that uploads its experts in groups always groups (from
-  // kMoeGroupedMinTokens).
-  int grouped_min_tokens = 48;
+  // shapes, 8 uniform picks of 256: 16 tokens 112 us against 193-229, 32
+  // tokens 208 against 298, 64 tokens 405 against 384; coli-bench's 16
+  // sessions stepped together 3,978 tok/s at 48 against 3,788 at 4). Not
+  // the default: at 48 the CUDA rows test's int4 sessions (5 rows) left
+  // their tolerance and a prompt chunk's logits stop being bit for bit
+  // those of an uploading tier, which always groups (session 22: cause of
+  // the first not established). A prompt chunk that uploads its experts in
+  // groups always groups (from kMoeGroupedMinTokens).
+  int grouped_min_tokens = 4;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

@@ -227,9 +227,6 @@ constexpr int kMmaPairs = 32;
 // staged groups of 16 experts took 0.1 or 1 ms by whether they held one).
 // A pass of the tile reads the weights once either way.
 constexpr int kChunkPairs = kMmaPairs;
-// A few tokens' tiles (CudaTuning::mma_small): 16 pairs, 3 stages of gate
-// and up, 5 of down (shared memory under 48 KB each).
-constexpr int kSmallPairs = 16, kSmallUpStages = 3, kSmallDownStages = 5;
 
 // Block y of a launch over experts [e0, e1): its chunk's expert and pairs
 // order[p0 .. p1); false for a block past the range's last chunk (a launch
@@ -431,15 +428,10 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
   const bool mma = mma_supported() && tab.gate.asym == tab.up.asym;
   const dim3 block(kWarps * 32);
-  // A few tokens (decode rows): tiles of 16 pairs, deeper pipelines (an
-  // expert has one or two pairs; its blocks' loads in flight set the pace).
-  const bool small = T <= launch_tuning().mma_small;
-  if (mma && small) {
-    dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
-      launch(gate_up_mma_kernel<KK, kAsym, kSmallPairs, kSmallUpStages>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab,
-             sc.order, sc.offsets, chunks, e0, e1, K, q, sc.act);
-    });
-  } else if (mma) {
+  // (Tiles of 16 pairs with deeper pipelines, as the few-token matmuls take,
+  // measured slower here: 8 tokens 154 us against 119, 16 tokens 229
+  // against 202 at the 35B shapes, session 22.)
+  if (mma) {
     dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
       launch(gate_up_mma_kernel<KK, kAsym, kMmaPairs, 2>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
              chunks, e0, e1, K, q, sc.act);
@@ -453,12 +445,7 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
   // quantized each on its own, so the values are the same either way.
   if (e0 == 0 && e1 == E) quantize_x(sc.act, n, I, tab.down.kind == Kind::kI4, q, s);
   else quantize_x_rows(sc.act, sc.order, sc.offsets + e0, sc.offsets + e1, n, I, tab.down.kind == Kind::kI4, q, s);
-  if (mma && small) {
-    dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
-      launch(down_mma_kernel<KK, kAsym, kSmallPairs, kSmallDownStages>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab,
-             sc.order, sc.offsets, chunks, e0, e1, q, sc.y);
-    });
-  } else if (mma) {
+  if (mma) {
     dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
       launch(down_mma_kernel<KK, kAsym, kMmaPairs, 2>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
              chunks, e0, e1, q, sc.y);
