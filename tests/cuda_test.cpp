@@ -301,8 +301,8 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
     std::printf("[ info     ] %s, real layouts: max |dlogit| GPU vs CPU %.2e, CPU container vs bf16 %.2e\n", format_name(f), e_gpu, e_quant);
     EXPECT_LT(e_gpu, std::max(1e-3f, 2 * e_quant)) << format_name(f);
     // Prompt chunks of 12 (decode rows' sizes): the few-token tensor-core
-    // tiles (CudaTuning::mma_small) and the pair-by-pair experts below
-    // CudaTuning::grouped_min_tokens; of 5, the dp4a row dots.
+    // tiles (CudaTuning::mma_small); of 5, the dp4a row dots. Both group
+    // their experts (CudaTuning::grouped_min_tokens, 4).
     for (int chunk : {12, 5}) {
       const float e_small = max_step_diff(r.run(*gpu_be, *m, chunk), c);
       std::printf("[ info     ] %s, real layouts, chunks of %d: max |dlogit| GPU vs CPU %.2e\n", format_name(f), chunk, e_small);

@@ -400,7 +400,6 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   }
   const DevMatrix& W = outs[0].W;
   const bool int8_x = q && takes_int8_x(W), mma = int8_x && T >= launch_tuning().mma_min_tokens && mma_supported();
-  const bool small_mma = mma && T <= launch_tuning().mma_small;
   // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
   // (row, 8 tokens) in blocks of kWarps (float path).
   const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
@@ -422,17 +421,15 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   const dim3 grid(b.first[n]), block(warps * 32);
   if (int8_x) {
     if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
-    if (mma && small_mma) {
-      const dim3 mgrid(b.first[n], (T + kSmallTokens - 1) / kSmallTokens);
-      dispatch_mma(W, [&]<Kind K, bool kAsym>() {
-        launch(matmul_mma_kernel<K, kAsym, kSmallTokens, kSmallStages>, mgrid, kMmaWarps * 32, 0, s, b, *q, T);
-      });
-      check(cudaGetLastError(), "matmul_mma launch");
-      return;
-    }
     if (mma) {
-      const dim3 mgrid(b.first[n], (T + kMmaTokens - 1) / kMmaTokens);
-      dispatch_mma(W, [&]<Kind K, bool kAsym>() { launch(matmul_mma_kernel<K, kAsym, kMmaTokens, 2>, mgrid, kMmaWarps * 32, 0, s, b, *q, T); });
+      // A few tokens (up to CudaTuning::mma_small) on 16-token tiles with
+      // deeper pipelines, prompt chunks on 64-token double-buffered ones.
+      auto tiles = [&]<int BN, int S>() {
+        const dim3 mgrid(b.first[n], (T + BN - 1) / BN);
+        dispatch_mma(W, [&]<Kind K, bool kAsym>() { launch(matmul_mma_kernel<K, kAsym, BN, S>, mgrid, kMmaWarps * 32, 0, s, b, *q, T); });
+      };
+      if (T <= launch_tuning().mma_small) tiles.template operator()<kSmallTokens, kSmallStages>();
+      else tiles.template operator()<kMmaTokens, 2>();
       check(cudaGetLastError(), "matmul_mma launch");
       return;
     }

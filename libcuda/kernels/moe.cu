@@ -303,11 +303,11 @@ __device__ __forceinline__ void expert_passes(const DevMatrix (&W)[NM], int r0, 
 }
 
 // act[p, r] = silu(gate_e[r] . hn[t]) * (up_e[r] . hn[t]) for expert e's pairs p (token t = p / K).
-template <Kind K, bool kAsym, int BN, int S>
+template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks,
                                                                       int e0, int e1, int Kk, QuantX qx, float* act) {
   griddep_wait();
-  using Tile = MmaTile<K, kAsym, 2, BN, S>;
+  using Tile = MmaTile<K, kAsym, 2, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
   const int I = tab.gate.rows, r0 = blockIdx.x * kMmaRows;
   int e, p0, p1;
@@ -324,11 +324,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gate_up_mma_kernel(ExpertTable
 }
 
 // y[p, r] = down_e[r] . act[p] for expert e's pairs p (act quantized per pair).
-template <Kind K, bool kAsym, int BN, int S>
+template <Kind K, bool kAsym>
 __global__ void __launch_bounds__(kMmaWarps * 32) down_mma_kernel(ExpertTable tab, const int* order, const int* offsets, const int* chunks, int e0,
                                                                    int e1, QuantX qa, float* y) {
   griddep_wait();
-  using Tile = MmaTile<K, kAsym, 1, BN, S>;
+  using Tile = MmaTile<K, kAsym, 1, kMmaPairs>;
   __shared__ typename Tile::Smem sm;
   const int H = tab.down.rows, r0 = blockIdx.x * kMmaRows;
   int e, p0, p1;
@@ -433,7 +433,7 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
   // against 202 at the 35B shapes, session 22.)
   if (mma) {
     dispatch_mma(tab.gate, [&]<Kind KK, bool kAsym>() {
-      launch(gate_up_mma_kernel<KK, kAsym, kMmaPairs, 2>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
+      launch(gate_up_mma_kernel<KK, kAsym>, dim3((I + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
              chunks, e0, e1, K, q, sc.act);
     });
   } else {
@@ -447,7 +447,7 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
   else quantize_x_rows(sc.act, sc.order, sc.offsets + e0, sc.offsets + e1, n, I, tab.down.kind == Kind::kI4, q, s);
   if (mma) {
     dispatch_mma(tab.down, [&]<Kind KK, bool kAsym>() {
-      launch(down_mma_kernel<KK, kAsym, kMmaPairs, 2>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
+      launch(down_mma_kernel<KK, kAsym>, dim3((H + kMmaRows - 1) / kMmaRows, nc), kMmaWarps * 32, 0, s, tab, sc.order, sc.offsets,
              chunks, e0, e1, q, sc.y);
     });
   } else {
