@@ -1,7 +1,8 @@
 // Kernel microbenchmark: matmul_many and the routed experts (grouped and
 // pair by pair) at T = 1..64 tokens on the 35B-A3B shapes, int4-g32
 // weights of random bytes, device time per call (events over 50 calls).
-// Arguments: CudaTuning::mma_min_tokens and mma_small (default 8 16).
+// Arguments: CudaTuning::mma_min_tokens, mma_small and mma_split (default
+// 8 16 3).
 // Build after `make` (docs/perf/serve.md, session 22):
 //   nvcc -std=c++20 -O2 -arch=sm_90a -Ilibcore -Ilibcuda/include -Ilibcuda/common \
 //     -Ilibcuda/kernels scripts/kbench_small_t.cu build/lib/libcolicuda.a build/lib/libcolicore.a -o kbench
@@ -33,7 +34,8 @@ int main(int argc, char** argv) {
   const int reps = 50;
   launch_tuning().mma_min_tokens = argc > 1 ? atoi(argv[1]) : 8;
   launch_tuning().mma_small = argc > 2 ? atoi(argv[2]) : 16;
-  printf("mma_min %d mma_small %d\n", launch_tuning().mma_min_tokens, launch_tuning().mma_small);
+  launch_tuning().mma_split = argc > 3 ? atoi(argv[3]) : 3;
+  printf("mma_min %d mma_small %d mma_split %d\n", launch_tuning().mma_min_tokens, launch_tuning().mma_small, launch_tuning().mma_split);
   cudaStream_t s; cudaStreamCreate(&s);
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   const int H = 2048, maxT = 64;
@@ -44,8 +46,10 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes = {{"gdn_in(8192+4096+32+32)x2048", {{8192, 2048}, {4096, 2048}, {32, 2048}, {32, 2048}}},
                                {"gdn_out 2048x4096", {{2048, 4096}}},
                                {"shared gate+up 2x512x2048", {{512, 2048}, {512, 2048}}},
+                               {"attn q+gate 8192x2048", {{8192, 2048}}},
+                               {"shared down 2048x512", {{2048, 512}}},
                                {"lm_head part 62080x2048", {{62080, 2048}}}};
-  const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
+  const int Ts[] = {1, 2, 3, 4, 8, 12, 16, 32, 64};
   printf("%-32s %6s %10s %10s %8s\n", "matmul", "T", "us/call", "GB/s", "xT1");
   for (auto& sh : shapes) {
     std::vector<MatmulOut> outs; size_t bytes = 0; uint32_t seed = 1;

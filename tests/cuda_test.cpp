@@ -311,6 +311,46 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
   }
 }
 
+// Few-token chunks (12: coli-serve's rows, verify windows) at widths where
+// the tensor-core tiles split their columns over a thread block cluster
+// (CudaTuning::mma_split: hidden and value width 1,024, 16 tiles of 64 rows
+// a matrix, 4 parts of 256 columns): against the same chunks unsplit and
+// against the CPU on the same int4 container. Split and unsplit add the
+// same exact per-block integer dots in another order (float rounding
+// only); the CPU bound is RealLayoutsMatchTheCpu's.
+TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  SynthOptions so;
+  so.layers = 4, so.seed = 7, so.threads = 2;
+  so.vocab = 512, so.hidden = 1024, so.experts = 16, so.top_k = 4, so.moe_inter = 64, so.shared_inter = 128;
+  so.heads = 8, so.kv_heads = 2, so.head_dim = 128, so.lin_k_heads = 4, so.lin_v_heads = 8, so.lin_k_dim = 128, so.lin_v_dim = 128;
+  write_synthetic_checkpoint(d / "synth", so);
+  auto m = test::convert_all(d / "synth", d / "m.coli", QuantFormat::I4_G32);
+  std::vector<int> prompt(40);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 37 + 11) % so.vocab);
+  auto run = [&](Backend& be) {
+    Engine e(m->spec(), be, 12);
+    Session s = e.new_session();
+    std::vector<std::vector<float>> out{e.forward(s, prompt)};
+    for (int i = 0; i < 3; ++i) out.push_back(e.forward(s, std::vector<int>{static_cast<int>((i * 131 + 7) % so.vocab), 3, 5}));
+    return out;
+  };
+  cuda::CudaOptions off;
+  off.tuning.mma_split = 0;
+  cpu::CpuBackend cpu_be(*m);
+  const auto split = run(*cuda::make_cuda_backend(*m)), unsplit = run(*cuda::make_cuda_backend(*m, off)), c = run(cpu_be);
+  float top = 0;
+  for (const auto& l : c)
+    for (float v : l) top = std::max(top, std::fabs(v));
+  const float e_split = max_step_diff(split, unsplit), e_cpu = max_step_diff(split, c), e_cpu_unsplit = max_step_diff(unsplit, c);
+  std::printf("[ info     ] int4, hidden 1024, chunks of 12: split vs unsplit %.2e, split vs CPU %.2e, unsplit vs CPU %.2e (logits up to %.2e)\n", e_split,
+              e_cpu, e_cpu_unsplit, top);
+  EXPECT_LT(e_split, 1e-4f * std::max(1.0f, top));
+  EXPECT_LT(e_cpu, std::max(1e-3f, 2 * e_cpu_unsplit));
+}
+
 // The non-default paths at the real layouts (the score-buffer attention
 // kernel, the token-by-token DeltaNet prefill; the defaults, split-KV and
 // the WY chunks over 4 column parts of 128-wide heads, are

@@ -28,6 +28,8 @@
 //   COLI_TUNE_MMA_MIN=2..65             CudaTuning::mma_min_tokens
 //   COLI_TUNE_MMA_SMALL=0..64           CudaTuning::mma_small (0: off)
 //   COLI_TUNE_GROUPED_MIN=4..4096       CudaTuning::grouped_min_tokens
+//   COLI_TUNE_GROUPED_MIN_ROWS=4..4096  CudaTuning::grouped_min_rows
+//   COLI_TUNE_MMA_SPLIT=0..64           CudaTuning::mma_split (0: off)
 //   COLI_TUNE_PREFILL_RING=1..4096      CudaOptions::prefill_ring_slots (the staging ring's least slots per area)
 //
 // An unset or empty variable leaves its field alone. Any other value outside
@@ -163,6 +165,8 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_int(get, "COLI_TUNE_MMA_MIN", &t.mma_min_tokens, 2, 65);
   read_int(get, "COLI_TUNE_MMA_SMALL", &t.mma_small, 0, 64);
   read_int(get, "COLI_TUNE_GROUPED_MIN", &t.grouped_min_tokens, 4, 4096);
+  read_int(get, "COLI_TUNE_GROUPED_MIN_ROWS", &t.grouped_min_rows, 4, 4096);
+  read_int(get, "COLI_TUNE_MMA_SPLIT", &t.mma_split, 0, 64);
   read_int(get, "COLI_TUNE_PREFILL_RING", &c.prefill_ring_slots, 1, 4096);
   return e;
 }

@@ -268,7 +268,8 @@ class CudaBackend : public Backend {
   // Returns whether the host's part is still to be joined: a one-token
   // step's join goes into the residual add and norm after the block
   // (CudaOptions::fuse_decode; ExpertTier::join_norm).
-  bool moe_layer(const DevLayer& L, int l, int T, bool hn_q);
+  // rows_step: a rows step's T rows (CudaTuning::grouped_min_rows).
+  bool moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool rows_step = false);
   // rlogits_ = router(hn_); hn_q: hn_ is also in qx_ in the router's order.
   void router_logits(const DevLayer& L, int T, bool hn_q);
   // sh_ = shared down(silu(sg_) * su_).

@@ -101,7 +101,7 @@ void CudaBackend::shared_down(const DevLayer& L, int T) {
   }
 }
 
-bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
+bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool rows_step) {
   const int E = s_.num_experts, K = s_.num_experts_per_tok, Is = s_.shared_expert_intermediate_size;
   if (!s_.is_sparse(l)) {  // a dense layer: its MLP in the shared expert's place, no gate
     step("shared expert", [&] {
@@ -165,7 +165,8 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q) {
   // the whole layer, or expert ranges streaming through a ring), each
   // waited for just before its kernels; the shared expert above and the
   // earlier groups ran meanwhile.
-  const bool grouped = T >= kGroupedMinTokens && (T >= opt_.tuning.grouped_min_tokens || x.upload) && moe_grouped_supported(table);
+  const int grouped_min = rows_step ? opt_.tuning.grouped_min_rows : opt_.tuning.grouped_min_tokens;
+  const bool grouped = T >= kGroupedMinTokens && (T >= grouped_min || x.upload) && moe_grouped_supported(table);
   if (x.upload && x.groups > 1 && !grouped) throw Error("CUDA backend: a staged layer in groups needs the grouped expert kernels (internal)");
   step("experts", [&] {
     if (grouped) {
@@ -212,7 +213,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const R
     step("norms+adds", [&] {
       add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble, s_.norm_plus_one);
     });
-    const bool join_in_norm = moe_layer(L, l, T, hn_q);
+    const bool join_in_norm = moe_layer(L, l, T, hn_q, rows != nullptr);
     const bool last = l + 1 == s_.num_layers;
     hn_q = !last && mixer_quant(l + 1, &nibble);
     // routed_ holds the shared expert too (folded), or there is none (qwen3_moe); a dense layer's MLP is in sh_, ungated.

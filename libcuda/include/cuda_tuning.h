@@ -25,6 +25,11 @@ struct CudaTuning {
   // tile's token count changes no output's sum.
   int mma_min_tokens = 8;
   int mma_small = 16;
+  // Such few-token tiles split their columns over a thread block cluster
+  // (up to 8 blocks, sm_90) until the grid has mma_split blocks per SM
+  // (0: never split): a 2,048-row matrix has 32 tiles of 64 rows for 132
+  // SMs. Values change by float summation order only.
+  int mma_split = 3;
   // Chunks of this many tokens or more run their routed experts grouped by
   // expert (moe_grouped: each expert's rows read once per tile of its
   // pairs); fewer take the decode kernels pair by pair (an expert shared
@@ -39,6 +44,10 @@ struct CudaTuning {
   // the first not established). A prompt chunk that uploads its experts in
   // groups always groups (from kMoeGroupedMinTokens).
   int grouped_min_tokens = 4;
+  // The same for a rows step's rows (coli-serve's slots, coli-bench
+  // --n-parallel: one token per session, an expert a pair or two): they
+  // never upload, so pair by pair changes no prompt's values.
+  int grouped_min_rows = 48;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

@@ -6,6 +6,8 @@
 // __dp4a: four multiply-adds per instruction and a quarter of the x bytes
 // of the float path, which bounds decode (x is read once per weight chunk).
 // Other matrices take the float path (dev_matrix.cuh).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -56,11 +58,13 @@ struct Batch {
   int n;
 };
 
-// The matrix block blockIdx.x belongs to; *blk: the block's index within it.
-__device__ __forceinline__ int batch_index(const Batch& b, int* blk) {
+// The matrix block x (blockIdx.x unless given) belongs to; *blk: the
+// block's index within it.
+__device__ __forceinline__ int batch_index(const Batch& b, int* blk, int x = -1) {
+  if (x < 0) x = static_cast<int>(blockIdx.x);
   int i = 0;
-  while (i + 1 < b.n && static_cast<int>(blockIdx.x) >= b.first[i + 1]) ++i;
-  *blk = blockIdx.x - b.first[i];
+  while (i + 1 < b.n && x >= b.first[i + 1]) ++i;
+  *blk = x - b.first[i];
   return i;
 }
 
@@ -333,6 +337,70 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_kernel(Batch b, Qua
   Tile::for_each_result(r0, o.W.rows, ntok, [&](int j, int c, int tok, int row) { o.y[static_cast<long long>(t0 + tok) * o.ldy + row] = acc[0][j][c]; });
 }
 
+// Split-K for a few tokens through few rows (the trunk's projections at 16
+// rows or fewer: a tile per 64 rows leaves most SMs idle, 32 blocks for a
+// 2,048-row matrix): the `splits` blocks of a thread block cluster (along
+// x) take consecutive ranges of the columns' stages, each its part of
+// the tile's dot products; the parts meet in distributed shared memory,
+// added in block rank order (deterministic: the same values for the same
+// splits), each block writing every splits-th of the tile's results.
+template <Kind K, bool kAsym, int BN, int S>
+__global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_split_kernel(Batch b, QuantX q, int T, int splits) {
+  griddep_wait();
+  using Tile = MmaTile<K, kAsym, 1, BN, S>;
+  __shared__ typename Tile::Smem sm;
+  const int rank = static_cast<int>(blockIdx.x) % splits;  // the cluster's block rank: clusters of `splits` along x
+  int blk;
+  const MatmulOut& o = b.m[batch_index(b, &blk, static_cast<int>(blockIdx.x) / splits)];
+  const int r0 = blk * kMmaRows, t0 = blockIdx.y * BN, ntok = min(BN, T - t0);
+  for (int x = threadIdx.x; x < BN; x += blockDim.x) sm.qrow[x] = min(t0 + x, T - 1);
+  const int nb = o.W.cols / 32, stages = (nb + Tile::KB - 1) / Tile::KB;
+  const int kb_lo = stages * rank / splits * Tile::KB, kb_hi = min(nb, stages * (rank + 1) / splits * Tile::KB);
+  const DevMatrix W[1] = {o.W};
+  float acc[1][Tile::NT][4];
+  Tile::run(W, r0, q, ntok, sm, acc, kb_lo, kb_hi);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int NE = Tile::NT * 4;  // results per thread
+  static_assert(sizeof(sm.a) >= NE * kMmaWarps * 32 * sizeof(float), "the parts fit the weight buffers");
+  float* part = reinterpret_cast<float*>(sm.a);  // free: run() ends past its last stage's barrier, no copies in flight
+  const int n = kMmaWarps * 32;
+#pragma unroll
+  for (int e = 0; e < NE; ++e) part[e * n + threadIdx.x] = acc[0][e / 4][e % 4];
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int lane = threadIdx.x & 31, ra = r0 + (threadIdx.x >> 5) * 16 + (lane >> 2), i = lane & 3;
+  for (int e = rank; e < NE; e += splits) {
+    float v = 0.0f;
+    for (int r = 0; r < splits; ++r) v += cluster.map_shared_rank(part, r)[e * n + threadIdx.x];
+    const int j = e / 4, c = e % 4, tok = 8 * j + 2 * i + (c & 1), row = ra + 8 * (c >> 1);
+    if (tok < ntok && row < o.W.rows) o.y[static_cast<long long>(t0 + tok) * o.ldy + row] = v;
+  }
+  cluster.sync();  // every block has read the others' parts
+#else
+  __trap();  // the host splits only on sm_90+ (clusters_supported())
+#endif
+}
+
+// Blocks of a cluster for a few-token tensor-core matmul of `blocks` tiles
+// over nb 32-column blocks: doubled while the grid holds fewer than
+// CudaTuning::mma_split blocks per SM and each part keeps two stages or
+// more; at most 8 (the portable cluster size).
+int mma_splits(int blocks, int nb, int kb) {
+  const int per_sm = launch_tuning().mma_split;
+  if (per_sm <= 0 || device_cc_major() < 9) return 1;
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    return n;
+  }();
+  const int stages = (nb + kb - 1) / kb;
+  int s = 1;
+  while (s < 8 && blocks * s < per_sm * sms && stages >= 2 * 2 * s) s *= 2;
+  return s;
+}
+
 // Rows per lane group of a one-token matmul over this many rows: two for
 // the lm_head's ranges, one otherwise. Measured on the H200 (tg128, int4):
 // (4, 2, 1) rows for (>= 32K, >= 8K, fewer) rows 1,842 t/s, (2, 1, 1) 1,892,
@@ -428,7 +496,16 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
         const dim3 mgrid(b.first[n], (T + BN - 1) / BN);
         dispatch_mma(W, [&]<Kind K, bool kAsym>() { launch(matmul_mma_kernel<K, kAsym, BN, S>, mgrid, kMmaWarps * 32, 0, s, b, *q, T); });
       };
-      if (T <= launch_tuning().mma_small) tiles.template operator()<kSmallTokens, kSmallStages>();
+      // Few tiles: split-K over clusters (matmul_mma_split_kernel).
+      const int splits = T <= launch_tuning().mma_small
+                             ? mma_splits(b.first[n] * ((T + kSmallTokens - 1) / kSmallTokens), W.cols / 32, W.kind == Kind::kI4 ? 4 : 2)
+                             : 1;
+      if (splits > 1) {
+        const dim3 sgrid(b.first[n] * splits, (T + kSmallTokens - 1) / kSmallTokens);
+        dispatch_mma(W, [&]<Kind K, bool kAsym>() {
+          launch_cluster(matmul_mma_split_kernel<K, kAsym, kSmallTokens, kSmallStages>, sgrid, kMmaWarps * 32, 0, s, splits, b, *q, T, splits);
+        });
+      } else if (T <= launch_tuning().mma_small) tiles.template operator()<kSmallTokens, kSmallStages>();
       else tiles.template operator()<kMmaTokens, 2>();
       check(cudaGetLastError(), "matmul_mma launch");
       return;

@@ -82,16 +82,21 @@ struct MmaTile {
 
   // acc[m][j][c] = W[m] rows (r0 + 16 w + g, + 8) . tokens (8 j + 2 i, + 1)
   // for tokens < ntok, whose QuantX rows the caller put in sm.qrow; other
-  // slots hold garbage (drop them). Every thread of the block must call.
-  __device__ static void run(const DevMatrix (&W)[NM], int r0, const QuantX& q, int ntok, Smem& sm, float (&acc)[NM][NT][4]) {
+  // slots hold garbage (drop them). Over the 32-column blocks [kb_lo,
+  // kb_hi) (kb_hi < 0: to the last; a split-K part starts at a multiple of
+  // KB). Every thread of the block must call.
+  __device__ static void run(const DevMatrix (&W)[NM], int r0, const QuantX& q, int ntok, Smem& sm, float (&acc)[NM][NT][4], int kb_lo = 0,
+                             int kb_hi = -1) {
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, i = lane & 3, wr = (tid >> 5) * 16;
-    const int nb = W[0].cols / 32, stages = (nb + KB - 1) / KB, ntiles = min(NT, (ntok + 7) / 8);
+    const int nb = W[0].cols / 32, ntiles = min(NT, (ntok + 7) / 8);
+    if (kb_hi < 0) kb_hi = nb;
+    const int stages = (kb_hi - kb_lo + KB - 1) / KB;
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
       for (int j = 0; j < NT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
     auto load = [&](int st, int kb0) {
-      const int nbv = min(KB, nb - kb0);
+      const int nbv = min(KB, kb_hi - kb0);
       constexpr int ach = KB * kBlockBytes / 16;  // 16-byte chunks of a row per stage
 #pragma unroll
       for (int m = 0; m < NM; ++m)
@@ -121,7 +126,7 @@ struct MmaTile {
     // an empty group past the end so that the count of groups in flight is
     // always S - 1 when stage s is waited for.
     for (int p = 0; p + 1 < S; ++p) {
-      if (p < stages) load(p, p * KB);
+      if (p < stages) load(p, kb_lo + p * KB);
       else cp_async_commit();
     }
     // int4 scales: this lane's two rows' per block, read from global memory
@@ -137,22 +142,22 @@ struct MmaTile {
         for (int kk = 0; kk < KB; ++kk)
 #pragma unroll
           for (int m = 0; m < NM; ++m) {
-            const int c = min(kb0 + kk, nb - 1) * 32;
+            const int c = min(kb0 + kk, kb_hi - 1) * 32;
             const int ra = min(r0 + wr + g, W[m].rows - 1), rb = min(r0 + wr + g + 8, W[m].rows - 1);
             int4_scale(W[m], ra, c, &out[kk][m][0], &out[kk][m][1]);
             int4_scale(W[m], rb, c, &out[kk][m][2], &out[kk][m][3]);
           }
       }
     };
-    read_scales(0, sc);
+    read_scales(kb_lo, sc);
     for (int s = 0; s < stages; ++s) {
-      const int st = s % S, kb0 = s * KB;
+      const int st = s % S, kb0 = kb_lo + s * KB;
       if (s + S - 1 < stages) load((s + S - 1) % S, kb0 + (S - 1) * KB);
       else cp_async_commit();
       if (s + 1 < stages) read_scales(kb0 + KB, sc_next);
       cp_async_wait<S - 1>();
       __syncthreads();
-      const int nbv = min(KB, nb - kb0);
+      const int nbv = min(KB, kb_hi - kb0);
 #pragma unroll
       for (int kk = 0; kk < KB; ++kk) {
         if (kk >= nbv) break;
