@@ -412,6 +412,70 @@ TEST(CudaTier, PcieReadsKeepTokens) {
   }
 }
 
+// The PCIe split in a rows step (coli-serve's slots stepped together, each
+// expert pair by pair): of each layer's distinct missing experts the device
+// reads round(share x (misses + offset)) over PCIe, with all their pairs,
+// the host computes the rest. No slots, so every pair misses. Five
+// sessions (prompts of 3 .. 50 ids) step together as five rows, then as
+// three (the shared expert folded in), against the same rows steps on the
+// whole model: share 1 gives the device every pair (the same kernels: equal
+// up to float rounding, the host never posted to), share 0.5 splits them
+// (the host's float sums: within the quantization bound; both places used).
+TEST(CudaTier, PcieReadsInARowsStep) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  MirroredModel mm(QuantFormat::I4_G32, "rowspcie");
+  const Model& m = mm.model();
+  const ModelSpec& s = m.spec();
+  const int V = s.vocab_size;
+  auto whole = cuda::make_cuda_backend(m);
+  const float tol = 2 * cpu_quantization_error(m);
+  for (const double share : {1.0, 0.5}) {
+    cuda::CudaOptions o = tier_options(m, 0);
+    o.pcie_read_share = share;
+    o.host_regions.push_back(mm.region());
+    auto tier = cuda::make_cuda_backend(m, o);
+    Engine ew(s, *whole, 64), et(s, *tier, 64);
+    std::vector<Session> sw, st;
+    std::vector<int> next;
+    for (int p = 0; p < 5; ++p) {
+      std::vector<int> ids(3 + p * 47 / 4);
+      for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>((i * 7919 + 131 * p + 13) % V);
+      sw.push_back(ew.new_session()), st.push_back(et.new_session());
+      const std::vector<float> a = ew.forward(sw.back(), ids);
+      et.forward(st.back(), ids);
+      next.push_back(static_cast<int>(std::max_element(a.begin(), a.end()) - a.begin()));
+    }
+    const TierStats t0 = tier->tier_stats();
+    float e = 0;
+    for (const std::vector<int>& which : std::vector<std::vector<int>>{{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 2, 4}, {0, 1, 2, 3, 4}}) {
+      std::vector<Session*> rw, rt;
+      std::vector<int> ids;
+      for (int i : which) rw.push_back(&sw[i]), rt.push_back(&st[i]), ids.push_back(next[i]);
+      const std::vector<float> lw = ew.forward_rows(rw, ids), lt = et.forward_rows(rt, ids);
+      ASSERT_EQ(lw.size(), lt.size());
+      e = std::max(e, max_abs_diff(lw, lt));
+      for (std::size_t r = 0; r < which.size(); ++r) {
+        const float* row = lw.data() + r * V;
+        next[which[r]] = static_cast<int>(std::max_element(row, row + V) - row);
+      }
+    }
+    const TierStats t1 = tier->tier_stats();
+    const long long host = t1.misses - t0.misses, pcie = t1.pcie_misses - t0.pcie_misses, posts = t1.handoffs - t0.handoffs;
+    std::printf("[ info     ] rows steps, pcie_read_share %.1f, no slots: %lld pairs over PCIe, %lld on the host in %lld posts, max |dlogit| vs the whole model %.2e\n",
+                share, pcie, host, posts, e);
+    EXPECT_GT(pcie, 0) << "the device reads a share";
+    if (share == 1.0) {
+      EXPECT_EQ(host, 0) << "every pair on the device";
+      EXPECT_EQ(posts, 0) << "nothing posted to the host";
+      EXPECT_LT(e, 1e-3f);
+    } else {
+      EXPECT_GT(host, 0) << "the host keeps a share";
+      EXPECT_LT(e, tol);
+    }
+  }
+}
+
 // The PCIe split with an expert split by rows (CudaOptions::split_experts):
 // a synthetic model whose experts have 256 intermediate rows, no slots
 // (every routed pair misses), share 0.375 and offset 0: of a layer's 4

@@ -30,6 +30,7 @@
 //   COLI_TUNE_GROUPED_MIN=4..4096       CudaTuning::grouped_min_tokens
 //   COLI_TUNE_GROUPED_MIN_ROWS=4..4096  CudaTuning::grouped_min_rows
 //   COLI_TUNE_MMA_SPLIT=0..64           CudaTuning::mma_split (0: off)
+//   COLI_TUNE_PCIE_ROWS=1..16           CudaTuning::pcie_rows_max (1: one-token steps only)
 //   COLI_TUNE_PREFILL_RING=1..4096      CudaOptions::prefill_ring_slots (the staging ring's least slots per area)
 //
 // An unset or empty variable leaves its field alone. Any other value outside
@@ -167,6 +168,7 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_int(get, "COLI_TUNE_GROUPED_MIN", &t.grouped_min_tokens, 4, 4096);
   read_int(get, "COLI_TUNE_GROUPED_MIN_ROWS", &t.grouped_min_rows, 4, 4096);
   read_int(get, "COLI_TUNE_MMA_SPLIT", &t.mma_split, 0, 64);
+  read_int(get, "COLI_TUNE_PCIE_ROWS", &t.pcie_rows_max, 1, 16);
   read_int(get, "COLI_TUNE_PREFILL_RING", &c.prefill_ring_slots, 1, 4096);
   return e;
 }

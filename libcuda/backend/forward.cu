@@ -121,7 +121,8 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
   // just before the combine; the device meanwhile computes everything else
   // (a miss reads the zero expert: exactly 0). The tier says which table
   // the experts read and whether the layer hands off or uploads.
-  const ExpertTier::Step x = tier_->plan_layer(l, T);
+  const int grouped_min = rows_step ? opt_.tuning.grouped_min_rows : opt_.tuning.grouped_min_tokens;
+  const ExpertTier::Step x = tier_->plan_layer(l, T, T < kGroupedMinTokens || T < grouped_min);
   const ExpertTable& table = x.table;
   // A decode step's router, routing and post: one launch (route.cuh).
   const DevMatrix* gate = gate_in_route ? &L.sh_gate_proj : nullptr;
@@ -165,7 +166,6 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
   // the whole layer, or expert ranges streaming through a ring), each
   // waited for just before its kernels; the shared expert above and the
   // earlier groups ran meanwhile.
-  const int grouped_min = rows_step ? opt_.tuning.grouped_min_rows : opt_.tuning.grouped_min_tokens;
   const bool grouped = T >= kGroupedMinTokens && (T >= grouped_min || x.upload) && moe_grouped_supported(table);
   if (x.upload && x.groups > 1 && !grouped) throw Error("CUDA backend: a staged layer in groups needs the grouped expert kernels (internal)");
   step("experts", [&] {

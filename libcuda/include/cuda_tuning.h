@@ -48,6 +48,11 @@ struct CudaTuning {
   // --n-parallel: one token per session, an expert a pair or two): they
   // never upload, so pair by pair changes no prompt's values.
   int grouped_min_rows = 48;
+  // Steps of up to this many tokens whose experts go pair by pair and do
+  // not upload (a rows step, a verify window) split their misses between
+  // the device's PCIe reads and the host as a one-token step does
+  // (CudaOptions::pcie_read_share; 1: one-token steps only). At most 16.
+  int pcie_rows_max = 16;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

@@ -40,6 +40,9 @@ constexpr std::size_t kPairsAt = 512;
 // superblocks, so neither side reads columns it does not use.
 constexpr int kSplitRows = 128;
 constexpr int kPostThreads = 256;
+// A split post of a few tokens: at most this many (token, column) entries
+// and experts (ExpertHandoff::post checks).
+constexpr int kSplitPostPairs = 1024, kSplitPostExperts = 1024;
 
 std::size_t rows_at(int max_T, int K) { return (kPairsAt + sizeof(ExpertPair) * std::size_t(max_T) * K + 255) / 256 * 256; }
 
@@ -130,6 +133,53 @@ __device__ void post_block(const PostArgs& a) {
       start[kPostThreads] = o;
       c->pcie += static_cast<unsigned long long>(taken);
       if (split) c->split += 1, c->split_rows += static_cast<unsigned long long>(rows_dev);
+    }
+  } else if (share > 0) {
+    // A few tokens (a rows step, a verify window): the same split by
+    // distinct experts, whole ones only. The device takes round(share x
+    // (distinct misses + offset)) of the readable ones, those with one
+    // pair first (a pair each read over PCIe; the host reads an expert
+    // once for all its pairs), and computes all their pairs.
+    __shared__ int sidx[kSplitPostPairs];
+    __shared__ unsigned seen[kSplitPostExperts / 32], multi[kSplitPostExperts / 32], dev[kSplitPostExperts / 32];
+    for (int i = tid; i < T * ks; i += kPostThreads) sidx[i] = idx[i];
+    for (int i = tid; i < kSplitPostExperts / 32; i += kPostThreads) seen[i] = multi[i] = dev[i] = 0;
+    __syncthreads();
+    if (tid == 0) {
+      auto bit = [](const unsigned* b, int e) { return (b[e >> 5] >> (e & 31)) & 1u; };
+      auto set = [](unsigned* b, int e) { b[e >> 5] |= 1u << (e & 31); };
+      int m = 0, cand = 0;
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) {
+          const int e = sidx[t * ks + k];
+          if (e >= E || resident[e] == 1) continue;
+          if (bit(seen, e)) {
+            set(multi, e);
+            continue;
+          }
+          set(seen, e), m += 1, cand += resident[e] == 2;
+        }
+      const int g = min(cand, static_cast<int>(floorf(share * (static_cast<float>(m) + offset) + 0.5f)));
+      int taken = 0;
+      for (int pass = 0; pass < 2 && taken < g; ++pass)  // experts of one pair, then the others
+        for (int p = 0; p < T * K && taken < g; ++p) {
+          const int e = sidx[(p / K) * ks + p % K];
+          if (e >= E || resident[e] != 2 || bit(dev, e) || bit(multi, e) != static_cast<unsigned>(pass)) continue;
+          set(dev, e), taken += 1;
+        }
+      int o = 0, dev_pairs = 0;
+      for (int p = 0; p < T * K; ++p) {
+        const int i = (p / K) * ks + p % K, e = sidx[i];
+        if (e >= E || resident[e] == 1) continue;
+        if (bit(dev, e)) {
+          dev_pairs += 1;
+          continue;
+        }
+        pairs[o++] = ExpertPair{p / K, e, w[i]};
+        idx[i] = zero_entry;
+      }
+      start[kPostThreads] = o;
+      c->pcie += static_cast<unsigned long long>(dev_pairs);  // pairs, as the one-token split's (an expert read per pair)
     }
   } else {
     const int per = (n + kPostThreads - 1) / kPostThreads, p0 = min(n, tid * per), p1 = min(n, p0 + per);
@@ -308,7 +358,10 @@ ExpertHandoff::Arrays ExpertHandoff::arrays_at(Box* base) const {
 void ExpertHandoff::post(int layer, int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s, float share,
                          float offset, int zero_entry, int split_inter) {
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
-  if (share > 0 && (T != 1 || ks > K_ + 1)) throw Error("CUDA backend: a split post is for one token (internal)");
+  if (share > 0 && (ks > K_ + 1 || T * ks > kSplitPostPairs || E_ > kSplitPostExperts))
+    throw Error("CUDA backend: a split post of " + std::to_string(T) + " tokens x " + std::to_string(ks) + " pairs over " + std::to_string(E_) +
+                " experts exceeds its arrays (internal)");
+  if (split_inter > 0 && T != 1) throw Error("CUDA backend: an expert split is for one token (internal)");
   if (split_inter > 0 && (share <= 0 || split_inter % kSplitRows != 0)) throw Error("CUDA backend: an expert split needs a split post and rows in 128s (internal)");
   const PostArgs a{layer, idx, w, ks, K_, T, resident, E_, share, offset, zero_entry, split_inter, split_inter > 0 ? d_lim_ : nullptr,
                    hn, H_, d_box_, d_.pairs, d_.rows, d_counters_};

@@ -62,13 +62,16 @@ class ExpertHandoff {
   // expert as expert E, which is resident), resident [E] flags on the
   // device, hn [T, H] on the device. A post with no miss for the host
   // posts nothing (the host never sees it; the join adds nothing).
-  // share > 0 (one token only): a split post for the PCIe reads. Flags are
-  // then 1 resident, 2 readable by the device over PCIe, 0 neither; the
-  // first round(share x (misses + offset)) misses flagged 2 stay the
-  // device's (their ids untouched: its table points at their host bytes)
-  // and the others' ids in idx become zero_entry (the table's zero expert)
-  // and go to the host. Otherwise flags are 0 or 1 and idx is only read.
-  // split_inter > 0 (the experts' intermediate rows, a multiple of 128):
+  // share > 0: a split post for the PCIe reads. Flags are then 1
+  // resident, 2 readable by the device over PCIe, 0 neither; the first
+  // round(share x (misses + offset)) misses flagged 2 stay the device's
+  // (their ids untouched: its table points at their host bytes) and the
+  // others' ids in idx become zero_entry (the table's zero expert) and go
+  // to the host. Of T > 1 tokens (T x ks <= 1,024, E <= 1,024) misses
+  // count distinct experts, those with one pair taken first, and every
+  // pair of a device expert stays the device's. Otherwise flags are 0 or
+  // 1 and idx is only read.
+  // split_inter > 0 (one token; the experts' intermediate rows, a multiple of 128):
   // the device takes x = share x (misses + offset) experts as floor(x)
   // whole ones and the fraction of the next flagged one in rows (rounded
   // to 128): its rows [0, r) are the device's (row_limits()[k] = r, its id

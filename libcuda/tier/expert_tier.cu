@@ -310,7 +310,7 @@ void ExpertTier::start_pass(int T) {
   for (int u = 0; u < 2 && u < static_cast<int>(pu_.units.size()); ++u) upload_unit(u);
 }
 
-ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
+ExpertTier::Step ExpertTier::plan_layer(int l, int T, bool pair_kernels) {
   Step st;
   const DevExperts& x = experts_[l];
   // A prompt chunk's non-residents come uploaded (prefill_upload.cu); else
@@ -325,13 +325,14 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T) {
     const int resident = plan_.resident_in_layer(l);
     pu_.placed[0] += resident, pu_.placed[1] += s_.num_experts - resident - on_cpu, pu_.placed[2] += on_cpu;
   }
-  // One-token steps read the PCIe experts in place (pcie_read_share): their
-  // table and flags; prompt chunks the tier's.
-  const bool one = T == 1 && !one_resident_.empty();
+  // Steps of a few tokens whose experts go pair by pair (one-token decode,
+  // a rows step, a verify window) read the PCIe experts in place
+  // (pcie_read_share): their table and flags; prompt chunks the tier's.
+  const bool one = (T == 1 || (pair_kernels && T <= opt_.tuning.pcie_rows_max)) && !st.upload && !one_resident_.empty();
   st.table = one ? x.one_table : x.table;
   st.resident = one ? one_resident_[l].get() : st.upload && st.handoff ? pu_.flags[l].get() : st.handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
   st.share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
-  if (st.share > 0 && st.handoff && split_inter() > 0) st.lim = handoff_->row_limits();
+  if (st.share > 0 && st.handoff && split_inter() > 0 && T == 1) st.lim = handoff_->row_limits();
   if (st.upload) {
     st.table.gate_ptrs = pu_.gate[l].get(), st.table.up_ptrs = pu_.up[l].get(), st.table.down_ptrs = pu_.down[l].get();
     st.unit0 = pu_.first_unit[l], st.groups = pu_.unit_count[l];

@@ -142,7 +142,10 @@ class ExpertTier {
     const int* lim = nullptr;          // with it, the expert split's row limits (ExpertHandoff::row_limits) for the expert kernels
     int unit0 = -1, groups = 0;        // upload: the layer's first staging unit and its count
   };
-  Step plan_layer(int layer, int T);
+  // pair_kernels: the layer's expert kernels go pair by pair (not grouped),
+  // which a split post of T > 1 tokens needs (its host pairs' ids become
+  // the zero entry, E + 1).
+  Step plan_layer(int layer, int T, bool pair_kernels = false);
   void post(const Step& st, int layer, int* idx, const float* w, int ks, int T, const float* hn);
   // A one-token step's router, routing and post in one launch
   // (ExpertHandoff::route_post; router_route_supported must hold): in place
