@@ -26,6 +26,7 @@ static_assert(CudaTuning{}.gemv_warps == kDecodeWarps && CudaTuning{}.float_warp
 // CudaTuning::mma_min_tokens tokens; a block covers kMmaRows rows times
 // kMmaTokens tokens (kSmallTokens up to CudaTuning::mma_small).
 constexpr int kMmaTokens = 64;
+constexpr int kMmaWideRows = 32768;  // matmuls of this many rows take the tensor cores from 2 tokens
 
 // ---- float path ----------------------------------------------------------
 
@@ -467,7 +468,14 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     return;
   }
   const DevMatrix& W = outs[0].W;
-  const bool int8_x = q && takes_int8_x(W), mma = int8_x && T >= launch_tuning().mma_min_tokens && mma_supported();
+  int total_rows = 0;
+  for (int i = 0; i < n; ++i) total_rows += outs[i].W.rows;
+  // Tensor cores from mma_min_tokens tokens; over the lm_head's ranges
+  // (32K+ rows) from 2, where the dp4a row dots re-read each row's codes
+  // per token (H100, 62,080 x 2,048 int4: 2 / 3 / 4 tokens 67 us against
+  // 76 / 85 / 93; over 12K rows or fewer dp4a stays ahead to 4 tokens).
+  const bool int8_x = q && takes_int8_x(W);
+  const bool mma = int8_x && mma_supported() && (T >= launch_tuning().mma_min_tokens || (T >= 2 && total_rows >= kMmaWideRows));
   // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
   // (row, 8 tokens) in blocks of kWarps (float path).
   const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
@@ -477,8 +485,6 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   const int gemv_lanes = launch_tuning().gemv_lanes;
   const int warps = T == 1 ? (int8_x ? gemv_warps : float_warps) : kWarps;
   const bool gemv = int8_x && T == 1;
-  int total_rows = 0;
-  for (int i = 0; i < n; ++i) total_rows += outs[i].W.rows;
   const int gemv_rows = gemv_rows_for(total_rows);
   const int rows_per_block = mma ? kMmaRows : gemv ? warps * (32 / lanes_per_row(W.cols, gemv_lanes)) * gemv_rows : warps;
   Batch b{};
