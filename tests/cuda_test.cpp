@@ -314,10 +314,14 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
 // Few-token chunks (12: coli-serve's rows, verify windows) at widths where
 // the tensor-core tiles split their columns over a thread block cluster
 // (CudaTuning::mma_split: hidden and value width 1,024, 16 tiles of 64 rows
-// a matrix, 4 parts of 256 columns): against the same chunks unsplit and
-// against the CPU on the same int4 container. Split and unsplit add the
-// same exact per-block integer dots in another order (float rounding
-// only); the CPU bound is RealLayoutsMatchTheCpu's.
+// a matrix, 4 parts of 256 columns): against the CPU on the same int4
+// container within RealLayoutsMatchTheCpu's bound (twice the unsplit
+// GPU's distance), and nearer the unsplit GPU than either is to the CPU.
+// Split and unsplit add the same exact per-block integer dots in another
+// order, but the next matmul's int8 codes of a sum that moved in its last
+// bits move by one now and then (measured 1.6e-2 of logits up to 2.3,
+// H100): a part of the columns lost or added twice is off by the
+// logits' scale.
 TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -347,8 +351,8 @@ TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
   const float e_split = max_step_diff(split, unsplit), e_cpu = max_step_diff(split, c), e_cpu_unsplit = max_step_diff(unsplit, c);
   std::printf("[ info     ] int4, hidden 1024, chunks of 12: split vs unsplit %.2e, split vs CPU %.2e, unsplit vs CPU %.2e (logits up to %.2e)\n", e_split,
               e_cpu, e_cpu_unsplit, top);
-  EXPECT_LT(e_split, 1e-4f * std::max(1.0f, top));
   EXPECT_LT(e_cpu, std::max(1e-3f, 2 * e_cpu_unsplit));
+  EXPECT_LT(e_split, std::max(1e-3f, 0.5f * e_cpu_unsplit));
 }
 
 // The non-default paths at the real layouts (the score-buffer attention
