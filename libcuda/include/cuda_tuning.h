@@ -35,18 +35,16 @@ struct CudaTuning {
   // pairs); fewer take the decode kernels pair by pair (an expert shared
   // by two pairs read twice, from L2 the second time), faster while
   // experts have a pair or two each (measured on the H100 at the 35B
-  // shapes, 8 uniform picks of 256: 16 tokens 112 us against 193-229, 32
-  // tokens 208 against 298, 64 tokens 405 against 384; coli-bench's 16
-  // sessions stepped together 3,978 tok/s at 48 against 3,788 at 4). Not
-  // the default: at 48 the CUDA rows test's int4 sessions (5 rows) left
-  // their tolerance and a prompt chunk's logits stop being bit for bit
-  // those of an uploading tier, which always groups (session 22: cause of
-  // the first not established). A prompt chunk that uploads its experts in
-  // groups always groups (from kMoeGroupedMinTokens).
+  // shapes, 8 uniform picks of 256: 16 tokens 110 us against 193-229, 32
+  // tokens 208 against 284-298, 64 tokens 404 against 377). A prompt
+  // chunk keeps 4: pair by pair its logits would stop being bit for bit
+  // those of an uploading tier, which always groups. A prompt chunk that
+  // uploads its experts in groups always groups (from kMoeGroupedMinTokens).
   int grouped_min_tokens = 4;
   // The same for a rows step's rows (coli-serve's slots, coli-bench
-  // --n-parallel: one token per session, an expert a pair or two): they
-  // never upload, so pair by pair changes no prompt's values.
+  // --n-parallel: one token per session, an expert a pair or two), which
+  // never upload: 16 sessions stepped together 4,551 tok/s at 48 against
+  // 3,804 at 4 (H100, session 23).
   int grouped_min_rows = 48;
   // Steps of up to this many tokens whose experts go pair by pair and do
   // not upload (a rows step, a verify window) split their misses between
