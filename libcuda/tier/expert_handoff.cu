@@ -40,9 +40,6 @@ constexpr std::size_t kPairsAt = 512;
 // superblocks, so neither side reads columns it does not use.
 constexpr int kSplitRows = 128;
 constexpr int kPostThreads = 256;
-// A split post of a few tokens: at most this many (token, column) entries
-// and experts (ExpertHandoff::post checks).
-constexpr int kSplitPostPairs = 1024, kSplitPostExperts = 1024;
 
 std::size_t rows_at(int max_T, int K) { return (kPairsAt + sizeof(ExpertPair) * std::size_t(max_T) * K + 255) / 256 * 256; }
 
@@ -358,7 +355,7 @@ ExpertHandoff::Arrays ExpertHandoff::arrays_at(Box* base) const {
 void ExpertHandoff::post(int layer, int* idx, const float* w, int ks, int T, const uint8_t* resident, const float* hn, cudaStream_t s, float share,
                          float offset, int zero_entry, int split_inter) {
   if (T > max_T_) throw Error("CUDA backend: expert handoff of " + std::to_string(T) + " tokens exceeds " + std::to_string(max_T_) + " (internal)");
-  if (share > 0 && (ks > K_ + 1 || T * ks > kSplitPostPairs || E_ > kSplitPostExperts))
+  if (share > 0 && (ks > K_ + 1 || (T > 1 && (T * ks > kSplitPostPairs || E_ > kSplitPostExperts))))
     throw Error("CUDA backend: a split post of " + std::to_string(T) + " tokens x " + std::to_string(ks) + " pairs over " + std::to_string(E_) +
                 " experts exceeds its arrays (internal)");
   if (split_inter > 0 && T != 1) throw Error("CUDA backend: an expert split is for one token (internal)");

@@ -48,6 +48,10 @@ namespace coli::cuda::detail {
 struct HandoffBox;       // pinned, mapped: flags, pairs, rows, partial sums (expert_handoff.cu)
 struct HandoffCounters;  // device: sequence number, the last post's count, timers, counts
 
+// A split post of T > 1 tokens: at most this many (token, column) entries
+// and experts (ExpertHandoff::post checks; the tier asks for none past them).
+constexpr int kSplitPostPairs = 1024, kSplitPostExperts = 1024;
+
 class ExpertHandoff {
  public:
   // max_T tokens per chunk, K routed pairs per token, H hidden size, E

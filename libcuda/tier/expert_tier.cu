@@ -328,7 +328,8 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T, bool pair_kernels) {
   // Steps of a few tokens whose experts go pair by pair (one-token decode,
   // a rows step, a verify window) read the PCIe experts in place
   // (pcie_read_share): their table and flags; prompt chunks the tier's.
-  const bool one = (T == 1 || (pair_kernels && T <= opt_.tuning.pcie_rows_max)) && !st.upload && !one_resident_.empty();
+  const bool few = pair_kernels && T <= opt_.tuning.pcie_rows_max && T * (s_.num_experts_per_tok + 1) <= kSplitPostPairs && s_.num_experts <= kSplitPostExperts;
+  const bool one = (T == 1 || few) && !st.upload && !one_resident_.empty();
   st.table = one ? x.one_table : x.table;
   st.resident = one ? one_resident_[l].get() : st.upload && st.handoff ? pu_.flags[l].get() : st.handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
   st.share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
