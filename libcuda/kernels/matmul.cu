@@ -383,6 +383,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_split_kernel(Batch 
 #endif
 }
 
+// The device's SM count (cached: one device a process).
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    return n;
+  }();
+  return sms;
+}
+
 // Blocks of a cluster for a few-token tensor-core matmul of `blocks` tiles
 // over nb 32-column blocks: doubled while the grid holds fewer than
 // CudaTuning::mma_split blocks per SM and each part keeps two stages or
@@ -390,15 +401,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) matmul_mma_split_kernel(Batch 
 int mma_splits(int blocks, int nb, int kb) {
   const int per_sm = launch_tuning().mma_split;
   if (per_sm <= 0 || device_cc_major() < 9) return 1;
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "SM count");
-    return n;
-  }();
   const int stages = (nb + kb - 1) / kb;
   int s = 1;
-  while (s < 8 && blocks * s < per_sm * sms && stages >= 2 * 2 * s) s *= 2;
+  while (s < 8 && blocks * s < per_sm * sm_count() && stages >= 2 * 2 * s) s *= 2;
   return s;
 }
 
@@ -414,11 +419,9 @@ int gemv_rows_for(int rows) { return rows >= 32768 ? 2 : 1; }
 template <auto Kernel, int kThreads, typename... Args>
 void launch_resident(int wanted, cudaStream_t s, Args&&... args) {
   static const int resident = [] {
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, 0), "occupancy");
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
-    return std::max(1, per_sm) * sms;
+    return std::max(1, per_sm) * sm_count();
   }();
   launch(Kernel, std::min(resident, wanted), kThreads, 0, s, std::forward<Args>(args)...);
 }
@@ -498,20 +501,20 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     if (mma) {
       // A few tokens (up to CudaTuning::mma_small) on 16-token tiles with
       // deeper pipelines, prompt chunks on 64-token double-buffered ones.
+      // Few tiles of those: split-K over clusters (matmul_mma_split_kernel).
       auto tiles = [&]<int BN, int S>() {
         const dim3 mgrid(b.first[n], (T + BN - 1) / BN);
         dispatch_mma(W, [&]<Kind K, bool kAsym>() { launch(matmul_mma_kernel<K, kAsym, BN, S>, mgrid, kMmaWarps * 32, 0, s, b, *q, T); });
       };
-      // Few tiles: split-K over clusters (matmul_mma_split_kernel).
-      const int splits = T <= launch_tuning().mma_small
-                             ? mma_splits(b.first[n] * ((T + kSmallTokens - 1) / kSmallTokens), W.cols / 32, W.kind == Kind::kI4 ? 4 : 2)
-                             : 1;
+      const bool small = T <= launch_tuning().mma_small;
+      const int small_tiles = (T + kSmallTokens - 1) / kSmallTokens;
+      const int splits = small ? mma_splits(b.first[n] * small_tiles, W.cols / 32, W.kind == Kind::kI4 ? 4 : 2) : 1;
       if (splits > 1) {
-        const dim3 sgrid(b.first[n] * splits, (T + kSmallTokens - 1) / kSmallTokens);
         dispatch_mma(W, [&]<Kind K, bool kAsym>() {
-          launch_cluster(matmul_mma_split_kernel<K, kAsym, kSmallTokens, kSmallStages>, sgrid, kMmaWarps * 32, 0, s, splits, b, *q, T, splits);
+          launch_cluster(matmul_mma_split_kernel<K, kAsym, kSmallTokens, kSmallStages>, dim3(b.first[n] * splits, small_tiles), kMmaWarps * 32, 0, s,
+                         splits, b, *q, T, splits);
         });
-      } else if (T <= launch_tuning().mma_small) tiles.template operator()<kSmallTokens, kSmallStages>();
+      } else if (small) tiles.template operator()<kSmallTokens, kSmallStages>();
       else tiles.template operator()<kMmaTokens, 2>();
       check(cudaGetLastError(), "matmul_mma launch");
       return;
