@@ -6,6 +6,7 @@
 # with 1, 4 and 16 streaming clients (docs/perf/serve.md).
 # Usage: scripts/bench_serve_table.sh WORKDIR [BIN]
 #   env BUDGETS="whole 1.75G 3.3G"  ROWS="1 0"  CLIENTS=1,4,16  REQUESTS=2  TOKENS=128  PARALLEL=16
+#       DEVICE=cuda  MODEL=WORKDIR/q4.coli (made when missing)  TOKENIZER=tests/data/qwen3-tokenizer
 # Rows in WORKDIR/serve.tsv (config columns, then bench_serve.py's); prints the table last.
 set -euo pipefail
 work=${1:?usage: bench_serve_table.sh WORKDIR [BIN]}
@@ -19,16 +20,19 @@ tokens=${TOKENS:-128}
 parallel=${PARALLEL:-16}
 port=${PORT:-18431}
 mkdir -p "$work"
-m="$work/q4.coli"
+m=${MODEL:-$work/q4.coli}
+device=${DEVICE:-cuda}
 [ -f "$m" ] || "$bin/coli-convert" synth -o "$m" --layers 8 --seed 0 --experts int4-g32 --trunk int4-g32 --lm-head int4-g32 >/dev/null
 "$bin/coli-pin" start --model "$m" --heat none >/dev/null
 out="$work/serve.tsv"
 : >"$out"
+: >"$work/phases.txt"
+rm -f "$work"/metrics-*.prev
 for b in $budgets; do
   for rows in $rows_modes; do
     budget=()
     [ "$b" = whole ] || budget=(--vram-budget "$b" --no-swap)
-    COLI_CUDA_ROWS=$rows "$bin/coli-serve" -m "$m" --tokenizer "$here/../tests/data/qwen3-tokenizer" --port "$port" --device cuda \
+    COLI_CUDA_ROWS=$rows "$bin/coli-serve" -m "$m" --tokenizer "${TOKENIZER:-$here/../tests/data/qwen3-tokenizer}" --port "$port" --device "$device" \
       --parallel "$parallel" -c 4096 "${budget[@]}" 2>"$work/serve-$b-$rows.log" &
     pid=$!
     python3 - "$port" <<'PY'
@@ -40,13 +44,35 @@ for _ in range(600):
     time.sleep(0.2)
 sys.exit("coli-serve did not come up")
 PY
-    python3 "$here/bench_serve.py" --url "http://127.0.0.1:$port" --clients "$clients" --requests "$requests" --max-tokens "$tokens" --prompt-words 32 |
-      awk -v b="$b" -v r="$rows" -v p="$parallel" -v hdr="$([ -s "$out" ] && echo 1 || echo 0)" \
-        'NR == 1 { if (!hdr) print "budget\trows_step\tparallel\t" $0; next } { print b "\t" r "\t" p "\t" $0 }' >>"$out"
+    for c in ${clients//,/ }; do
+      python3 "$here/bench_serve.py" --url "http://127.0.0.1:$port" --clients "$c" --requests "$requests" --max-tokens "$tokens" --prompt-words 32 |
+        awk -v b="$b" -v r="$rows" -v p="$parallel" -v hdr="$([ -s "$out" ] && echo 1 || echo 0)" \
+          'NR == 1 { if (!hdr) print "budget\trows_step\tparallel\t" $0; next } { print b "\t" r "\t" p "\t" $0 }' >>"$out"
+      # The scheduler's seconds by phase over this load (the counters' growth): where a step's time goes.
+      python3 - "$port" "$work/metrics-$b-$rows.prev" "$b rows=$rows clients=$c" <<'PY' >>"$work/phases.txt"
+import re, sys, time, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+now = {}
+for m in re.finditer(r'^(coli_scheduler_seconds_total\{phase="(\w+)"\}|coli_decode_steps_total|coli_generated_tokens_total) (\S+)$', text, re.M):
+    now[m.group(2) or m.group(1)] = float(m.group(3))
+now["wall"] = time.time()
+try:
+    prev = dict(l.split() for l in open(sys.argv[2]))
+except OSError:
+    prev = {}
+d = {k: v - float(prev.get(k, 0)) for k, v in now.items()}
+open(sys.argv[2], "w").write("".join(f"{k} {v}\n" for k, v in now.items()))
+steps = max(d.get("coli_decode_steps_total", 0), 1)
+print(f"{sys.argv[3]}: {int(d.get('coli_decode_steps_total', 0))} steps, {d.get('coli_generated_tokens_total', 0) / steps:.1f} rows a step; ms a step: "
+      + ", ".join(f"{k} {1000 * d.get(k, 0) / steps:.2f}" for k in ("decode_forward", "decode_sample", "prompt", "admit"))
+      + (f"; wall {1000 * d['wall'] / steps:.2f}" if prev else ""))
+PY
+    done
     kill "$pid"
     wait "$pid" || true
   done
 done
+cat "$work/phases.txt"
 python3 - "$out" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter='\t'))

@@ -316,6 +316,12 @@ TEST(Serve, ParallelSlotsGiveEachRequestItsOwnReply) {
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], alone[i / 2]) << "request " << i;
   const std::string metrics = request(f.port(), http::verb::get, "/metrics", "").body;
   EXPECT_NE(metrics.find("coli_slots 4"), std::string::npos) << metrics;
+  // The scheduler's time: decode steps ran, so their forwards took some.
+  const std::string key = "coli_scheduler_seconds_total{phase=\"decode_forward\"} ";
+  const std::size_t at = metrics.find(key);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GT(std::stod(metrics.substr(at + key.size())), 0.0) << metrics;
+  EXPECT_NE(metrics.find("coli_scheduler_seconds_total{phase=\"decode_sample\"} "), std::string::npos) << metrics;
 }
 
 // The scheduler's batching, made certain: four requests wait while the

@@ -139,6 +139,15 @@ long long EngineGenerator::decode_rows() const {
   return rows_;
 }
 
+EngineGenerator::PhaseSeconds EngineGenerator::phase_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return phases_;
+}
+
+namespace {
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+}  // namespace
+
 int EngineGenerator::in_flight() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_flight_;
@@ -156,8 +165,10 @@ void EngineGenerator::loop() {
         Job* j = queue_.front();
         queue_.pop_front();
         lock.unlock();
+        const Clock::time_point t = Clock::now();
         admit(j);
         lock.lock();
+        phases_.admit += seconds_since(t);
       }
     }
     try {
@@ -225,9 +236,14 @@ void EngineGenerator::prefill_chunk(Slot& s) {
   const bool others = std::any_of(slots_.begin(), slots_.end(), [&](const auto& o) { return o.get() != &s && o->generating(); });
   const std::size_t rest = p.size() - s.prompt_at, n = others ? std::min<std::size_t>(prompt_chunk_, rest) : rest;
   std::vector<float> logits;
+  const Clock::time_point t = Clock::now();
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
     logits = engine_.forward(s.session, std::span<const int>(p.data() + s.prompt_at, n));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    phases_.prompt += seconds_since(t);
   }
   s.fed.insert(s.fed.end(), p.begin() + static_cast<std::ptrdiff_t>(s.prompt_at), p.begin() + static_cast<std::ptrdiff_t>(s.prompt_at + n));
   s.prompt_at += n;
@@ -251,20 +267,22 @@ void EngineGenerator::decode_step() {
   std::vector<int> ids;
   for (Slot* s : rows) sessions.push_back(&s->session), ids.push_back(s->pending);
   std::vector<float>& logits = rows_logits_;
+  const Clock::time_point t = Clock::now();
   {
     std::lock_guard<std::mutex> lock(engine_mu_);
     engine_.forward_rows(sessions, ids, logits);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++steps_, rows_ += static_cast<long long>(rows.size());
-  }
+  const Clock::time_point t_sample = Clock::now();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     Slot& s = *rows[i];
     s.fed.push_back(s.pending);
     s.pending = -1;
     take(s, logits, i);
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++steps_, rows_ += static_cast<long long>(rows.size());
+  phases_.decode_forward += std::chrono::duration<double>(t_sample - t).count();
+  phases_.decode_sample += seconds_since(t_sample);
 }
 
 // Samples the slot's next id from row `row` of logits and hands its text

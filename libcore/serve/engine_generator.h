@@ -82,6 +82,14 @@ class EngineGenerator {
   long long decode_rows() const;
   // Requests inside run(): waiting for a slot or in one.
   int in_flight() const;
+  // Where the scheduler's time went, in seconds since the start: prompt
+  // chunks' forwards, decode steps' batched forwards, sampling and handing
+  // out their rows, admitting requests (a fresh session where no prefix
+  // matches). The rest of its time it waited for work.
+  struct PhaseSeconds {
+    double prompt = 0, decode_forward = 0, decode_sample = 0, admit = 0;
+  };
+  PhaseSeconds phase_seconds() const;
 
  private:
   struct Job;
@@ -107,6 +115,7 @@ class EngineGenerator {
   std::deque<Job*> queue_;
   bool stop_ = false;
   long long steps_ = 0, rows_ = 0;
+  PhaseSeconds phases_;
   int in_flight_ = 0;
   std::mutex engine_mu_;  // held by the scheduler around each engine call; with_engine takes it
   std::thread thread_;

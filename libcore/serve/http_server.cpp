@@ -218,6 +218,11 @@ void HttpServer::serve_connection(void* raw) {
         m << "# TYPE coli_slots gauge\ncoli_slots " << gen_.parallel() << "\n";
         m << "# TYPE coli_decode_steps_total counter\ncoli_decode_steps_total " << steps << "\n";
         m << "# TYPE coli_decode_rows_per_step gauge\ncoli_decode_rows_per_step " << (steps ? double(gen_.decode_rows()) / double(steps) : 0.0) << "\n";
+        const EngineGenerator::PhaseSeconds ph = gen_.phase_seconds();
+        m << "# TYPE coli_scheduler_seconds_total counter\n";
+        for (const auto& [name, v] : {std::pair<const char*, double>{"prompt", ph.prompt}, {"decode_forward", ph.decode_forward},
+                                      {"decode_sample", ph.decode_sample}, {"admit", ph.admit}})
+          m << "coli_scheduler_seconds_total{phase=\"" << name << "\"} " << v << "\n";
         if (extra_metrics_) gen_.with_engine([&] { m << extra_metrics_(); });
         res = reply(req, http::status::ok, m.str(), "text/plain; version=0.0.4");
       } else if (post && path == "/tokenize") {
