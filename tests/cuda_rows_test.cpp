@@ -102,7 +102,23 @@ void expect_rows_match_alone(const Model& m, const cuda::CudaOptions& opt, float
     for (int v = 0; v < V; ++v)
       if (v != b) second = std::max(second, solo[v]);
     EXPECT_LT(d, tol + rel * top) << "forward_rows, session " << i;
-    if (solo[b] - second > 2 * d) EXPECT_EQ(argmax(row, V), b) << "forward_rows, session " << i;
+    if (solo[b] - second > 2 * d) {
+      EXPECT_EQ(argmax(row, V), b) << "forward_rows, session " << i;
+    }
+    ids[i] = argmax(row, V);
+  }
+  // Engine::forward_rows_view: the next step's rows read in the backend's
+  // pinned buffer (no copy made into the caller's), the same values.
+  std::vector<float> unused;
+  const std::span<const float> view = e.forward_rows_view(all, ids, unused);
+  ASSERT_EQ(view.size(), static_cast<std::size_t>(5) * V);
+  EXPECT_EQ(view.data(), gpu->kept_logits()) << "the rows where the backend left them";
+  EXPECT_TRUE(unused.empty()) << "no copy into the caller's buffer";
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<float> solo = e.forward(alone[i], std::vector<int>{ids[i]});
+    float d = 0, top = 0;
+    for (int v = 0; v < V; ++v) d = std::max(d, std::fabs(view[static_cast<std::size_t>(i) * V + v] - solo[v])), top = std::max(top, std::fabs(solo[v]));
+    EXPECT_LT(d, tol + rel * top) << "forward_rows_view, session " << i;
   }
 }
 

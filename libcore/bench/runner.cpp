@@ -299,10 +299,10 @@ void run_parallel_repetition(Engine& engine, Backend& backend, const Loaded& cur
   ExpertReads reads{cur, 1, timed, false, 0, {}, {}};
   const TierStats tier0 = tiered && timed ? backend.tier_stats() : TierStats{};
   const auto t0 = clock_type::now();
-  std::vector<float> logits;  // one buffer for every step, as coli-serve keeps
+  std::vector<float> logits;  // the rows where coli-serve reads them: the backend's own host buffer, or one buffer for every step
   for (int i = 0; i < t.n_gen; ++i) {
     const auto s0 = clock_type::now();
-    engine.forward_rows(rows, std::span<const int>(&ids.gen[std::size_t(i) * P], P), logits);
+    engine.forward_rows_view(rows, std::span<const int>(&ids.gen[std::size_t(i) * P], P), logits);
     reads.estimate(P);
     const double dt = std::chrono::duration<double>(clock_type::now() - s0).count();
     if (timed) {

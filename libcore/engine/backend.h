@@ -187,7 +187,15 @@ class Backend {
   // of logits[S, V]; each row's logits are those of its session stepped
   // alone up to the rounding of S-row kernels. false: not taken, nothing
   // done (the default; the engine then steps each session alone).
+  // logits may be null where kept_logits() is not: the rows then stay in
+  // the backend's own host buffer.
   virtual bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) { return false; }
+  // The host buffer a backend that runs whole chunks copies each chunk's
+  // logits into (pinned memory on a GPU) before finish_chunk or step_rows
+  // writes them to the caller's: after a step_rows given no logits, its
+  // [S, V] rows, valid until the next chunk or step starts. Null (the
+  // default): the backend keeps none; pass a buffer.
+  virtual const float* kept_logits() const { return nullptr; }
   // The expert tier's counters (zeros for a backend without one).
   virtual TierStats tier_stats() const { return {}; }
   // Where construction's time went: named phases in milliseconds, in order

@@ -163,6 +163,16 @@ std::vector<float> Engine::forward_rows(std::span<Session* const> sessions, std:
 }
 
 void Engine::forward_rows(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits) {
+  rows_step(sessions, ids, logits, false);
+}
+
+std::span<const float> Engine::forward_rows_view(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits) {
+  const std::size_t n = sessions.size() * static_cast<std::size_t>(spec_.vocab_size);
+  if (const float* kept = rows_step(sessions, ids, logits, true)) return {kept, n};
+  return {logits.data(), n};
+}
+
+const float* Engine::rows_step(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits, bool view) {
   const int S = static_cast<int>(sessions.size()), V = spec_.vocab_size;
   if (S == 0 || ids.size() != sessions.size()) throw Error("forward_rows: " + std::to_string(ids.size()) + " ids for " + std::to_string(S) + " sessions");
   check_ids(ids);
@@ -170,28 +180,32 @@ void Engine::forward_rows(std::span<Session* const> sessions, std::span<const in
     for (int j = 0; j < i; ++j)
       if (sessions[i] == sessions[j]) throw Error("forward_rows: a session appears twice (internal)");
   }
-  logits.resize(static_cast<std::size_t>(S) * V);
   std::vector<BackendState*> states;
   std::vector<int> positions;
   for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
-  if (S == 1 || (backend_.runs_whole_chunks() && (!heat_ || device_heat_))) {
+  const bool whole = S == 1 || (backend_.runs_whole_chunks() && (!heat_ || device_heat_));
+  const float* kept = view && whole && S > 1 ? backend_.kept_logits() : nullptr;
+  if (!kept) logits.resize(static_cast<std::size_t>(S) * V);
+  if (whole) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (S > 1 && backend_.step_rows(states.data(), ids.data(), positions.data(), S, logits.data())) {
+    if (S > 1 && backend_.step_rows(states.data(), ids.data(), positions.data(), S, kept ? nullptr : logits.data())) {
       if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (heat_) heat_->add_tokens(S);
       for (Session* s : sessions) s->n_past += 1;
-      return;
+      return kept ? backend_.kept_logits() : nullptr;  // the step may have moved its buffer (more rows)
     }
+    logits.resize(static_cast<std::size_t>(S) * V);
     for (int i = 0; i < S; ++i) {
       const std::vector<float> l = forward(*sessions[i], ids.subspan(i, 1));
       std::copy(l.begin(), l.end(), logits.begin() + static_cast<std::ptrdiff_t>(i) * V);
     }
-    return;
+    return nullptr;
   }
   if (heat_) heat_->add_tokens(S);
   run_layers(
       ids.data(), S, [&](int l, float* x) { backend_.trunk_rows(l, states.data(), positions.data(), S, spec_.hidden_size, x); }, {}, S, logits.data());
   for (Session* s : sessions) s->n_past += 1;
+  return nullptr;
 }
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe, std::vector<float>* hidden) {

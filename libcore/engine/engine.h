@@ -86,6 +86,11 @@ class Engine {
   // few milliseconds keeps one buffer, whose pages are touched once rather
   // than a fresh 16 MB (16 rows of 248,320) faulted in and zeroed each step.
   void forward_rows(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits);
+  // The same, read where the backend left them when it keeps its own host
+  // copy (Backend::kept_logits: a GPU's pinned buffer, no 16 MB copy a
+  // step), else in logits as above. The span is valid until the next call
+  // into the engine or a change of logits.
+  std::span<const float> forward_rows_view(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits);
 
   const ModelSpec& spec() const { return spec_; }
   // Per-stage timing (adds a clock read around each backend call).
@@ -104,6 +109,9 @@ class Engine {
   void collect_heat();
 
  private:
+  // forward_rows and forward_rows_view: the backend's kept rows (view and
+  // a backend that keeps them), else null with the rows in logits.
+  const float* rows_step(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits, bool view);
   enum class Logits { kNone, kLast, kAll };
   // Checks the ids, then runs them chunk by chunk; last-token or all
   // logits, and every token's hidden row appended to hidden when given.

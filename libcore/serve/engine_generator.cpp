@@ -44,7 +44,12 @@ struct EngineGenerator::Slot {
 };
 
 EngineGenerator::EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx, int parallel, int prompt_chunk)
-    : engine_(engine), tok_(tok), style_(chat_style_of(tok.chat_template())), n_ctx_(n_ctx), prompt_chunk_(prompt_chunk) {
+    : engine_(engine),
+      tok_(tok),
+      style_(chat_style_of(tok.chat_template())),
+      n_ctx_(n_ctx),
+      prompt_chunk_(prompt_chunk),
+      sample_pool_(sample_helpers(parallel)) {
   if (n_ctx_ < 2) throw Error("coli-serve: the context must hold at least 2 tokens");
   if (parallel < 1) throw Error("coli-serve: --parallel must be at least 1");
   if (prompt_chunk_ < 1) throw Error("coli-serve: the prompt chunk must be at least 1 token");
@@ -58,6 +63,14 @@ EngineGenerator::EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx
     slots_.back()->session = engine_.new_session();
   }
   thread_ = std::thread([this] { loop(); });
+}
+
+// Helpers for sampling a step's rows: one a slot past the first, no more
+// than the cores past the scheduler's own (16 rows of a 248K vocabulary:
+// 2.5 ms a step one by one on the GPU machine's host, docs/perf/serve.md).
+int EngineGenerator::sample_helpers(int parallel) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(std::min(parallel - 1, cores - 1), 0, 15);
 }
 
 EngineGenerator::~EngineGenerator() {
@@ -249,7 +262,7 @@ void EngineGenerator::prefill_chunk(Slot& s) {
   s.prompt_at += n;
   if (s.prompt_at < p.size()) return;
   s.t_first = Clock::now();
-  take(s, logits, 0);
+  take(s, sample_row(s, logits, 0));
 }
 
 void EngineGenerator::decode_step() {
@@ -266,18 +279,31 @@ void EngineGenerator::decode_step() {
   std::vector<Session*> sessions;
   std::vector<int> ids;
   for (Slot* s : rows) sessions.push_back(&s->session), ids.push_back(s->pending);
-  std::vector<float>& logits = rows_logits_;
+  // The rows where the backend left them (a GPU's pinned buffer), read
+  // before the engine is called again: the lock stays held while they are.
   const Clock::time_point t = Clock::now();
-  {
-    std::lock_guard<std::mutex> lock(engine_mu_);
-    engine_.forward_rows(sessions, ids, logits);
-  }
+  std::unique_lock<std::mutex> engine_lock(engine_mu_);
+  const std::span<const float> logits = engine_.forward_rows_view(sessions, ids, rows_logits_);
   const Clock::time_point t_sample = Clock::now();
+  // The rows' scans of their logits at once (each its own slot's sampler
+  // and history); then, in order, what they hand out. A row that fails
+  // fails the step where its turn comes, as one by one.
+  std::vector<int> sampled(rows.size(), -1);
+  std::vector<std::exception_ptr> failed(rows.size());
+  sample_pool_.run(rows.size(), [&](std::size_t i) {
+    try {
+      sampled[i] = sample_row(*rows[i], logits, i);
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  });
+  engine_lock.unlock();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     Slot& s = *rows[i];
     s.fed.push_back(s.pending);
     s.pending = -1;
-    take(s, logits, i);
+    if (failed[i]) std::rethrow_exception(failed[i]);
+    take(s, sampled[i]);
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++steps_, rows_ += static_cast<long long>(rows.size());
@@ -285,14 +311,18 @@ void EngineGenerator::decode_step() {
   phases_.decode_sample += seconds_since(t_sample);
 }
 
-// Samples the slot's next id from row `row` of logits and hands its text
-// out; ends the request where it ends.
-void EngineGenerator::take(Slot& s, const std::vector<float>& logits, std::size_t row) {
+// The slot's next id from row `row` of logits (throws where they are not
+// finite). Touches only the slot's sampler: rows of a step run at once.
+int EngineGenerator::sample_row(Slot& s, std::span<const float> logits, std::size_t row) {
   const std::size_t V = static_cast<std::size_t>(engine_.spec().vocab_size);
   const std::span<const float> l(logits.data() + row * V, V);
-  const std::string step = s.n_generated == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(s.n_generated);
-  check_logits_finite(l, step);
-  const int id = s.sampler->sample(l, s.history);
+  check_logits_finite(l, s.n_generated == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(s.n_generated));
+  return s.sampler->sample(l, s.history);
+}
+
+// Takes the slot's sampled id and hands its text out; ends the request
+// where it ends.
+void EngineGenerator::take(Slot& s, int id) {
   ++s.n_generated;
   s.history.push_back(id);
   if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) return finish(s, "stop");

@@ -13,8 +13,9 @@
 // slot that is generating, as one batched forward
 // (Engine::forward_rows: the routed experts of all rows read once), so a
 // long prompt does not stall the replies in flight (continuous batching).
-// Each row is sampled with its own request's sampler: a slot's tokens are
-// those it would get alone (greedy: identical where routing is stable).
+// Each row is sampled with its own request's sampler (the rows of a step
+// at once, on helper threads): a slot's tokens are those it would get
+// alone (greedy: identical where routing is stable).
 //
 // Prompt reuse: a request takes the free slot whose ids are the longest
 // prefix of its prompt (a chat's next turn: the earlier prompt, the reply,
@@ -44,6 +45,7 @@
 #include "serve/openai_api.h"
 #include "serve/stop_strings.h"
 #include "tokenizer/tokenizer.h"
+#include "util/worker_pool.h"
 
 namespace coli::serve {
 
@@ -98,7 +100,9 @@ class EngineGenerator {
   void admit(Job* job);
   void prefill_chunk(Slot& s);
   void decode_step();
-  void take(Slot& s, const std::vector<float>& logits, std::size_t row);
+  int sample_row(Slot& s, std::span<const float> logits, std::size_t row);
+  void take(Slot& s, int id);
+  static int sample_helpers(int parallel);
   void finish(Slot& s, const std::string& reason);
   void fail_all(std::exception_ptr e);
 
@@ -110,6 +114,7 @@ class EngineGenerator {
   std::vector<std::unique_ptr<Slot>> slots_;  // the scheduler's
   std::size_t next_prefill_ = 0;              // round robin over slots reading their prompts
   std::vector<float> rows_logits_;            // the scheduler's: each decode step's [rows, vocab], one buffer reused
+  WorkerPool sample_pool_;                    // the scheduler's: samples a step's rows at once
   mutable std::mutex mu_;                     // queue_, stop_, the counters
   std::condition_variable cv_;
   std::deque<Job*> queue_;

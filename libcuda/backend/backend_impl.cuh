@@ -192,6 +192,8 @@ class CudaBackend : public Backend {
   // the chunk's kernels over S rows, each row's mixer on its own cache or
   // state through a RowsRun; on the whole model a captured graph per S.
   bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) override;
+  // The pinned buffer each chunk's logits come to (null before the first).
+  const float* kept_logits() const override { return h_logits_; }
   bool mtp_chunk(BackendState& state, const int* ids, const float* h, int T, int pos0, int logit_rows, float* logits, float* g) override;
 
  private:
