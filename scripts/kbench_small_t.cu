@@ -101,6 +101,38 @@ int main(int argc, char** argv) {
       printf("%-32s %6d %10.1f %10.0f %8d %8s\n", "experts", T, us, bytes / us / 1e3, uniq, path ? "decode" : "grouped");
     }
   }
+  // The router: bf16 256 x 2048 over T tokens (the float row dots below
+  // kFloatTiledMinTokens; forward.cu's router_logits), then route_topk with
+  // the 1-row shared-expert gate, as a rows step runs them.
+  {
+    auto bf16_matrix = [&](int rows, int cols, uint32_t seed) {
+      DevMatrix W; W.kind = Kind::kBF16; W.rows = rows; W.cols = cols; W.row_stride = (long long)cols * 2;
+      std::vector<uint16_t> h((size_t)rows * cols); std::mt19937 r(seed);
+      for (auto& v : h) v = 0x3c00 | (r() & 0xff);  // small finite values
+      uint8_t* p; cudaMalloc(&p, h.size() * 2); cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice);
+      W.data = p; return W;
+    };
+    DevMatrix R = bf16_matrix(E, H, 9), G = bf16_matrix(1, H, 10);
+    float *rl, *go; cudaMalloc(&rl, (size_t)maxT * E * 4); cudaMalloc(&go, maxT * 4);
+    printf("%-32s %6s %10s %10s\n", "router (bf16) / route_topk", "T", "matmul us", "route us");
+    for (int T : Ts) {
+      if (T >= kFloatTiledMinTokens) break;
+      float us[2];
+      for (int part = 0; part < 2; ++part) {
+        auto run = [&] {
+          if (part == 0) matmul(R, x, T, rl, E, s, &q);
+          else route_topk(rl, T, E, K, idx, wts, s, &G, x, go, false, nullptr);
+        };
+        for (int w = 0; w < 3; ++w) run();
+        cudaEventRecord(a, s);
+        for (int i = 0; i < reps; ++i) run();
+        cudaEventRecord(b, s); cudaEventSynchronize(b);
+        float ms; cudaEventElapsedTime(&ms, a, b);
+        us[part] = 1000.0f * ms / reps;
+      }
+      printf("%-32s %6d %10.1f %10.1f\n", "router", T, us[0], us[1]);
+    }
+  }
   cudaError_t e = cudaDeviceSynchronize();
   printf("status: %s\n", cudaGetErrorString(e));
   return e != cudaSuccess;
