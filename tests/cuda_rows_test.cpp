@@ -119,7 +119,19 @@ void expect_rows_match_alone(const Model& m, const cuda::CudaOptions& opt, float
     float d = 0, top = 0;
     for (int v = 0; v < V; ++v) d = std::max(d, std::fabs(view[static_cast<std::size_t>(i) * V + v] - solo[v])), top = std::max(top, std::fabs(solo[v]));
     EXPECT_LT(d, tol + rel * top) << "forward_rows_view, session " << i;
+    ids[i] = argmax(view.data() + static_cast<std::size_t>(i) * V, V);
   }
+  // One session through the view: its decode step's row, in the same buffer.
+  const std::vector<Session*> one = {all[0]};
+  const std::span<const float> v1 = e.forward_rows_view(one, std::vector<int>{ids[0]}, unused);
+  ASSERT_EQ(v1.size(), static_cast<std::size_t>(V));
+  EXPECT_EQ(v1.data(), gpu->kept_logits());
+  EXPECT_TRUE(unused.empty());
+  const std::vector<float> solo = e.forward(alone[0], std::vector<int>{ids[0]});
+  float d = 0, top = 0;
+  for (int v = 0; v < V; ++v) d = std::max(d, std::fabs(v1[v] - solo[v])), top = std::max(top, std::fabs(solo[v]));
+  EXPECT_LT(d, tol + rel * top) << "forward_rows_view, one session";
+  EXPECT_EQ(all[0]->n_past, alone[0].n_past);
 }
 
 // cuda_test.cpp's real layouts at a smaller scale, in int4-g32 (or f).

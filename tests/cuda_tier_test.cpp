@@ -420,8 +420,10 @@ TEST(CudaTier, PcieReadsKeepTokens) {
 // three (the shared expert folded in), against the same rows steps of a
 // tier whose rows hand every miss to the host (CudaTuning::pcie_rows_max
 // 1; the prompts' misses the host's in both): within the quantization
-// bound. Share 1 gives the device every pair (the host never posted to),
-// share 0.5 splits them (both places used).
+// bound. The rows' share is CudaTuning::pcie_rows_share where set, else
+// the one-token share: 100 % (the rows' 100, or the one-token 1.0 where
+// the rows' is 0) gives the device every pair (the host never posted to),
+// 50 % splits them (both places used).
 TEST(CudaTier, PcieReadsInARowsStep) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -430,9 +432,16 @@ TEST(CudaTier, PcieReadsInARowsStep) {
   const ModelSpec& s = m.spec();
   const int V = s.vocab_size;
   const float tol = 2 * cpu_quantization_error(m);
-  for (const double share : {1.0, 0.5}) {
+  struct Case {
+    double one_token;
+    int rows_pct;
+    double share;  // the rows' share these give
+  };
+  for (const Case c : {Case{0.35, 100, 1.0}, Case{0.35, 50, 0.5}, Case{1.0, 0, 1.0}}) {
+    const double share = c.share;
     cuda::CudaOptions o = tier_options(m, 0);
-    o.pcie_read_share = share;
+    o.pcie_read_share = c.one_token;
+    o.tuning.pcie_rows_share = c.rows_pct;
     o.host_regions.push_back(mm.region());
     auto tier = cuda::make_cuda_backend(m, o);
     o.tuning.pcie_rows_max = 1;
@@ -464,8 +473,8 @@ TEST(CudaTier, PcieReadsInARowsStep) {
     }
     const TierStats t1 = tier->tier_stats();
     const long long host = t1.misses - t0.misses, pcie = t1.pcie_misses - t0.pcie_misses, posts = t1.handoffs - t0.handoffs;
-    std::printf("[ info     ] rows steps, pcie_read_share %.1f, no slots: %lld pairs over PCIe, %lld on the host in %lld posts, max |dlogit| vs every miss on the host %.2e (bound %.2e)\n",
-                share, pcie, host, posts, e, tol);
+    std::printf("[ info     ] rows steps, pcie_read_share %.2f, pcie_rows_share %d %%, no slots: %lld pairs over PCIe, %lld on the host in %lld posts, max |dlogit| vs every miss on the host %.2e (bound %.2e)\n",
+                c.one_token, c.rows_pct, pcie, host, posts, e, tol);
     EXPECT_GT(pcie, 0) << "the device reads a share";
     EXPECT_LT(e, tol);
     if (share == 1.0) {

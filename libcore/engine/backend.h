@@ -192,9 +192,10 @@ class Backend {
   virtual bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) { return false; }
   // The host buffer a backend that runs whole chunks copies each chunk's
   // logits into (pinned memory on a GPU) before finish_chunk or step_rows
-  // writes them to the caller's: after a step_rows given no logits, its
-  // [S, V] rows, valid until the next chunk or step starts. Null (the
-  // default): the backend keeps none; pass a buffer.
+  // writes them to the caller's: after a step_rows or finish_chunk given
+  // no logits (null: allowed only where this is not), their rows [rows, V],
+  // valid until the next chunk or step starts. Null (the default): the
+  // backend keeps none; pass a buffer.
   virtual const float* kept_logits() const { return nullptr; }
   // The expert tier's counters (zeros for a backend without one).
   virtual TierStats tier_stats() const { return {}; }

@@ -183,9 +183,20 @@ const float* Engine::rows_step(std::span<Session* const> sessions, std::span<con
   std::vector<BackendState*> states;
   std::vector<int> positions;
   for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
-  const bool whole = S == 1 || (backend_.runs_whole_chunks() && (!heat_ || device_heat_));
-  const float* kept = view && whole && S > 1 ? backend_.kept_logits() : nullptr;
+  const bool chunks = backend_.runs_whole_chunks() && (!heat_ || device_heat_);
+  const bool whole = S == 1 || chunks;
+  const float* kept = view && chunks ? backend_.kept_logits() : nullptr;
   if (!kept) logits.resize(static_cast<std::size_t>(S) * V);
+  if (kept && S == 1) {  // forward_chunk's decode step, its logits left in the backend's buffer
+    Session& s = *sessions[0];
+    if (heat_) heat_->add_tokens(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    backend_.start_chunk(*s.state, ids.data(), 1, s.n_past, 1);
+    backend_.finish_chunk(*s.state, nullptr);
+    if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.n_past += 1;
+    return backend_.kept_logits();
+  }
   if (whole) {
     const auto t0 = std::chrono::steady_clock::now();
     if (S > 1 && backend_.step_rows(states.data(), ids.data(), positions.data(), S, kept ? nullptr : logits.data())) {

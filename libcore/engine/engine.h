@@ -88,8 +88,9 @@ class Engine {
   void forward_rows(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits);
   // The same, read where the backend left them when it keeps its own host
   // copy (Backend::kept_logits: a GPU's pinned buffer, no 16 MB copy a
-  // step), else in logits as above. The span is valid until the next call
-  // into the engine or a change of logits.
+  // step; one session: its decode step's row), else in logits as above.
+  // The span is valid until the next call into the engine or a change of
+  // logits.
   std::span<const float> forward_rows_view(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits);
 
   const ModelSpec& spec() const { return spec_; }

@@ -51,6 +51,13 @@ struct CudaTuning {
   // the device's PCIe reads and the host as a one-token step does
   // (CudaOptions::pcie_read_share; 1: one-token steps only). At most 16.
   int pcie_rows_max = 16;
+  // Those steps' share of their distinct misses read over PCIe, in percent
+  // (0: the one-token share, CudaOptions::pcie_read_share); only where the
+  // one-token share is on. Their misses are many experts of a pair or two,
+  // the host's fixed cost a smaller part of its time than for one token's:
+  // 16 rows at 1.75G ran 1,057 tok/s at 50 against 990 at the one-token
+  // 35 (849 at 20, 861 at 65; H100, session 24, docs/perf/serve.md).
+  int pcie_rows_share = 50;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

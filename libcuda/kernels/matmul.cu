@@ -27,6 +27,7 @@ static_assert(CudaTuning{}.gemv_warps == kDecodeWarps && CudaTuning{}.float_warp
 // kMmaTokens tokens (kSmallTokens up to CudaTuning::mma_small).
 constexpr int kMmaTokens = 64;
 constexpr int kMmaWideRows = 32768;  // matmuls of this many rows take the tensor cores from 2 tokens
+constexpr int kFloatTokenWarps = 16;    // float matmuls of up to this many tokens: a warp per (row, token)
 
 // ---- float path ----------------------------------------------------------
 
@@ -481,7 +482,13 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   const bool mma = int8_x && mma_supported() && (T >= launch_tuning().mma_min_tokens || (T >= 2 && total_rows >= kMmaWideRows));
   // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
   // (row, 8 tokens) in blocks of kWarps (float path).
-  const int float_groups = int8_x ? 1 : T == 1 ? 1 : (T + 7) / 8;
+  // Float weights up to kFloatTokenWarps tokens: a warp per (row, token),
+  // the one-token dot (16-byte loads of a 16-bit row), whose sums each row
+  // then shares with a decode step's; 8 tokens a warp was 3x slower (the
+  // bf16 router, 256 x 2,048, at 8 and 16 tokens: 18 us, 6 at 4; H100,
+  // kbench, session 24).
+  const bool float_per_token = !int8_x && T <= kFloatTokenWarps;
+  const int float_groups = int8_x ? 1 : float_per_token ? T : (T + 7) / 8;
   // One token (decode): blocks of kDecodeWarps warps, so that matrices of a
   // few hundred rows (the router) still spread over many SMs.
   const int gemv_warps = launch_tuning().gemv_warps, float_warps = launch_tuning().float_warps;
@@ -558,7 +565,7 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
     return;
   }
   dispatch_kind(W.kind, [&]<Kind K>() {
-    if (T == 1) launch(matmul_kernel<K, 1>, grid, block, 0, s, b, x, T);
+    if (float_per_token) launch(matmul_kernel<K, 1>, grid, block, 0, s, b, x, T);
     else launch(matmul_kernel<K, 8>, grid, block, 0, s, b, x, T);
   });
   check(cudaGetLastError(), "matmul launch");

@@ -332,7 +332,8 @@ ExpertTier::Step ExpertTier::plan_layer(int l, int T, bool pair_kernels) {
   const bool one = (T == 1 || few) && !st.upload && !one_resident_.empty();
   st.table = one ? x.one_table : x.table;
   st.resident = one ? one_resident_[l].get() : st.upload && st.handoff ? pu_.flags[l].get() : st.handoff ? resident_[l].get() : nullptr;  // a whole model has no flags
-  st.share = one ? static_cast<float>(opt_.pcie_read_share) : 0.0f;
+  const bool rows_share = T > 1 && opt_.tuning.pcie_rows_share > 0 && opt_.pcie_read_share > 0;
+  st.share = !one ? 0.0f : rows_share ? opt_.tuning.pcie_rows_share / 100.0f : static_cast<float>(opt_.pcie_read_share);
   if (st.share > 0 && st.handoff && split_inter() > 0 && T == 1) st.lim = handoff_->row_limits();
   if (st.upload) {
     st.table.gate_ptrs = pu_.gate[l].get(), st.table.up_ptrs = pu_.up[l].get(), st.table.down_ptrs = pu_.down[l].get();
