@@ -298,6 +298,14 @@ void EngineGenerator::decode_step() {
     }
   });
   engine_lock.unlock();
+  // Counted before the rows' requests may end: a caller that sees its
+  // reply finished sees the step that made it in the counters.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++steps_, rows_ += static_cast<long long>(rows.size());
+    phases_.decode_forward += std::chrono::duration<double>(t_sample - t).count();
+    phases_.decode_sample += seconds_since(t_sample);
+  }
   for (std::size_t i = 0; i < rows.size(); ++i) {
     Slot& s = *rows[i];
     s.fed.push_back(s.pending);
@@ -305,10 +313,6 @@ void EngineGenerator::decode_step() {
     if (failed[i]) std::rethrow_exception(failed[i]);
     take(s, sampled[i]);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  ++steps_, rows_ += static_cast<long long>(rows.size());
-  phases_.decode_forward += std::chrono::duration<double>(t_sample - t).count();
-  phases_.decode_sample += seconds_since(t_sample);
 }
 
 // The slot's next id from row `row` of logits (throws where they are not
