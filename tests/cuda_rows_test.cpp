@@ -232,3 +232,63 @@ TEST(CudaRows, OffDeclines) {
   std::vector<float> l(2 * static_cast<std::size_t>(m->spec().vocab_size));
   EXPECT_FALSE(gpu->step_rows(states.data(), ids.data(), positions.data(), 2, l.data()));
 }
+
+// CudaTuning::merge_pairs: a step of several tokens whose experts go pair
+// by pair computes the pairs of one expert together (its rows read once),
+// each pair's sums those of the pair-by-pair kernels, so two backends with
+// merging off and on give the same logits bit for bit: prompts of 2 to 6
+// ids (chunks of 2 and 3 take the pair-by-pair kernels), then rows steps
+// of 12 rows (48 pairs of 16 experts, top 4: experts with more than 2 and
+// 4 pairs, so groups split), 5, 3 and 2 rows (3 and 2 fold the shared
+// expert in: a pair every row shares); the real layouts in int4, whole
+// and with half the experts in VRAM (misses on the host).
+TEST(CudaRows, MergedPairsKeepThePairByPairLogits) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  const int V = q->spec().vocab_size;
+  for (const bool budget : {false, true})
+    for (const int merge : {2, 4}) {
+      SCOPED_TRACE(std::string(budget ? "half the experts, " : "whole, ") + "merge_pairs " + std::to_string(merge));
+      auto options = [&](int m) {
+        cuda::CudaOptions o;
+        o.tuning.merge_pairs = m;
+        if (budget) {
+          o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
+          o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
+        }
+        return o;
+      };
+      auto off = cuda::make_cuda_backend(*q, options(1)), on = cuda::make_cuda_backend(*q, options(merge));
+      Engine eoff(q->spec(), *off, 64), eon(q->spec(), *on, 64);
+      std::vector<Session> a, b;
+      std::vector<int> next;
+      for (int p = 0; p < 12; ++p) {
+        std::vector<int> ids(2 + p % 5);
+        for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>((i * 7919 + 131 * p + 13) % V);
+        a.push_back(eoff.new_session()), b.push_back(eon.new_session());
+        const std::vector<float> la = eoff.forward(a.back(), ids), lb = eon.forward(b.back(), ids);
+        ASSERT_EQ(la, lb) << "prompt " << p << " (" << ids.size() << " ids)";
+        next.push_back(argmax(la.data(), V));
+      }
+      std::vector<int> all(12);
+      for (int i = 0; i < 12; ++i) all[i] = i;
+      const std::vector<std::vector<int>> steps = {all, {0, 1, 2, 3, 4}, all, {1, 3, 5}, {2, 7}, all};
+      for (std::size_t k = 0; k < steps.size(); ++k) {
+        const int S = static_cast<int>(steps[k].size());
+        std::vector<BackendState*> sa, sb;
+        std::vector<int> ids, positions;
+        for (int i : steps[k]) sa.push_back(a[i].state.get()), sb.push_back(b[i].state.get()), ids.push_back(next[i]), positions.push_back(a[i].n_past);
+        std::vector<float> la(static_cast<std::size_t>(S) * V), lb(la.size());
+        ASSERT_TRUE(off->step_rows(sa.data(), ids.data(), positions.data(), S, la.data()));
+        ASSERT_TRUE(on->step_rows(sb.data(), ids.data(), positions.data(), S, lb.data()));
+        ASSERT_EQ(la, lb) << "step " << k << " (" << S << " rows)";
+        for (int r = 0; r < S; ++r) {
+          const int i = steps[k][r];
+          a[i].n_past += 1, b[i].n_past += 1;
+          next[i] = argmax(la.data() + static_cast<std::size_t>(r) * V, V);
+        }
+      }
+    }
+}
