@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   launch_tuning().mma_min_tokens = argc > 1 ? atoi(argv[1]) : 8;
   launch_tuning().mma_small = argc > 2 ? atoi(argv[2]) : 16;
   launch_tuning().mma_split = argc > 3 ? atoi(argv[3]) : 3;
-  printf("mma_min %d mma_small %d mma_split %d\n", launch_tuning().mma_min_tokens, launch_tuning().mma_small, launch_tuning().mma_split);
+  launch_tuning().few_tokens = argc > 4 ? atoi(argv[4]) : 0;
+  printf("mma_min %d mma_small %d mma_split %d few_tokens %d\n", launch_tuning().mma_min_tokens, launch_tuning().mma_small, launch_tuning().mma_split, launch_tuning().few_tokens);
   cudaStream_t s; cudaStreamCreate(&s);
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   const int H = 2048, maxT = 64;

@@ -30,6 +30,10 @@ struct CudaTuning {
   // (0: never split): a 2,048-row matrix has 32 tiles of 64 rows for 132
   // SMs. Values change by float summation order only.
   int mma_split = 3;
+  // int4 / int8 matmuls of 2 to few_tokens tokens on dp4a, each weight
+  // block loaded once for up to 16 tokens (matmul.cu's few-token kernel;
+  // 0: off, the paths above).
+  int few_tokens = 0;
   // Chunks of this many tokens or more run their routed experts grouped by
   // expert (moe_grouped: each expert's rows read once per tile of its
   // pairs); fewer take the decode kernels pair by pair (an expert shared

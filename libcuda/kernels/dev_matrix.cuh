@@ -430,7 +430,7 @@ __device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const
 // what group_rows_dot_q gives for qrows[j]. Rows past nq are not read
 // (their out is 0). Every lane of the warp must call, with the same nq.
 template <Kind K, int NM, int R, int L, int NQ>
-__device__ __forceinline__ void group_rows_dot_q_many(const DevMatrix (&M)[NM], const int (&rows)[R], const QuantX& q, const long long (&qrows)[NQ],
+__device__ __forceinline__ void group_rows_dot_q_many(const DevMatrix (&M)[NM], const int (&rows)[R], const QuantX& q, const int (&qrows)[NQ],
                                                       int nq, float (&out)[NQ][NM][R], int blocks_used = 1 << 30) {
   static_assert(L == 8 || L == 16 || L == 32, "lanes per row group");
   const int sub = threadIdx.x & (L - 1), nb = M[0].cols / 32, nbu = min(nb, blocks_used);
@@ -449,7 +449,7 @@ __device__ __forceinline__ void group_rows_dot_q_many(const DevMatrix (&M)[NM], 
 #pragma unroll
     for (int j = 0; j < NQ; ++j) {
       if (j >= nq) break;
-      const long long qb = qrows[j] * nb + b;
+      const long long qb = static_cast<long long>(qrows[j]) * nb + b;
       const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
       const int4 xa = xp[0], xb = xp[1];
       const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};

@@ -286,7 +286,7 @@ __global__ void gate_up_merged_kernel(ExpertTable tab, const int* idx, int K, Qu
   DevMatrix W[2] = {tab.gate, tab.up};
   W[0].data = tab.gate_ptrs[e];
   W[1].data = tab.up_ptrs[e];
-  long long qrows[NQ];
+  int qrows[NQ];
 #pragma unroll
   for (int j = 0; j < NQ; ++j) qrows[j] = grp[j] / K;
   float out[NQ][2][kUpRows];
@@ -320,11 +320,8 @@ __global__ void down_merged_kernel(ExpertTable tab, const int* idx, QuantX qa, f
   for (int i = 0; i < kDownRows; ++i) rows[i] = min(r0 + i, H - 1);
   DevMatrix W[1] = {tab.down};
   W[0].data = tab.down_ptrs[idx[p]];
-  long long qrows[NQ];
-#pragma unroll
-  for (int j = 0; j < NQ; ++j) qrows[j] = grp[j];
   float out[NQ][1][kDownRows];
-  group_rows_dot_q_many<KD, 1, kDownRows, L, NQ>(W, rows, qa, qrows, ng, out, lim ? lim[p] / 32 : 1 << 30);
+  group_rows_dot_q_many<KD, 1, kDownRows, L, NQ>(W, rows, qa, grp, ng, out, lim ? lim[p] / 32 : 1 << 30);
   if ((threadIdx.x & (L - 1)) == 0)
 #pragma unroll
     for (int j = 0; j < NQ; ++j)
