@@ -87,13 +87,13 @@ int main(int argc, char** argv) {
       for (int k = 0; k < K; ++k) { hidx[t * K + k] = p[k]; if (!used[p[k]]) used[p[k]] = 1, ++uniq; } }
     cudaMemcpy(idx, hidx.data(), T * K * 4, cudaMemcpyHostToDevice); cudaMemcpy(wts, hw.data(), T * K * 4, cudaMemcpyHostToDevice);
     const double bytes = uniq * (gb * 2.0 + db);
-    for (int path = 0; path < 3; ++path) {
+    for (int path = 0; path < 4; ++path) {
       if (path == 0 && T < 4) continue;
-      if (path == 2 && T < 2) continue;
-      launch_tuning().merge_pairs = path == 2 ? 4 : 1;  // path 2: the pairs of one expert merged (CudaTuning::merge_pairs)
+      if (path >= 2 && T < 2) continue;
+      launch_tuning().merge_pairs = path == 2 ? 4 : path == 3 ? 2 : 1;  // paths 2, 3: the pairs of one expert merged 4 / 2 at a time (CudaTuning::merge_pairs)
       auto run = [&] {
         if (path == 0) moe_grouped(tab, x, idx, wts, T, K, E, sc, y, s, q, false);
-        else { moe_gate_up(tab, x, idx, T, K, sc.act, s, &q); moe_down(tab, sc.act, idx, wts, T, K, y, s, &q, nullptr, path == 2 ? sc.y : nullptr); }
+        else { moe_gate_up(tab, x, idx, T, K, sc.act, s, &q); moe_down(tab, sc.act, idx, wts, T, K, y, s, &q, nullptr, path >= 2 ? sc.y : nullptr); }
       };
       for (int w = 0; w < 3; ++w) run();
       cudaEventRecord(a, s);
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
       cudaEventRecord(b, s); cudaEventSynchronize(b);
       float ms; cudaEventElapsedTime(&ms, a, b);
       double us = 1000.0 * ms / reps;
-      printf("%-32s %6d %10.1f %10.0f %8d %8s\n", "experts", T, us, bytes / us / 1e3, uniq, path == 2 ? "merged" : path ? "decode" : "grouped");
+      printf("%-32s %6d %10.1f %10.0f %8d %8s\n", "experts", T, us, bytes / us / 1e3, uniq, path == 3 ? "merged2" : path == 2 ? "merged4" : path ? "decode" : "grouped");
     }
   }
   // The router: bf16 256 x 2048 over T tokens (the float row dots below
