@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
   launch_tuning().mma_min_tokens = argc > 1 ? atoi(argv[1]) : 8;
   launch_tuning().mma_small = argc > 2 ? atoi(argv[2]) : 16;
   launch_tuning().mma_split = argc > 3 ? atoi(argv[3]) : 3;
-  launch_tuning().few_tokens = argc > 4 ? atoi(argv[4]) : 0;
-  printf("mma_min %d mma_small %d mma_split %d few_tokens %d\n", launch_tuning().mma_min_tokens, launch_tuning().mma_small, launch_tuning().mma_split, launch_tuning().few_tokens);
+  printf("mma_min %d mma_small %d mma_split %d\n", launch_tuning().mma_min_tokens, launch_tuning().mma_small, launch_tuning().mma_split);
   cudaStream_t s; cudaStreamCreate(&s);
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   const int H = 2048, maxT = 64;
@@ -87,13 +86,11 @@ int main(int argc, char** argv) {
       for (int k = 0; k < K; ++k) { hidx[t * K + k] = p[k]; if (!used[p[k]]) used[p[k]] = 1, ++uniq; } }
     cudaMemcpy(idx, hidx.data(), T * K * 4, cudaMemcpyHostToDevice); cudaMemcpy(wts, hw.data(), T * K * 4, cudaMemcpyHostToDevice);
     const double bytes = uniq * (gb * 2.0 + db);
-    for (int path = 0; path < 4; ++path) {
+    for (int path = 0; path < 2; ++path) {
       if (path == 0 && T < 4) continue;
-      if (path >= 2 && T < 2) continue;
-      launch_tuning().merge_pairs = path == 2 ? 4 : path == 3 ? 2 : 1;  // paths 2, 3: the pairs of one expert merged 4 / 2 at a time (CudaTuning::merge_pairs)
       auto run = [&] {
         if (path == 0) moe_grouped(tab, x, idx, wts, T, K, E, sc, y, s, q, false);
-        else { moe_gate_up(tab, x, idx, T, K, sc.act, s, &q); moe_down(tab, sc.act, idx, wts, T, K, y, s, &q, nullptr, path >= 2 ? sc.y : nullptr); }
+        else { moe_gate_up(tab, x, idx, T, K, sc.act, s, &q); moe_down(tab, sc.act, idx, wts, T, K, y, s, &q); }
       };
       for (int w = 0; w < 3; ++w) run();
       cudaEventRecord(a, s);
@@ -101,7 +98,7 @@ int main(int argc, char** argv) {
       cudaEventRecord(b, s); cudaEventSynchronize(b);
       float ms; cudaEventElapsedTime(&ms, a, b);
       double us = 1000.0 * ms / reps;
-      printf("%-32s %6d %10.1f %10.0f %8d %8s\n", "experts", T, us, bytes / us / 1e3, uniq, path == 3 ? "merged2" : path == 2 ? "merged4" : path ? "decode" : "grouped");
+      printf("%-32s %6d %10.1f %10.0f %8d %8s\n", "experts", T, us, bytes / us / 1e3, uniq, path ? "decode" : "grouped");
     }
   }
   // The router: bf16 256 x 2048 over T tokens (the float row dots below

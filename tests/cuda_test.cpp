@@ -322,32 +322,6 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
 // bits move by one now and then (measured 1.6e-2 of logits up to 2.3,
 // H100): a part of the columns lost or added twice is off by the
 // logits' scale.
-// CudaTuning::few_tokens: matmuls of 2 to 16 tokens on dp4a row dots that
-// load each weight block once for all the tokens (each token's sums those
-// of a one-token step): prompt chunks of 12, 5 and 2 through them on int8
-// and int4 containers, within RealLayoutsMatchTheCpu's bound of the CPU on
-// the same container.
-TEST(CudaBackend, FewTokenMatmulsMatchTheCpu) {
-  std::string why;
-  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  RealLayouts r;
-  for (QuantFormat f : {QuantFormat::I8, QuantFormat::I4_G32}) {
-    auto m = r.convert(f);
-    cpu::CpuBackend cpu_be(*m);
-    const auto c = r.run(cpu_be, *m);
-    const float e_quant = max_step_diff(c, r.ref);
-    cuda::CudaOptions o;
-    o.tuning.few_tokens = 16;
-    auto gpu_be = cuda::make_cuda_backend(*m, o);
-    for (int chunk : {12, 5, 2}) {
-      const float e = max_step_diff(r.run(*gpu_be, *m, chunk), c);
-      std::printf("[ info     ] %s, real layouts, few-token matmuls, chunks of %d: max |dlogit| GPU vs CPU %.2e (bound %.2e)\n", format_name(f), chunk, e,
-                  std::max(1e-3f, 2 * e_quant));
-      EXPECT_LT(e, std::max(1e-3f, 2 * e_quant)) << format_name(f) << " chunks of " << chunk;
-    }
-  }
-}
-
 TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;

@@ -45,7 +45,7 @@ std::string describe(const cuda::CudaOptions& o) {
          std::to_string(t.gemv_warps) + " " + std::to_string(t.float_warps) + " " + std::to_string(t.gemv_lanes) + " " +
          std::to_string(t.up_rows) + " " + std::to_string(t.down_rows) + " " + std::to_string(t.logit_parts) + " " + std::to_string(t.mma_min_tokens) + " " +
          std::to_string(t.mma_small) + " " + std::to_string(t.grouped_min_tokens) + " " + std::to_string(t.grouped_min_rows) + " " + std::to_string(t.mma_split) +
-         " " + std::to_string(t.pcie_rows_max) + " " + std::to_string(t.pcie_rows_share) + " " + std::to_string(t.merge_pairs) + " " + std::to_string(t.few_tokens);
+         " " + std::to_string(t.pcie_rows_max) + " " + std::to_string(t.pcie_rows_share);
 }
 
 }  // namespace
@@ -100,9 +100,6 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_TUNE_PCIE_ROWS", "1", [](cuda::CudaOptions& o) { o.tuning.pcie_rows_max = 1; }},
       {"COLI_TUNE_PCIE_ROWS_SHARE", "0", [](cuda::CudaOptions& o) { o.tuning.pcie_rows_share = 0; }},
       {"COLI_TUNE_PCIE_ROWS_SHARE", "65", [](cuda::CudaOptions& o) { o.tuning.pcie_rows_share = 65; }},
-      {"COLI_TUNE_MERGE_PAIRS", "1", [](cuda::CudaOptions& o) { o.tuning.merge_pairs = 1; }},
-      {"COLI_TUNE_MERGE_PAIRS", "2", [](cuda::CudaOptions& o) { o.tuning.merge_pairs = 2; }},
-      {"COLI_TUNE_FEW_TOKENS", "16", [](cuda::CudaOptions& o) { o.tuning.few_tokens = 16; }},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.name) + "=" + c.value);
@@ -133,8 +130,6 @@ TEST(EnvOptions, MalformedValuesAreErrorsNamingTheVariable) {
       {"COLI_TUNE_FLOAT_WARPS", "33"},    {"COLI_TUNE_GEMV_LANES", "4"},    {"COLI_TUNE_UP_ROWS", "4"},
       {"COLI_TUNE_DOWN_ROWS", "1"},       {"COLI_TUNE_LOGIT_PARTS", "9"},   {"COLI_TUNE_LOGIT_PARTS", "99999999999"}, {"COLI_TUNE_PREFILL_RING", "0"}, {"COLI_TUNE_PREFILL_RING", "5000"},
       {"COLI_TUNE_PCIE_ROWS", "0"},       {"COLI_TUNE_PCIE_ROWS", "17"},    {"COLI_TUNE_PCIE_ROWS_SHARE", "101"}, {"COLI_TUNE_PCIE_ROWS_SHARE", "0.5"},
-      {"COLI_TUNE_MERGE_PAIRS", "3"},     {"COLI_TUNE_MERGE_PAIRS", "0"},   {"COLI_TUNE_MERGE_PAIRS", "8"},
-      {"COLI_TUNE_FEW_TOKENS", "65"},     {"COLI_TUNE_FEW_TOKENS", "-1"},
   };
   for (const auto& [name, value] : bad) {
     SCOPED_TRACE(std::string(name) + "=" + value);

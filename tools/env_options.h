@@ -32,8 +32,6 @@
 //   COLI_TUNE_MMA_SPLIT=0..64           CudaTuning::mma_split (0: off)
 //   COLI_TUNE_PCIE_ROWS=1..16           CudaTuning::pcie_rows_max (1: one-token steps only)
 //   COLI_TUNE_PCIE_ROWS_SHARE=0..100    CudaTuning::pcie_rows_share (percent; 0: the one-token share)
-//   COLI_TUNE_MERGE_PAIRS=1|2|4         CudaTuning::merge_pairs (1: each pair on its own)
-//   COLI_TUNE_FEW_TOKENS=0..64          CudaTuning::few_tokens (0: off)
 //   COLI_TUNE_PREFILL_RING=1..4096      CudaOptions::prefill_ring_slots (the staging ring's least slots per area)
 //
 // An unset or empty variable leaves its field alone. Any other value outside
@@ -173,8 +171,6 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_int(get, "COLI_TUNE_MMA_SPLIT", &t.mma_split, 0, 64);
   read_int(get, "COLI_TUNE_PCIE_ROWS", &t.pcie_rows_max, 1, 16);
   read_int(get, "COLI_TUNE_PCIE_ROWS_SHARE", &t.pcie_rows_share, 0, 100);
-  read_int(get, "COLI_TUNE_MERGE_PAIRS", &t.merge_pairs, 1, 4, {1, 2, 4}, "1, 2 or 4");
-  read_int(get, "COLI_TUNE_FEW_TOKENS", &t.few_tokens, 0, 64);
   read_int(get, "COLI_TUNE_PREFILL_RING", &c.prefill_ring_slots, 1, 4096);
   return e;
 }

@@ -276,7 +276,6 @@ class CudaBackend : public Backend {
   void router_logits(const DevLayer& L, int T, bool hn_q);
   // sh_ = shared down(silu(sg_) * su_).
   void shared_down(const DevLayer& L, int T);
-  float* pair_outputs(int T, int pairs_per_token);  // moe_down's pair_y for a pair-by-pair step, or null
   // The int8 readers of the norm before layer l's mixer / MoE block.
   bool mixer_quant(int l, bool* nibble) const;
   bool moe_quant(int l, bool* nibble) const;

@@ -90,15 +90,6 @@ void CudaBackend::router_logits(const DevLayer& L, int T, bool hn_q) {
     matmul(L.router, hn_.get(), T, rlogits_.get(), s_.num_experts, stream_, &qx_, hn_q);
 }
 
-// The grouped experts' per-pair outputs as the scratch of a pair-by-pair
-// step of several tokens (moe_down merges pairs of one expert through it),
-// or null where the chunk's buffers have none that large (below
-// kMoeGroupedMinTokens the ledger keeps one element).
-float* CudaBackend::pair_outputs(int T, int pairs_per_token) {
-  const std::size_t need = std::size_t(T) * pairs_per_token * s_.hidden_size;
-  return T > 1 && ey_.size() >= need ? ey_.get() : nullptr;
-}
-
 void CudaBackend::shared_down(const DevLayer& L, int T) {
   const int H = s_.hidden_size, Is = static_cast<int>(L.sh_down.cols);  // the shared expert's, or a dense layer's width
   if (takes_int8_x(L.sh_down)) {  // SiLU * up fused into the quantization of the down projection's input
@@ -154,7 +145,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
   if (fold) {
     step("experts", [&] {
       moe_gate_up(table, hn_.get(), ridx_.get(), T, K + 1, act_.get(), stream_, &qx_, hn_q, x.lim);
-      moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_, x.lim, pair_outputs(T, K + 1));
+      moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K + 1, routed_.get(), stream_, &qx_, x.lim);
     });
     if (x.handoff && !join_later) step("handoff", [&] { tier_->join(routed_.get(), T); });
     return join_later;  // a decode step: no uploads
@@ -195,7 +186,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
   });
   if (shared) step("shared expert", [&] { shared_down(L, T); });
   if (!grouped) {
-    step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_, x.lim, pair_outputs(T, K)); });
+    step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_, x.lim); });
     tier_->group_done(x, 0);
   }
   if (x.handoff && !join_later) step("handoff", [&] { tier_->join(routed_.get(), T); });

@@ -30,10 +30,6 @@ struct CudaTuning {
   // (0: never split): a 2,048-row matrix has 32 tiles of 64 rows for 132
   // SMs. Values change by float summation order only.
   int mma_split = 3;
-  // int4 / int8 matmuls of 2 to few_tokens tokens on dp4a, each weight
-  // block loaded once for up to 16 tokens (matmul.cu's few-token kernel;
-  // 0: off, the paths above).
-  int few_tokens = 0;
   // Chunks of this many tokens or more run their routed experts grouped by
   // expert (moe_grouped: each expert's rows read once per tile of its
   // pairs); fewer take the decode kernels pair by pair (an expert shared
@@ -62,11 +58,6 @@ struct CudaTuning {
   // 16 rows at 1.75G ran 1,057 tok/s at 50 against 990 at the one-token
   // 35 (849 at 20, 861 at 65; H100, session 24, docs/perf/serve.md).
   int pcie_rows_share = 50;
-  // Those steps' pairs of one expert computed together, up to this many
-  // in one pass over its rows (1, 2 or 4; 1: each pair on its own): 16
-  // rows of 8 uniform picks of 256 have 101 experts for 128 pairs, real
-  // routing fewer. The same values either way (moe.cu's merged kernels).
-  int merge_pairs = 4;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

@@ -191,11 +191,8 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
 // out[t, :] = sum_k w[t, k] * down_e(act[t*K + k]). With lim (moe_gate_up's),
 // pair p's columns from lim[p] on, whose activations are 0, are skipped
 // where the kernel reads 32-column blocks (the same sum, fewer bytes).
-// Several tokens (int8 activations) with CudaTuning::merge_pairs > 1: the
-// pairs of one expert share its reads in both launches (gate+up always,
-// down where pair_y, scratch of [T K, H] floats, is given); the same values.
 void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s,
-              const QuantX* q = nullptr, const int* lim = nullptr, float* pair_y = nullptr);
+              const QuantX* q = nullptr, const int* lim = nullptr);
 
 // Prefill: the T * K pairs grouped by expert on the device, each expert's
 // weight rows read once per tile of its tokens (tensor cores on sm_80+,

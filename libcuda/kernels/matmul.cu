@@ -234,41 +234,6 @@ __global__ void gemv_q_kernel(Batch b, QuantX q) {
       if (r0 + i < o.W.rows) o.y[r0 + i] = out[0][i];
 }
 
-// A few tokens (2 .. CudaTuning::few_tokens) on dp4a: a group of L lanes
-// per R rows as gemv_q_kernel, each 32-column block of the weights loaded
-// once for up to NQ tokens (group_rows_dot_q_many), where matmul_q_kernel
-// re-reads a row's codes per token and a tensor-core tile of 16 tokens
-// spends its width on so few.
-template <Kind K, int L, int R, int NQ>
-__global__ void matmul_q_few_kernel(Batch b, QuantX q, int T) {
-  int blk;
-  const MatmulOut& o = b.m[batch_index(b, &blk)];
-  constexpr int G = 32 / L;
-  const int warp_r0 = (blk * (blockDim.x / 32) + threadIdx.x / 32) * G * R;
-  const int r0 = warp_r0 + (threadIdx.x & 31) / L * R;
-  int rows[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) rows[i] = min(r0 + i, o.W.rows - 1);  // past the end: recomputed, not stored
-  if (warp_r0 < o.W.rows) prefetch_rows_l2<R, L>(o.W, rows);
-  griddep_wait();
-  if (warp_r0 >= o.W.rows) return;  // whole warps only: the groups shuffle with full masks
-  const DevMatrix W[1] = {o.W};
-  for (int t0 = 0; t0 < T; t0 += NQ) {
-    int qrows[NQ];
-#pragma unroll
-    for (int j = 0; j < NQ; ++j) qrows[j] = min(t0 + j, T - 1);
-    float out[NQ][1][R];
-    group_rows_dot_q_many<K, 1, R, L, NQ>(W, rows, q, qrows, min(NQ, T - t0), out);
-    if ((threadIdx.x & (L - 1)) == 0)
-#pragma unroll
-      for (int j = 0; j < NQ; ++j)
-        if (t0 + j < T)
-#pragma unroll
-          for (int i = 0; i < R; ++i)
-            if (r0 + i < o.W.rows) o.y[static_cast<long long>(t0 + j) * o.ldy + r0 + i] = out[j][0][i];
-  }
-}
-
 // One token through large matrices (gemv_stream: 2,048+ rows, every trunk
 // projection and the lm_head's column ranges at the real shapes): a grid
 // of as many blocks as fit on the SMs at once, whose warps stride over the
@@ -471,28 +436,6 @@ bool gemv_stream(const DevMatrix& W, int total_rows, int max_lanes) {
   return total_rows >= gemv_stream_min_rows() && nb % L == 0 && (pb == 1 || pb == 2 || pb == 4);
 }
 
-// matmul_q_few_kernel over the batch: 4 warps a block, tokens NQ = 4, 8
-// or 16 at a time (the fewest that hold T, 16 past that).
-void matmul_q_few(const MatmulOut* outs, int n, int T, cudaStream_t s, const QuantX& q) {
-  constexpr int kFewWarps = 4, R = 2;
-  const DevMatrix& W = outs[0].W;
-  dispatch_lanes(W.cols, [&]<int L>() {
-    Batch b{};
-    b.n = n;
-    b.first[0] = 0;
-    const int rows_per_block = kFewWarps * (32 / L) * R;
-    for (int i = 0; i < n; ++i) b.m[i] = outs[i], b.first[i + 1] = b.first[i] + (outs[i].W.rows + rows_per_block - 1) / rows_per_block;
-    auto go = [&]<int NQ>() {
-      if (W.kind == Kind::kI4) launch(matmul_q_few_kernel<Kind::kI4, L, R, NQ>, b.first[n], kFewWarps * 32, 0, s, b, q, T);
-      else launch(matmul_q_few_kernel<Kind::kI8, L, R, NQ>, b.first[n], kFewWarps * 32, 0, s, b, q, T);
-    };
-    if (T <= 4) go.template operator()<4>();
-    else if (T <= 8) go.template operator()<8>();
-    else go.template operator()<16>();
-  });
-  check(cudaGetLastError(), "matmul_q_few launch");
-}
-
 }  // namespace
 
 bool mma_supported() {
@@ -536,11 +479,6 @@ void matmul_many(const MatmulOut* outs, int n, const float* x, int T, cudaStream
   // per token (H100, 62,080 x 2,048 int4: 2 / 3 / 4 tokens 67 us against
   // 76 / 85 / 93; over 12K rows or fewer dp4a stays ahead to 4 tokens).
   const bool int8_x = q && takes_int8_x(W);
-  if (int8_x && T >= 2 && T <= launch_tuning().few_tokens) {
-    if (!x_in_q) quantize_x(x, T, W.cols, W.kind == Kind::kI4, *q, s);
-    matmul_q_few(outs, n, T, s, *q);
-    return;
-  }
   const bool mma = int8_x && mma_supported() && (T >= launch_tuning().mma_min_tokens || (T >= 2 && total_rows >= kMmaWideRows));
   // Blocks per matrix: rows in blocks (tensor cores, dp4a), or warps of
   // (row, 8 tokens) in blocks of kWarps (float path).

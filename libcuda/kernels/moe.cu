@@ -213,124 +213,6 @@ __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float
   }
 }
 
-// ---- a few tokens: the pairs of one expert in one pass ----------------------
-//
-// Steps of several tokens whose experts go pair by pair (coli-serve's rows,
-// verify windows) have experts that two or more pairs chose (16 rows of 8
-// uniform picks of 256: 101 experts for 128 pairs; real routing overlaps
-// more). The merged kernels read such an expert's rows once for up to NQ of
-// its pairs; each pair's sums are those of the pair-by-pair kernels, bit
-// for bit (group_rows_dot_q_many, and the down's weighted sum in k order).
-
-// The group of pair p among the pairs of its expert (and row limit) in
-// idx[0, n), by warp ballots (every warp of the block finds the same): the
-// pair whose rank among them is a multiple of NQ leads itself and the next
-// NQ - 1 of them, put in grp in order; it returns their count, the others 0
-// (their leader computes them). Every thread of the block must call.
-template <int NQ>
-__device__ __forceinline__ int pair_group(const int* idx, const int* lim, int n, int p, int (&grp)[NQ]) {
-  const int e = idx[p], lp = lim ? lim[p] : 0, lane = threadIdx.x & 31;
-  int before = 0, cnt = 1;
-  grp[0] = p;
-#pragma unroll
-  for (int j = 1; j < NQ; ++j) grp[j] = p;
-  for (int j0 = 0; j0 < n; j0 += 32) {
-    const int j = j0 + lane;
-    unsigned m = __ballot_sync(0xffffffffu, j < n && j != p && idx[j] == e && (!lim || lim[j] == lp));
-    if (j0 + 32 <= p) {
-      before += __popc(m);
-      continue;
-    }
-    if (j0 <= p) {  // p's own word: bits below it come before
-      const unsigned below = (1u << (p - j0)) - 1;
-      before += __popc(m & below);
-      m &= ~below;
-    }
-#pragma unroll
-    for (int q = 1; q < NQ; ++q)
-      if (cnt == q && m) grp[q] = j0 + __ffs(m) - 1, m &= m - 1, ++cnt;
-  }
-  return before % NQ == 0 ? cnt : 0;
-}
-
-// Decode gate+up, merged: gate_up_rows_kernel's blocks, the leader of a
-// group (pair_group) computing all its pairs.
-template <Kind KG, int L, int kUpRows, int NQ>
-__global__ void gate_up_merged_kernel(ExpertTable tab, const int* idx, int K, QuantX qx, float* act, const int* lim) {
-  griddep_wait();
-  constexpr int G = 32 / L;
-  const int p = blockIdx.y, I = tab.gate.rows;
-  int grp[NQ];
-  const int ng = pair_group<NQ>(idx, lim, static_cast<int>(gridDim.y), p, grp);
-  if (ng == 0) return;
-  const int e = idx[p], rows_used = lim ? min(I, lim[p]) : I;
-  DevMatrix d = tab.down;
-  d.data = tab.down_ptrs[e];
-  if (rows_used == I) prefetch_matrix_part_l2(d, blockIdx.x, gridDim.x);
-  else prefetch_matrix_cols_l2(d, blockIdx.x, gridDim.x, rows_used);
-  const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kUpRows;
-  if (warp_r0 >= I) return;  // whole warps only
-  const int r0 = warp_r0 + (threadIdx.x & 31) / L * kUpRows;
-  const bool lead = (threadIdx.x & (L - 1)) == 0;
-  if (warp_r0 >= rows_used) {  // the host's rows of a split expert (a multiple of 32: whole warps)
-    if (lead)
-      for (int j = 0; j < ng; ++j)
-#pragma unroll
-        for (int i = 0; i < kUpRows; ++i)
-          if (r0 + i < I) act[static_cast<long long>(grp[j]) * I + r0 + i] = 0.0f;
-    return;
-  }
-  int rows[kUpRows];
-#pragma unroll
-  for (int i = 0; i < kUpRows; ++i) rows[i] = min(r0 + i, I - 1);
-  DevMatrix W[2] = {tab.gate, tab.up};
-  W[0].data = tab.gate_ptrs[e];
-  W[1].data = tab.up_ptrs[e];
-  int qrows[NQ];
-#pragma unroll
-  for (int j = 0; j < NQ; ++j) qrows[j] = grp[j] / K;
-  float out[NQ][2][kUpRows];
-  group_rows_dot_q_many<KG, 2, kUpRows, L, NQ>(W, rows, qx, qrows, ng, out);
-  if (lead)
-#pragma unroll
-    for (int j = 0; j < NQ; ++j)
-      if (j < ng)
-#pragma unroll
-        for (int i = 0; i < kUpRows; ++i)
-          if (r0 + i < I) act[static_cast<long long>(grp[j]) * I + r0 + i] = siluf(out[j][0][i]) * out[j][1][i];
-}
-
-// Decode down, merged: y[p, r] = down_e[r] . act[p] for every pair (a block
-// per (pair, 32 / L x kDownRows rows per warp), the leader of a group
-// computing all its pairs); combine_kernel then sums each token's K rows
-// in k order, as down_q_split_kernel does.
-template <Kind KD, int L, int kDownRows, int NQ>
-__global__ void down_merged_kernel(ExpertTable tab, const int* idx, QuantX qa, float* y, const int* lim) {
-  griddep_wait();
-  constexpr int G = 32 / L;
-  const int p = blockIdx.y, H = tab.down.rows;
-  int grp[NQ];
-  const int ng = pair_group<NQ>(idx, lim, static_cast<int>(gridDim.y), p, grp);
-  if (ng == 0) return;
-  const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kDownRows;
-  if (warp_r0 >= H) return;  // whole warps only
-  const int r0 = warp_r0 + (threadIdx.x & 31) / L * kDownRows;
-  int rows[kDownRows];
-#pragma unroll
-  for (int i = 0; i < kDownRows; ++i) rows[i] = min(r0 + i, H - 1);
-  DevMatrix W[1] = {tab.down};
-  W[0].data = tab.down_ptrs[idx[p]];
-  float out[NQ][1][kDownRows];
-  group_rows_dot_q_many<KD, 1, kDownRows, L, NQ>(W, rows, qa, grp, ng, out, lim ? lim[p] / 32 : 1 << 30);
-  if ((threadIdx.x & (L - 1)) == 0)
-#pragma unroll
-    for (int j = 0; j < NQ; ++j)
-      if (j < ng)
-#pragma unroll
-        for (int i = 0; i < kDownRows; ++i)
-          if (r0 + i < H) y[static_cast<long long>(grp[j]) * H + r0 + i] = out[j][0][i];
-}
-
 // ---- prefill: pairs grouped by expert ------------------------------------
 
 // Tensor cores (sm_80+, mma_tile.cuh): a block takes kMmaRows rows of one
@@ -622,17 +504,11 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
   if (tab.gate.kind != tab.up.kind) throw Error("CUDA: experts' gate and up matrices differ in format");
   if (q && takes_int8_x(tab.gate)) {
     if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, *q, s);
-    const int up_rows = launch_tuning().up_rows, merge = T > 1 ? launch_tuning().merge_pairs : 1;
+    const int up_rows = launch_tuning().up_rows;
     dispatch_lanes(tab.gate.cols, [&]<int L>() {
       auto go = [&]<int kUpRows>() {
         const dim3 rgrid((tab.gate.rows + kWarps * (32 / L) * kUpRows - 1) / (kWarps * (32 / L) * kUpRows), T * K);
-        auto merged = [&]<int NQ>() {
-          if (tab.gate.kind == Kind::kI4) launch(gate_up_merged_kernel<Kind::kI4, L, kUpRows, NQ>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
-          else launch(gate_up_merged_kernel<Kind::kI8, L, kUpRows, NQ>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
-        };
-        if (merge >= 4) merged.template operator()<4>();
-        else if (merge >= 2) merged.template operator()<2>();
-        else if (tab.gate.kind == Kind::kI4) launch(gate_up_rows_kernel<Kind::kI4, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
+        if (tab.gate.kind == Kind::kI4) launch(gate_up_rows_kernel<Kind::kI4, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
         else launch(gate_up_rows_kernel<Kind::kI8, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
       };
       if (up_rows == 1) go.template operator()<1>();
@@ -645,31 +521,10 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
 }
 
 void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s, const QuantX* q,
-              const int* lim, float* pair_y) {
+              const int* lim) {
   const dim3 grid((tab.down.rows + kWarps - 1) / kWarps, T), block(kWarps * 32);
   if (q && takes_int8_x(tab.down)) {
     quantize_x(act, T * K, tab.down.cols, tab.down.kind == Kind::kI4, *q, s);
-    const int merge = T > 1 && pair_y ? launch_tuning().merge_pairs : 1;
-    if (merge >= 2) {
-      const int down_rows = launch_tuning().down_rows;
-      dispatch_lanes(tab.down.cols, [&]<int L>() {
-        auto go = [&]<int kDownRows, int NQ>() {
-          const dim3 mgrid((tab.down.rows + kWarps * (32 / L) * kDownRows - 1) / (kWarps * (32 / L) * kDownRows), T * K);
-          if (tab.down.kind == Kind::kI4) launch(down_merged_kernel<Kind::kI4, L, kDownRows, NQ>, mgrid, block, 0, s, tab, idx, *q, pair_y, lim);
-          else launch(down_merged_kernel<Kind::kI8, L, kDownRows, NQ>, mgrid, block, 0, s, tab, idx, *q, pair_y, lim);
-        };
-        auto rows = [&]<int NQ>() {
-          if (down_rows == 2) go.template operator()<2, NQ>();
-          else if (down_rows == 8) go.template operator()<8, NQ>();
-          else go.template operator()<4, NQ>();
-        };
-        if (merge >= 4) rows.template operator()<4>();
-        else rows.template operator()<2>();
-      });
-      launch(combine_kernel, T, 256, 0, s, pair_y, w, K, tab.down.rows, out);
-      check(cudaGetLastError(), "moe down launch");
-      return;
-    }
     if (K <= 32) {
       const int down_rows = launch_tuning().down_rows;
       dispatch_lanes(tab.down.cols, [&]<int L>() {
