@@ -7,6 +7,7 @@
 # Usage: scripts/bench_serve_table.sh WORKDIR [BIN]
 #   env BUDGETS="whole 1.75G 3.3G"  ROWS="1 0"  CLIENTS=1,4,16  REQUESTS=2  TOKENS=128  PARALLEL=16
 #       DEVICE=cuda  MODEL=WORKDIR/q4.coli (made when missing)  TOKENIZER=tests/data/qwen3-tokenizer
+#       SERVE_ARGS="..." (more coli-serve flags, e.g. "-t 12"; logged with each phase line)
 # Rows in WORKDIR/serve.tsv (config columns, then bench_serve.py's); prints the table last.
 set -euo pipefail
 work=${1:?usage: bench_serve_table.sh WORKDIR [BIN]}
@@ -33,7 +34,7 @@ for b in $budgets; do
     budget=()
     [ "$b" = whole ] || budget=(--vram-budget "$b" --no-swap)
     COLI_CUDA_ROWS=$rows "$bin/coli-serve" -m "$m" --tokenizer "${TOKENIZER:-$here/../tests/data/qwen3-tokenizer}" --port "$port" --device "$device" \
-      --parallel "$parallel" -c 4096 "${budget[@]}" 2>"$work/serve-$b-$rows.log" &
+      --parallel "$parallel" -c 4096 "${budget[@]}" ${SERVE_ARGS:-} 2>"$work/serve-$b-$rows.log" &
     pid=$!
     python3 - "$port" <<'PY'
 import sys, time, urllib.request
@@ -49,7 +50,7 @@ PY
         awk -v b="$b" -v r="$rows" -v p="$parallel" -v hdr="$([ -s "$out" ] && echo 1 || echo 0)" \
           'NR == 1 { if (!hdr) print "budget\trows_step\tparallel\t" $0; next } { print b "\t" r "\t" p "\t" $0 }' >>"$out"
       # The scheduler's seconds by phase over this load (the counters' growth): where a step's time goes.
-      python3 - "$port" "$work/metrics-$b-$rows.prev" "$b rows=$rows clients=$c" <<'PY' >>"$work/phases.txt"
+      python3 - "$port" "$work/metrics-$b-$rows.prev" "$b rows=$rows clients=$c${SERVE_ARGS:+ ($SERVE_ARGS)}" <<'PY' >>"$work/phases.txt"
 import re, sys, time, urllib.request
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
 now = {}

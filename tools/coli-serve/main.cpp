@@ -107,6 +107,7 @@ int run(int argc, char** argv) {
   r.n_ctx = n_ctx, r.sequences = parallel;
   r.chunk = vm.count("prefill-chunk") ? vm["prefill-chunk"].as<int>() : 0;
   r.threads = threads, r.fast_cpu = !vm["reference"].as<bool>();
+  r.expert_spare = 3;  // the scheduler and the connections' threads run during a decode step
   r.env = coli::apply_environment();
   coli::cli::RunSetup s = coli::cli::setup_run(r);
   if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-serve: %s\n", line.c_str());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <thread>
 
 #include "cpu_expert_host.h"
 #include "cuda_device.h"
@@ -32,8 +33,13 @@ void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget&
   co.pcie_gbs = t.pcie_gbs, co.host_expert_gbs = t.host_expert_gbs, co.prefill_layer_token_s = t.prefill_layer_token_s;
   if (!t.mirror && t.container_span.first) co.read_only_host_regions.push_back(t.container_span), co.pending_pin = t.container_pin;
   co.heat = t.plan ? plan_as_heat(*t.plan, t.heat) : t.heat;
-  // The CPU's expert threads: -t when given, else all cores but one (CpuExpertHost).
-  if (flags.device != "cpu" && cuda::device_count() > 0) co.expert_host = std::make_shared<cpu::CpuExpertHost>(*t.model, t.threads);
+  // The CPU's expert threads: -t when given, else all cores but the tool's
+  // own (expert_spare). Workers spin through a decode step: one preempted by
+  // a thread past the cores holds up the layer's join (coli-serve at 1.75G,
+  // 16 cores, H100: one client 312 and 297 tok/s with 15 threads, 387 with
+  // 14, 405 with 13; 16 clients 542-612, 598, 653; docs/perf/serve.md).
+  const int expert_threads = t.threads > 0 ? t.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - std::max(1, t.expert_spare));
+  if (flags.device != "cpu" && cuda::device_count() > 0) co.expert_host = std::make_shared<cpu::CpuExpertHost>(*t.model, expert_threads);
 }
 
 // The mirror's pages: registered with the device when an option copies

@@ -47,6 +47,7 @@ struct BackendTarget {
   int sequences = 1;                         // sessions alive at once, each its cache (CudaOptions::sequences)
   int max_chunk = 512;                       // most tokens per forward chunk
   int threads = 0;                           // the CPU's, as -t asked (0: the default)
+  int expert_spare = 1;                      // without -t: hardware threads the device's expert host leaves to the tool's own
   std::vector<uint64_t> heat;                // routing counts the tier fills from, hottest first (heat_flag.h tier_start_heat)
   const Plan* plan = nullptr;                // a coli-place plan: its VRAM experts first, then the heat (plan_as_heat)
   // Without a mirror, under a budget: the container's mapping holding the

@@ -199,7 +199,7 @@ RunSetup setup_run(const RunRequest& r) {
     throw Error("CUDA backend: no usable device: " + why);
   }
   BackendTarget t;
-  t.model = &m, t.mirror = r.mirror, t.threads = r.threads, t.heat = r.start_heat;
+  t.model = &m, t.mirror = r.mirror, t.threads = r.threads, t.expert_spare = r.expert_spare, t.heat = r.start_heat;
   if (s.fit.kind == DeviceFit::Kind::kTier) {
     t.vram_budget = s.fit.budget;
     t.n_ctx = r.n_ctx, t.sequences = r.sequences;

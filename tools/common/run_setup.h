@@ -86,6 +86,10 @@ struct RunRequest {
   int sequences = 1;                         // sessions alive at once (coli-serve --parallel): each its cache under a budget
   int chunk = 0;                             // prompt tokens per forward chunk as given; 0: chosen
   int threads = 0;                           // the CPU's, as -t asked (0: the default)
+  // Without -t, the hardware threads a device's expert host (its CPU
+  // threads for the misses) leaves to the tool's own: 1, the thread that
+  // drives the device; coli-serve 3 (its scheduler and connections too).
+  int expert_spare = 1;
   bool fast_cpu = true;                      // false: --reference (the scalar CPU backend)
   std::vector<uint64_t> start_heat;          // the tier's order when there is no plan (heat_flag.h tier_start_heat)
   const Plan* plan_file = nullptr;           // --plan FILE, read by the tool
