@@ -195,6 +195,16 @@ TEST(RunOptions, FlagsBecomeCudaOptions) {
 }
 
 // The checks, each in one place, with the tools' messages.
+// The device's CPU expert threads: -t wins; without it the cores less the
+// tool's own threads (coli-run 1, coli-serve 3), never fewer than one.
+TEST(RunOptions, ExpertThreadsLeaveTheToolsOwn) {
+  EXPECT_EQ(cli::expert_host_threads(0, 1, 16), 15);
+  EXPECT_EQ(cli::expert_host_threads(0, 3, 16), 13);
+  EXPECT_EQ(cli::expert_host_threads(5, 3, 16), 5);
+  EXPECT_EQ(cli::expert_host_threads(0, 0, 16), 15) << "at least the thread that drives the device";
+  EXPECT_EQ(cli::expert_host_threads(0, 3, 2), 1);
+}
+
 TEST(RunFlags, ChecksWithTheToolsMessages) {
   EXPECT_EQ(usage_error({"--device", "gpu"}), "--device must be cuda, cpu or auto, not 'gpu'");
   EXPECT_EQ(run_flags({"--device", "gpu", "--reference"}).device, "cpu") << "--reference: the CPU, --device unread";

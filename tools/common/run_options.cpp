@@ -38,7 +38,7 @@ void set_tier(cuda::CudaOptions& co, const RunFlags& flags, const BackendTarget&
   // a thread past the cores holds up the layer's join (coli-serve at 1.75G,
   // 16 cores, H100: one client 312 and 297 tok/s with 15 threads, 387 with
   // 14, 405 with 13; 16 clients 542-612, 598, 653; docs/perf/serve.md).
-  const int expert_threads = t.threads > 0 ? t.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - std::max(1, t.expert_spare));
+  const int expert_threads = expert_host_threads(t.threads, t.expert_spare, static_cast<int>(std::thread::hardware_concurrency()));
   if (flags.device != "cpu" && cuda::device_count() > 0) co.expert_host = std::make_shared<cpu::CpuExpertHost>(*t.model, expert_threads);
 }
 
@@ -53,6 +53,10 @@ void set_mirror(cuda::CudaOptions& co, const MirrorAttachment& m, uint64_t vram_
 }
 
 }  // namespace
+
+int expert_host_threads(int threads, int spare, int hardware_threads) {
+  return threads > 0 ? threads : std::max(1, hardware_threads - std::max(1, spare));
+}
 
 double run_pcie_read_share(const TierFlags& f, bool pinned) { return pcie_read_share(f.pcie_read, pinned, f.decode_upload > 0); }
 

@@ -66,6 +66,11 @@ struct BackendTarget {
 // container registered) and no --decode-upload takes the misses, else 0.
 double run_pcie_read_share(const TierFlags& f, bool pinned);
 
+// The device's CPU expert threads: -t's count when given (threads > 0),
+// else the hardware threads less the tool's own (spare, at least 1), at
+// least one.
+int expert_host_threads(int threads, int spare, int hardware_threads);
+
 // The host bytes [first, first + second) that hold every matrix of the
 // model (its routed experts among them), page-aligned: for a model read
 // from a container, inside the container's one mapping.
