@@ -194,7 +194,6 @@ TEST(RunOptions, FlagsBecomeCudaOptions) {
   EXPECT_EQ(co.max_chunk, 64);
 }
 
-// The checks, each in one place, with the tools' messages.
 // The device's CPU expert threads: -t wins; without it the cores less the
 // tool's own threads (coli-run 1, coli-serve 3), never fewer than one.
 TEST(RunOptions, ExpertThreadsLeaveTheToolsOwn) {
@@ -205,6 +204,7 @@ TEST(RunOptions, ExpertThreadsLeaveTheToolsOwn) {
   EXPECT_EQ(cli::expert_host_threads(0, 3, 2), 1);
 }
 
+// The checks, each in one place, with the tools' messages.
 TEST(RunFlags, ChecksWithTheToolsMessages) {
   EXPECT_EQ(usage_error({"--device", "gpu"}), "--device must be cuda, cpu or auto, not 'gpu'");
   EXPECT_EQ(run_flags({"--device", "gpu", "--reference"}).device, "cpu") << "--reference: the CPU, --device unread";
