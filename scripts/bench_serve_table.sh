@@ -8,6 +8,7 @@
 #   env BUDGETS="whole 1.75G 3.3G"  ROWS="1 0"  CLIENTS=1,4,16  REQUESTS=2  TOKENS=128  PARALLEL=16
 #       DEVICE=cuda  MODEL=WORKDIR/q4.coli (made when missing)  TOKENIZER=tests/data/qwen3-tokenizer
 #       SERVE_ARGS="..." (more coli-serve flags, e.g. "-t 12"; logged with each phase line)
+#       SERVE_PREFIX / CLIENT_PREFIX="..." (a command before coli-serve / the load, e.g. "taskset -c 0-11")
 # Rows in WORKDIR/serve.tsv (config columns, then bench_serve.py's); prints the table last.
 set -euo pipefail
 work=${1:?usage: bench_serve_table.sh WORKDIR [BIN]}
@@ -33,7 +34,7 @@ for b in $budgets; do
   for rows in $rows_modes; do
     budget=()
     [ "$b" = whole ] || budget=(--vram-budget "$b" --no-swap)
-    COLI_CUDA_ROWS=$rows "$bin/coli-serve" -m "$m" --tokenizer "${TOKENIZER:-$here/../tests/data/qwen3-tokenizer}" --port "$port" --device "$device" \
+    COLI_CUDA_ROWS=$rows ${SERVE_PREFIX:-} "$bin/coli-serve" -m "$m" --tokenizer "${TOKENIZER:-$here/../tests/data/qwen3-tokenizer}" --port "$port" --device "$device" \
       --parallel "$parallel" -c 4096 "${budget[@]}" ${SERVE_ARGS:-} 2>"$work/serve-$b-$rows.log" &
     pid=$!
     python3 - "$port" <<'PY'
@@ -46,7 +47,7 @@ for _ in range(600):
 sys.exit("coli-serve did not come up")
 PY
     for c in ${clients//,/ }; do
-      python3 "$here/bench_serve.py" --url "http://127.0.0.1:$port" --clients "$c" --requests "$requests" --max-tokens "$tokens" --prompt-words 32 |
+      ${CLIENT_PREFIX:-} python3 "$here/bench_serve.py" --url "http://127.0.0.1:$port" --clients "$c" --requests "$requests" --max-tokens "$tokens" --prompt-words 32 |
         awk -v b="$b" -v r="$rows" -v p="$parallel" -v hdr="$([ -s "$out" ] && echo 1 || echo 0)" \
           'NR == 1 { if (!hdr) print "budget\trows_step\tparallel\t" $0; next } { print b "\t" r "\t" p "\t" $0 }' >>"$out"
       # The scheduler's seconds by phase over this load (the counters' growth): where a step's time goes.

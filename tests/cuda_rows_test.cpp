@@ -215,6 +215,66 @@ TEST(CudaRows, UnderABudgetMatchesEachSessionAlone) {
   }
 }
 
+namespace {
+
+// The logits of rows steps of sessions at different depths: 4 rows, 4
+// rows, 2 rows, 3 rows (graphs captured per row count), greedy ids fed.
+std::vector<float> rows_steps_logits(const Model& m, const cuda::CudaOptions& opt) {
+  auto gpu = cuda::make_cuda_backend(m, opt);
+  Engine e(m.spec(), *gpu, 64);
+  const int V = m.spec().vocab_size;
+  std::vector<Session> ss;
+  std::vector<int> next;
+  for (int p = 0; p < 4; ++p) {
+    std::vector<int> ids(2 + 9 * p);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>((i * 104729 + 17 * p + 5) % V);
+    ss.push_back(e.new_session());
+    const std::vector<float> l = e.forward(ss.back(), ids);
+    next.push_back(argmax(l.data(), V));
+  }
+  std::vector<float> all;
+  for (const std::vector<int>& which : std::vector<std::vector<int>>{{0, 1, 2, 3}, {0, 1, 2, 3}, {1, 3}, {0, 2, 3}}) {
+    const int S = static_cast<int>(which.size());
+    std::vector<BackendState*> states;
+    std::vector<int> ids, positions;
+    for (int i : which) states.push_back(ss[i].state.get()), ids.push_back(next[i]), positions.push_back(ss[i].n_past);
+    std::vector<float> l(static_cast<std::size_t>(S) * V);
+    EXPECT_TRUE(gpu->step_rows(states.data(), ids.data(), positions.data(), S, l.data()));
+    for (int r = 0; r < S; ++r) ss[which[r]].n_past += 1, next[which[r]] = argmax(l.data() + static_cast<std::size_t>(r) * V, V);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+// Rows steps launched with programmatic dependent launch
+// (CudaTuning::pdl_rows) give the logits of those launched without, bit
+// for bit: every kernel waits for the one before it ends before reading
+// what it wrote. Real layouts in int4 (the few-token tensor-core tiles
+// split over clusters, the experts pair by pair, per-row DeltaNet and
+// attention steps), whole and with half the experts on the host. The run
+// without PDL twice first: the rows step is deterministic.
+TEST(CudaRows, PdlKeepsTheRowsLogits) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  for (bool budget : {false, true}) {
+    SCOPED_TRACE(budget ? "half the experts" : "whole");
+    cuda::CudaOptions o;
+    if (budget) {
+      o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
+      o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
+    }
+    o.tuning.pdl_rows = 0;
+    const std::vector<float> off = rows_steps_logits(*q, o), again = rows_steps_logits(*q, o);
+    ASSERT_EQ(off, again) << "rows steps without PDL, twice";
+    o.tuning.pdl_rows = 16;
+    EXPECT_EQ(rows_steps_logits(*q, o), off) << "rows steps with PDL";
+  }
+}
+
 // CudaOptions::batch_rows false: the backend declines (the engine then
 // steps each session alone).
 TEST(CudaRows, OffDeclines) {

@@ -367,6 +367,19 @@ class CudaBackend : public Backend {
   // the last range is on the host, and the time between steps (the caller's).
   double launch_ms_ = 0, graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, begin_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
   std::chrono::steady_clock::time_point last_finish_{};
+  // The same for rows steps (step_rows: coli-serve's slots, coli-bench
+  // --n-parallel), and every graph captured (a new row count, cache size
+  // or buffer): how many and their host time (capture and instantiation).
+  double rows_graph_ms_ = 0, rows_step_ms_ = 0, rows_launch_ms_ = 0, rows_tail_ms_ = 0, capture_ms_ = 0;
+  long rows_steps_ = 0, rows_rows_ = 0, captures_ = 0;
+  // A rows step's device time from its first copy to its last logits on
+  // the host (rows_ev_ to the last part_copied_), and what the host spent
+  // beyond launching and that ("late"), for steps whose row count changed
+  // from the step before and for the others.
+  cudaEvent_t rows_ev_ = nullptr, rows_end_ev_ = nullptr;  // the step's first copy; its last logits copied (part_copied_ times nothing)
+  double rows_device_ms_ = 0, rows_late_ms_[2] = {0, 0};
+  long rows_late_n_[2] = {0, 0};
+  int rows_last_S_ = 0;
   // COLI_CUDA_PROFILE=prefill: a prompt chunk's host and device time from
   // start_chunk to finish_chunk (beside the tier's timeline of its uploads).
   bool chunk_timing_ = false;
@@ -403,6 +416,7 @@ class CudaBackend : public Backend {
     bool active = false;
     int T = 0, logit_rows = 0;
     std::chrono::steady_clock::time_point t0, launched;
+    bool rows = false;  // a rows step (step_rows)
   } pending_;
   float* h_logits_ = nullptr;
   std::size_t h_logits_n_ = 0;

@@ -154,6 +154,7 @@ void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono
 void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden, const RowsRun* rows) {
   const int cap = rows ? rows->cap : st.cap;
   if (!g.exec || g.cap != cap || g.rows != logit_rows || g.gen != buffer_gen_ || g.T != T || g.hidden != hidden) {
+    const auto t_capture = std::chrono::steady_clock::now();
     if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
     std::vector<int> journal;  // capturing runs deltanet_layer's counting: undone after
     for (const CudaState::Layer& L : st.layers) journal.push_back(L.journal);
@@ -179,13 +180,14 @@ void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int lo
     if (st.budget && g.bytes) st.budget->credit(g.bytes), g.bytes = 0;
     if (st.budget && free1 < free0) st.budget->charge("a captured graph", free0 - free1), g.bytes = free0 - free1;
     g.cap = cap, g.rows = logit_rows, g.gen = buffer_gen_, g.T = T, g.hidden = hidden;
+    ++captures_, capture_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_capture).count();
   }
-  const bool timing = graph_timing_ && T == 1;
+  const bool timing = graph_timing_ && (T == 1 || rows);
   if (timing && !graph_ev_[0]) cudaEventCreate(&graph_ev_[0]), cudaEventCreate(&graph_ev_[1]);
   if (timing) cudaEventRecord(graph_ev_[0], stream_);
   const auto t_call = std::chrono::steady_clock::now();
   check(cudaGraphLaunch(g.exec, stream_), "graph launch");
-  if (timing) graph_call_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
+  if (timing && !rows) graph_call_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_call).count();
   if (timing) cudaEventRecord(graph_ev_[1], stream_);
 }
 
@@ -220,7 +222,23 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
                  p.T, ms_d(chunk_prepared_ - p.t0).count(), ms_d(p.launched - chunk_prepared_).count(), ms_d(t_last - p.launched).count(),
                  ms_d(std::chrono::steady_clock::now() - p.t0).count(), gpu);
   }
-  if (graph_timing_ && p.T == 1 && opt_.graphs) {
+  if (graph_timing_ && p.rows) {
+    float ms = 0;  // no graph under a budget
+    if (opt_.graphs && !tiered_ && cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]) != cudaSuccess) cudaGetLastError(), ms = 0;
+    using ms_d = std::chrono::duration<double, std::milli>;
+    const auto now = std::chrono::steady_clock::now();
+    rows_graph_ms_ += ms, ++rows_steps_, rows_rows_ += p.T;
+    rows_step_ms_ += ms_d(now - p.t0).count();
+    rows_launch_ms_ += ms_d(p.launched - p.t0).count();
+    rows_tail_ms_ += ms_d(now - t_last).count();
+    float device = 0;
+    if (rows_ev_ && p.logit_rows && cudaEventElapsedTime(&device, rows_ev_, rows_end_ev_) != cudaSuccess) cudaGetLastError(), device = 0;
+    const int changed = p.T != rows_last_S_ ? 1 : 0;
+    rows_last_S_ = p.T;
+    rows_device_ms_ += device;
+    rows_late_ms_[changed] += ms_d(now - p.launched).count() - device, ++rows_late_n_[changed];
+  }
+  if (graph_timing_ && p.T == 1 && !p.rows && opt_.graphs) {
     float ms = 0;
     cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]);
     using ms_d = std::chrono::duration<double, std::milli>;

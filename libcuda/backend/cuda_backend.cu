@@ -370,6 +370,22 @@ CudaBackend::~CudaBackend() {
   if (graph_timing_ && graph_steps_)
     std::fprintf(stderr, "coli cuda graph timing: host per step: %.1f us to launch (%.1f us before copying the ids, %.1f us in their cudaMemcpyAsync, %.1f us in the tier's begin_chunk, %.1f us in cudaGraphLaunch), %.1f us after the last logits range arrived, %.1f us between steps\n",
                  1000 * launch_ms_ / graph_steps_, 1000 * pre_copy_ms_ / graph_steps_, 1000 * copy_call_ms_ / graph_steps_, 1000 * begin_ms_ / graph_steps_, 1000 * graph_call_ms_ / graph_steps_, 1000 * tail_ms_ / graph_steps_, 1000 * gap_ms_ / graph_steps_);
+  if (graph_timing_ && rows_steps_)
+    std::fprintf(stderr,
+                 "coli cuda graph timing: %ld rows steps, %.1f rows a step, %.1f us per graph replay on the device, %.1f us per step on the host "
+                 "(%.1f us to launch, %.1f us after the last logits range arrived)\n",
+                 rows_steps_, double(rows_rows_) / rows_steps_, 1000 * rows_graph_ms_ / rows_steps_, 1000 * rows_step_ms_ / rows_steps_,
+                 1000 * rows_launch_ms_ / rows_steps_, 1000 * rows_tail_ms_ / rows_steps_);
+  if (graph_timing_ && rows_steps_)
+    std::fprintf(stderr,
+                 "coli cuda graph timing: rows steps' device time %.1f us from the first copy to the last logits on the host; the host's wait "
+                 "beyond it %.1f us where the row count changed (%ld steps), %.1f us where it did not (%ld)\n",
+                 1000 * rows_device_ms_ / rows_steps_, rows_late_n_[1] ? 1000 * rows_late_ms_[1] / rows_late_n_[1] : 0.0, rows_late_n_[1],
+                 rows_late_n_[0] ? 1000 * rows_late_ms_[0] / rows_late_n_[0] : 0.0, rows_late_n_[0]);
+  if (rows_ev_) cudaEventDestroy(rows_ev_), cudaEventDestroy(rows_end_ev_);
+  if (graph_timing_ && captures_)
+    std::fprintf(stderr, "coli cuda graph timing: %ld graphs captured, %.2f ms each on the host (capture and instantiation)\n", captures_,
+                 capture_ms_ / captures_);
   for (cudaEvent_t e : graph_ev_)
     if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : chunk_ev_)
@@ -421,6 +437,12 @@ std::unique_ptr<BackendState> CudaBackend::new_state() const {
 
 void CudaBackend::ensure_buffers(int T) {
   if (T <= buf_T_) return;
+  // Growing moves the buffers, and every captured graph is captured again
+  // (buffer_gen_): on the whole model, where they grow with the chunks
+  // that come, at least double (up to max_chunk, as the ledger counts) and
+  // at least one row a session, so that rows steps of one row more, or a
+  // prompt a few tokens longer, do not recapture every graph each time.
+  if (!tiered_) T = std::max(T, std::min(std::max(2 * buf_T_, opt_.sequences), opt_.max_chunk));
   BudgetScope scope(budget_.get(), "the activations of a chunk (--prefill-chunk / -ub)");
   // Every buffer's size from the VRAM ledger, which the planner reads too.
   const ChunkBuffers n = chunk_buffers(s_, T, chunked_gdn_);

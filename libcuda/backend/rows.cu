@@ -30,8 +30,17 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
     ensure_cap(st, positions[i] + 1);
     cap = std::max(cap, st.cap);
   }
-  ensure_attention_scratch(S, cap);
-  ensure_logits(S, S, false);
+  // Split-KV attention of several tokens takes one split of `cap` keys a
+  // row, each row stopping at its own position: any cap at least every
+  // row's gives the same values. The context's size keeps the row count's
+  // graph when the longest session grows or ends.
+  if (split_kv_) cap = std::max(cap, context_tokens());
+  // The rows' scratch and logits for every session at once (the ledger
+  // counts one row a sequence): row counts come and go with the requests,
+  // and each growth would capture every row count's graph again.
+  const int rows_max = std::max(S, opt_.sequences);
+  ensure_attention_scratch(rows_max, cap);
+  ensure_logits(rows_max, S, false);
   if (S > rows_stride_) {  // the table, for at least 16 rows
     const int stride = std::max({S, 16, 2 * rows_stride_});
     BudgetScope scope(budget_.get(), "the rows step's table (--parallel)");
@@ -62,6 +71,10 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
   h_io_[0] = positions[0];  // not read: each row's position is in the table
   std::memcpy(h_io_ + 1, ids, S * sizeof(int));
   stage_embedding(ids, S);
+  if (graph_timing_) {
+    if (!rows_ev_) check(cudaEventCreate(&rows_ev_), "cudaEventCreate"), check(cudaEventCreate(&rows_end_ev_), "cudaEventCreate");
+    check(cudaEventRecord(rows_ev_, stream_), "event");
+  }
   check(cudaMemcpyAsync(io_.get(), h_io_, (S + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy ids");
   check(cudaMemcpyAsync(rows_dev_.get(), h_rows_, rows_bytes(rows_stride_), cudaMemcpyHostToDevice, stream_), "copy the rows' table");
   prof_tokens_ += S;
@@ -72,7 +85,7 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
   } window_off{tier_.get()};
   tier_->begin_chunk(S);
   try {
-    pdl_wanted() = false;
+    pdl_wanted() = opt_.pdl && S <= opt_.tuning.pdl_rows;
     gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
     launch_tuning() = opt_.tuning;
     // Graphs on the whole model only: under a budget the ledger keeps room
@@ -84,7 +97,8 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
     }
     else run(st0, S, S, false, &rows);
     enqueue_logit_copies(S);
-    pending_ = {true, S, S, t_start, std::chrono::steady_clock::now()};
+    if (graph_timing_) check(cudaEventRecord(rows_end_ev_, copy_stream_), "event");
+    pending_ = {true, S, S, t_start, std::chrono::steady_clock::now(), true};
   } catch (...) {
     cudaStreamSynchronize(stream_);
     tier_->abandon_chunk();

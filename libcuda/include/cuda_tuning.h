@@ -58,6 +58,15 @@ struct CudaTuning {
   // 16 rows at 1.75G ran 1,057 tok/s at 50 against 990 at the one-token
   // 35 (849 at 20, 861 at 65; H100, session 24, docs/perf/serve.md).
   int pcie_rows_share = 50;
+  // Rows steps of up to this many rows launch their kernels with
+  // programmatic dependent launch, as a one-token step does (each kernel's
+  // blocks start while the one before drains; every kernel waits for it
+  // before reading what it wrote: the same values, bit for bit). 0:
+  // never. Prompt chunks never: their early blocks would only take SM
+  // slots. 16 rows on the whole model: graph replay 2,097 us against
+  // 2,132, coli-bench 16 sessions 142.0-142.5 ms against 144.6-144.7 for
+  // 64 steps (H100, session 26).
+  int pdl_rows = 16;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).
