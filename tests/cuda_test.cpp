@@ -334,8 +334,8 @@ TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
   auto m = test::convert_all(d / "synth", d / "m.coli", QuantFormat::I4_G32);
   std::vector<int> prompt(40);
   for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 37 + 11) % so.vocab);
-  auto run = [&](Backend& be) {
-    Engine e(m->spec(), be, 12);
+  auto run = [&](Backend& be, int chunk = 12) {
+    Engine e(m->spec(), be, chunk);
     Session s = e.new_session();
     std::vector<std::vector<float>> out{e.forward(s, prompt)};
     for (int i = 0; i < 3; ++i) out.push_back(e.forward(s, std::vector<int>{static_cast<int>((i * 131 + 7) % so.vocab), 3, 5}));
@@ -353,6 +353,17 @@ TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
               e_cpu, e_cpu_unsplit, top);
   EXPECT_LT(e_cpu, std::max(1e-3f, 2 * e_cpu_unsplit));
   EXPECT_LT(e_split, std::max(1e-3f, 0.5f * e_cpu_unsplit));
+  // The prompt in one chunk of 40 tokens: three 16-token tiles, split
+  // (CudaTuning::mma_small 64, the default), against the prompt chunks'
+  // 64-token tiles (mma_small 16) and the CPU.
+  cuda::CudaOptions wide;
+  wide.tuning.mma_small = 16;
+  const auto small40 = run(*cuda::make_cuda_backend(*m), 40), wide40 = run(*cuda::make_cuda_backend(*m, wide), 40), c40 = run(cpu_be, 40);
+  const float e_small = max_step_diff(small40, c40), e_wide = max_step_diff(wide40, c40), e_tiles = max_step_diff(small40, wide40);
+  std::printf("[ info     ] int4, hidden 1024, a chunk of 40: 16-token tiles vs CPU %.2e, 64-token tiles vs CPU %.2e, vs each other %.2e\n", e_small,
+              e_wide, e_tiles);
+  EXPECT_LT(e_small, std::max(1e-3f, 2 * e_wide));
+  EXPECT_LT(e_tiles, std::max(1e-3f, 0.5f * e_wide));
 }
 
 // The non-default paths at the real layouts (the score-buffer attention

@@ -23,8 +23,13 @@ struct CudaTuning {
   // on tiles of 16 tokens with deeper cp.async pipelines (0: the prompt
   // chunk's tiles of 64 for every chunk). The same values either way: a
   // tile's token count changes no output's sum.
+  // 64: a prompt chunk of 17-64 tokens (a chat's next turn) on 16-token
+  // tiles too, split over clusters, against the 64-token tiles' unsplit
+  // grid of a block per 64 rows: pp24 / pp40 / pp64 on the whole GPU
+  // 6,151-6,274 / 8,961-8,982 / 11,567-11,604 tok/s against 5,201-5,224 /
+  // 7,582-7,609 / 10,050-10,108 at 16 (H100, session 26, call B).
   int mma_min_tokens = 8;
-  int mma_small = 16;
+  int mma_small = 64;
   // Such few-token tiles split their columns over a thread block cluster
   // (up to 8 blocks, sm_90) until the grid has mma_split blocks per SM
   // (0: never split): a 2,048-row matrix has 32 tiles of 64 rows for 132
