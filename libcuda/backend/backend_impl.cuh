@@ -362,30 +362,29 @@ class CudaBackend : public Backend {
   // replay and host time of each decode step, printed when the backend goes.
   bool graph_timing_ = false;
   cudaEvent_t graph_ev_[2] = {nullptr, nullptr};
-  double graph_ms_ = 0, step_ms_ = 0;
-  // Host side of a graph step: launching it, the logits' work left after
-  // the last range is on the host, and the time between steps (the caller's).
-  double launch_ms_ = 0, graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, begin_ms_ = 0, tail_ms_ = 0, gap_ms_ = 0;
+  // Sums over the timed steps: the graph's replay on the device, the whole
+  // step on the host, its launch, and the logits' work left after the last
+  // range is on the host; for rows steps also their rows and the device
+  // time from the step's first copy to its last logits on the host.
+  struct Pending;
+  struct StepTimes {
+    long steps = 0, rows = 0;
+    double graph_ms = 0, step_ms = 0, launch_ms = 0, tail_ms = 0, device_ms = 0;
+    void add(const Pending& p, float graph, std::chrono::steady_clock::time_point last, std::chrono::steady_clock::time_point now);
+  };
+  StepTimes one_, rows_;  // one-token decode steps; rows steps (step_rows: coli-serve's slots, coli-bench --n-parallel)
+  // The one-token step's host side more finely, and the time between steps (the caller's).
+  double graph_call_ms_ = 0, pre_copy_ms_ = 0, copy_call_ms_ = 0, begin_ms_ = 0, gap_ms_ = 0;
   std::chrono::steady_clock::time_point last_finish_{};
-  // The same for rows steps (step_rows: coli-serve's slots, coli-bench
-  // --n-parallel), and every graph captured (a new row count, cache size
-  // or buffer): how many and their host time (capture and instantiation).
-  double rows_graph_ms_ = 0, rows_step_ms_ = 0, rows_launch_ms_ = 0, rows_tail_ms_ = 0, capture_ms_ = 0;
-  long rows_steps_ = 0, rows_rows_ = 0, captures_ = 0;
-  // A rows step's device time from its first copy to its last logits on
-  // the host (rows_ev_ to the last part_copied_), and what the host spent
-  // beyond launching and that ("late"), for steps whose row count changed
-  // from the step before and for the others.
-  cudaEvent_t rows_ev_ = nullptr, rows_end_ev_ = nullptr;  // the step's first copy; its last logits copied (part_copied_ times nothing)
-  double rows_device_ms_ = 0, rows_late_ms_[2] = {0, 0};
-  long rows_late_n_[2] = {0, 0};
-  int rows_last_S_ = 0;
+  cudaEvent_t rows_ev_ = nullptr, rows_end_ev_ = nullptr;  // a rows step's first copy; its last logits copied (part_copied_ times nothing)
+  // Every graph captured (a new row count, cache size or buffer): how many and their host time.
+  double capture_ms_ = 0;
+  long captures_ = 0;
   // COLI_CUDA_PROFILE=prefill: a prompt chunk's host and device time from
   // start_chunk to finish_chunk (beside the tier's timeline of its uploads).
   bool chunk_timing_ = false;
   cudaEvent_t chunk_ev_[2] = {nullptr, nullptr};  // the chunk's first device work, its logits copied
   std::chrono::steady_clock::time_point chunk_prepared_{};
-  long graph_steps_ = 0;
   std::vector<std::pair<const char*, std::pair<cudaEvent_t, cudaEvent_t>>> prof_pending_;
   std::vector<std::pair<std::string, ProfRow>> prof_;
   long prof_tokens_ = 0;

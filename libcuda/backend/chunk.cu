@@ -223,33 +223,26 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
                  ms_d(std::chrono::steady_clock::now() - p.t0).count(), gpu);
   }
   if (graph_timing_ && p.rows) {
-    float ms = 0;  // no graph under a budget
+    float ms = 0, device = 0;  // no graph under a budget
     if (opt_.graphs && !tiered_ && cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]) != cudaSuccess) cudaGetLastError(), ms = 0;
-    using ms_d = std::chrono::duration<double, std::milli>;
-    const auto now = std::chrono::steady_clock::now();
-    rows_graph_ms_ += ms, ++rows_steps_, rows_rows_ += p.T;
-    rows_step_ms_ += ms_d(now - p.t0).count();
-    rows_launch_ms_ += ms_d(p.launched - p.t0).count();
-    rows_tail_ms_ += ms_d(now - t_last).count();
-    float device = 0;
-    if (rows_ev_ && p.logit_rows && cudaEventElapsedTime(&device, rows_ev_, rows_end_ev_) != cudaSuccess) cudaGetLastError(), device = 0;
-    const int changed = p.T != rows_last_S_ ? 1 : 0;
-    rows_last_S_ = p.T;
-    rows_device_ms_ += device;
-    rows_late_ms_[changed] += ms_d(now - p.launched).count() - device, ++rows_late_n_[changed];
+    if (rows_ev_ && cudaEventElapsedTime(&device, rows_ev_, rows_end_ev_) != cudaSuccess) cudaGetLastError(), device = 0;
+    rows_.add(p, ms, t_last, std::chrono::steady_clock::now());
+    rows_.device_ms += device;
   }
   if (graph_timing_ && p.T == 1 && !p.rows && opt_.graphs) {
     float ms = 0;
     cudaEventElapsedTime(&ms, graph_ev_[0], graph_ev_[1]);
-    using ms_d = std::chrono::duration<double, std::milli>;
     const auto now = std::chrono::steady_clock::now();
-    graph_ms_ += ms, ++graph_steps_;
-    step_ms_ += ms_d(now - p.t0).count();
-    launch_ms_ += ms_d(p.launched - p.t0).count();
-    tail_ms_ += ms_d(now - t_last).count();
-    if (last_finish_.time_since_epoch().count()) gap_ms_ += ms_d(p.t0 - last_finish_).count();
+    one_.add(p, ms, t_last, now);
+    if (last_finish_.time_since_epoch().count()) gap_ms_ += std::chrono::duration<double, std::milli>(p.t0 - last_finish_).count();
     last_finish_ = now;
   }
+}
+
+void CudaBackend::StepTimes::add(const Pending& p, float graph, std::chrono::steady_clock::time_point last, std::chrono::steady_clock::time_point now) {
+  using ms_d = std::chrono::duration<double, std::milli>;
+  ++steps, rows += p.T, graph_ms += graph;
+  step_ms += ms_d(now - p.t0).count(), launch_ms += ms_d(p.launched - p.t0).count(), tail_ms += ms_d(now - last).count();
 }
 
 bool CudaBackend::read_heat(std::vector<uint64_t>& counts) {

@@ -364,24 +364,19 @@ void CudaBackend::collect_profile() {
 }
 
 CudaBackend::~CudaBackend() {
-  if (graph_timing_ && graph_steps_)
+  const double n1 = one_.steps ? 1000.0 / one_.steps : 0, nr = rows_.steps ? 1000.0 / rows_.steps : 0;  // us per step
+  if (graph_timing_ && one_.steps)
     std::fprintf(stderr, "coli cuda graph timing: %ld decode steps, %.1f us per graph replay on the device, %.1f us per step on the host\n",
-                 graph_steps_, 1000 * graph_ms_ / graph_steps_, 1000 * step_ms_ / graph_steps_);
-  if (graph_timing_ && graph_steps_)
+                 one_.steps, n1 * one_.graph_ms, n1 * one_.step_ms);
+  if (graph_timing_ && one_.steps)
     std::fprintf(stderr, "coli cuda graph timing: host per step: %.1f us to launch (%.1f us before copying the ids, %.1f us in their cudaMemcpyAsync, %.1f us in the tier's begin_chunk, %.1f us in cudaGraphLaunch), %.1f us after the last logits range arrived, %.1f us between steps\n",
-                 1000 * launch_ms_ / graph_steps_, 1000 * pre_copy_ms_ / graph_steps_, 1000 * copy_call_ms_ / graph_steps_, 1000 * begin_ms_ / graph_steps_, 1000 * graph_call_ms_ / graph_steps_, 1000 * tail_ms_ / graph_steps_, 1000 * gap_ms_ / graph_steps_);
-  if (graph_timing_ && rows_steps_)
+                 n1 * one_.launch_ms, n1 * pre_copy_ms_, n1 * copy_call_ms_, n1 * begin_ms_, n1 * graph_call_ms_, n1 * one_.tail_ms, n1 * gap_ms_);
+  if (graph_timing_ && rows_.steps)
     std::fprintf(stderr,
-                 "coli cuda graph timing: %ld rows steps, %.1f rows a step, %.1f us per graph replay on the device, %.1f us per step on the host "
-                 "(%.1f us to launch, %.1f us after the last logits range arrived)\n",
-                 rows_steps_, double(rows_rows_) / rows_steps_, 1000 * rows_graph_ms_ / rows_steps_, 1000 * rows_step_ms_ / rows_steps_,
-                 1000 * rows_launch_ms_ / rows_steps_, 1000 * rows_tail_ms_ / rows_steps_);
-  if (graph_timing_ && rows_steps_)
-    std::fprintf(stderr,
-                 "coli cuda graph timing: rows steps' device time %.1f us from the first copy to the last logits on the host; the host's wait "
-                 "beyond it %.1f us where the row count changed (%ld steps), %.1f us where it did not (%ld)\n",
-                 1000 * rows_device_ms_ / rows_steps_, rows_late_n_[1] ? 1000 * rows_late_ms_[1] / rows_late_n_[1] : 0.0, rows_late_n_[1],
-                 rows_late_n_[0] ? 1000 * rows_late_ms_[0] / rows_late_n_[0] : 0.0, rows_late_n_[0]);
+                 "coli cuda graph timing: %ld rows steps, %.1f rows a step, %.1f us per graph replay on the device, %.1f us from the step's first "
+                 "copy to its last logits on the host, %.1f us per step on the host (%.1f us to launch, %.1f us after the last logits range arrived)\n",
+                 rows_.steps, double(rows_.rows) / rows_.steps, nr * rows_.graph_ms, nr * rows_.device_ms, nr * rows_.step_ms, nr * rows_.launch_ms,
+                 nr * rows_.tail_ms);
   if (rows_ev_) cudaEventDestroy(rows_ev_), cudaEventDestroy(rows_end_ev_);
   if (graph_timing_ && captures_)
     std::fprintf(stderr, "coli cuda graph timing: %ld graphs captured, %.2f ms each on the host (capture and instantiation)\n", captures_,

@@ -22,12 +22,11 @@ struct CudaTuning {
   // of up to mma_small tokens (coli-serve's decode rows, verify windows)
   // on tiles of 16 tokens with deeper cp.async pipelines (0: the prompt
   // chunk's tiles of 64 for every chunk). The same values either way: a
-  // tile's token count changes no output's sum.
-  // 64: a prompt chunk of 17-64 tokens (a chat's next turn) on 16-token
-  // tiles too, split over clusters, against the 64-token tiles' unsplit
-  // grid of a block per 64 rows: pp24 / pp40 / pp64 on the whole GPU
-  // 6,151-6,274 / 8,961-8,982 / 11,567-11,604 tok/s against 5,201-5,224 /
-  // 7,582-7,609 / 10,050-10,108 at 16 (H100, session 26, call B).
+  // tile's token count changes no output's sum. At 64 a prompt chunk of
+  // 17-64 tokens (a chat's next turn) takes them too, split over clusters
+  // where the 64-token tiles had a block per 64 rows: pp24 / pp40 / pp64 on
+  // the whole GPU 6,151-6,274 / 8,961-8,982 / 11,567-11,604 tok/s against
+  // 5,201-5,224 / 7,582-7,609 / 10,050-10,108 at 16 (H100, session 26).
   int mma_min_tokens = 8;
   int mma_small = 64;
   // Such few-token tiles split their columns over a thread block cluster
