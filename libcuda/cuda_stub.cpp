@@ -39,6 +39,8 @@ void rms_norm_1p_rows(const float*, const float*, int, int, float, float*) {
   throw Error("CUDA: no usable device: built without CUDA");
 }
 
+std::vector<int> device_greedy_ids(const float*, int, int) { throw Error("CUDA: no usable device: built without CUDA"); }
+
 std::unique_ptr<Backend> make_cuda_backend(const Model&, const CudaOptions&) {
   throw Error("CUDA backend: no usable device: built without CUDA");
 }

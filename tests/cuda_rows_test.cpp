@@ -275,6 +275,83 @@ TEST(CudaRows, PdlKeepsTheRowsLogits) {
   }
 }
 
+namespace {
+
+// Four sessions stepped by the engine (Engine::forward_rows_view, or
+// forward_rows_greedy where greedy[step]): rows of 4, 4, 1, 2, 3, 1 and 4
+// sessions, each fed its greedy token. Returns every row's greedy id, step
+// by step, and the logits of the steps taken with logits.
+struct GreedyRun {
+  std::vector<int> ids;
+  std::vector<float> logits;
+};
+GreedyRun greedy_steps(const Model& m, const cuda::CudaOptions& opt, const std::vector<bool>& greedy) {
+  auto gpu = cuda::make_cuda_backend(m, opt);
+  Engine e(m.spec(), *gpu, 64);
+  const int V = m.spec().vocab_size;
+  std::vector<Session> ss;
+  std::vector<int> next;
+  for (int p = 0; p < 4; ++p) {
+    std::vector<int> ids(3 + 7 * p);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>((i * 7919 + 31 * p + 2) % V);
+    ss.push_back(e.new_session());
+    const std::vector<float> l = e.forward(ss.back(), ids);
+    next.push_back(argmax(l.data(), V));
+  }
+  const std::vector<std::vector<int>> steps = {{0, 1, 2, 3}, {0, 1, 2, 3}, {2}, {1, 3}, {0, 2, 3}, {1}, {3, 2, 1, 0}};
+  GreedyRun out;
+  std::vector<float> buf;
+  std::vector<int> got;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    std::vector<Session*> rows;
+    std::vector<int> ids;
+    for (int i : steps[k]) rows.push_back(&ss[i]), ids.push_back(next[i]);
+    if (greedy[k]) {
+      EXPECT_TRUE(e.forward_rows_greedy(rows, ids, got)) << "step " << k;
+    } else {
+      const std::span<const float> l = e.forward_rows_view(rows, ids, buf);
+      got.clear();
+      for (std::size_t r = 0; r < rows.size(); ++r) got.push_back(argmax(l.data() + r * V, V));
+      out.logits.insert(out.logits.end(), l.begin(), l.end());
+    }
+    for (std::size_t r = 0; r < rows.size(); ++r) next[steps[k][r]] = got[r], out.ids.push_back(got[r]);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Greedy rows on the device (Engine::forward_rows_greedy,
+// Backend::greedy_only): the ids are the argmax of the logits the same
+// steps give with logits (the steps are deterministic), for rows steps and
+// one-token steps, whole (captured graphs: a greedy graph and a logits
+// graph of the same row count alternate) and with half the experts on the
+// host; the logits steps between greedy ones keep their logits bit for bit.
+TEST(CudaRows, GreedyStepsTakeTheLogitsArgmax) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  for (bool budget : {false, true}) {
+    SCOPED_TRACE(budget ? "half the experts" : "whole");
+    cuda::CudaOptions o;
+    if (budget) {
+      o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
+      o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
+    }
+    const GreedyRun ref = greedy_steps(*q, o, std::vector<bool>(7, false));
+    const std::vector<bool> pattern = {true, false, true, true, false, true, false};
+    const GreedyRun mixed = greedy_steps(*q, o, pattern);
+    EXPECT_EQ(mixed.ids, ref.ids);
+    // The logits steps of the mixed run (1, 4, 6) against the same steps of the reference.
+    const std::size_t V = q->spec().vocab_size;
+    std::vector<float> want;
+    const std::size_t rows_before[8] = {0, 4, 8, 9, 11, 14, 15, 19};
+    for (int k : {1, 4, 6}) want.insert(want.end(), ref.logits.begin() + rows_before[k] * V, ref.logits.begin() + rows_before[k + 1] * V);
+    EXPECT_EQ(mixed.logits, want);
+  }
+}
+
 // CudaOptions::batch_rows false: the backend declines (the engine then
 // steps each session alone).
 TEST(CudaRows, OffDeclines) {

@@ -2,9 +2,12 @@
 // no device is usable (CI has none).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <random>
 
+#include "cuda_backend.h"
 #include "cuda_device.h"
 #include "ref_kernels.h"
 
@@ -23,6 +26,56 @@ TEST(Cuda, RmsNormMatchesCpuReference) {
     coli::cuda::rms_norm_1p_rows(x.data(), w.data(), rows, n, 1e-6f, y.data());
     for (int r = 0; r < rows; ++r) coli::cpu::rms_norm_1p(x.data() + r * n, w.data(), n, 1e-6f, ref.data() + r * n);
     for (int i = 0; i < rows * n; ++i) ASSERT_NEAR(y[i], ref[i], 1e-5f * (1 + std::fabs(ref[i]))) << "n=" << n << " i=" << i;
+  }
+}
+
+// The backend's greedy ids (Backend::greedy_only: each logits row's first
+// largest, found on the device) against a scalar scan of the same rows:
+// vocabularies of one id, a few, around a slice's 2,048 and the real
+// 248,320; ties placed in different slices (the lower id wins); rows of
+// -Inf alone (-1), and rows holding NaN or +Inf (-2 - the first such id).
+TEST(Cuda, GreedyIdsMatchAScalarScan) {
+  std::string why;
+  if (coli::cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int V : {1, 3, 1000, 2047, 2048, 2049, 248320}) {
+    const int rows = V > 100000 ? 20 : 9;
+    std::vector<float> l(std::size_t(rows) * V);
+    for (auto& v : l) v = nd(rng) * 4;
+    auto row = [&](int r) { return l.data() + std::size_t(r) * V; };
+    std::uniform_int_distribution<int> pick(0, V - 1);
+    // Row 1: the same largest at two ids, far apart; row 2: at every id.
+    {
+      const int a = pick(rng), b = pick(rng);
+      row(1)[a] = row(1)[b] = 100;
+    }
+    std::fill(row(2), row(2) + V, -2.5f);
+    std::fill(row(3), row(3) + V, -inf);      // -1
+    row(4)[pick(rng)] = std::nanf("");        // -2 - that id
+    row(5)[V - 1] = inf;                      // the last id
+    for (int i = 0; i < V; i += 2) row(6)[i] = -inf;  // -Inf mixed with values
+    {
+      const int a = pick(rng), b = pick(rng);  // NaN and +Inf: the first of them
+      row(7)[a] = std::nanf(""), row(7)[b] = inf;
+    }
+    row(8)[0] = 50, row(8)[V - 1] = 50;       // the ends
+    const std::vector<int> got = coli::cuda::device_greedy_ids(l.data(), rows, V);
+    ASSERT_EQ(got.size(), std::size_t(rows));
+    for (int r = 0; r < rows; ++r) {
+      const float* x = row(r);
+      int bad = -1, best = -1;
+      for (int i = 0; i < V; ++i) {
+        if (std::isnan(x[i]) || x[i] == inf) {
+          bad = i;
+          break;
+        }
+        if (x[i] > -inf && (best < 0 || x[i] > x[best])) best = i;
+      }
+      const int want = bad >= 0 ? -2 - bad : best;
+      EXPECT_EQ(got[r], want) << "V=" << V << " row " << r;
+    }
   }
 }
 

@@ -185,6 +185,16 @@ TEST_P(Fixture, ForwardRowsMatchesEachSessionAlone) {
   std::vector<Session*> one = {&a};
   EXPECT_THROW(engine_->forward_rows(one, std::vector<int>{model_->spec().vocab_size}), Error);
   EXPECT_THROW(engine_->forward_rows(one, std::vector<int>{1, 2}), Error);
+  // Greedy ids found where the logits are: the CPU backend's are on the
+  // host already, so it declines and nothing is stepped; bad rows throw first.
+  Session b = engine_->new_session();
+  engine_->forward(b, std::vector<int>{3});
+  std::vector<Session*> ab = {&a, &b};
+  std::vector<int> got;
+  EXPECT_FALSE(engine_->forward_rows_greedy(ab, std::vector<int>{4, 5}, got));
+  EXPECT_EQ(a.n_past, 0);
+  EXPECT_EQ(b.n_past, 1);
+  EXPECT_THROW(engine_->forward_rows_greedy(twice, std::vector<int>{1, 2}, got), Error);
 }
 
 TEST_P(Fixture, StateSizeIsConstantExceptTheKvCache) {

@@ -155,11 +155,11 @@ TEST(VramLedger, ReserveArenaAndSlotsByHand) {
   // Split-KV (head size 32): a decode step's 4 splits of 64 keys (4 x 34 x
   // 4 floats) or a 64-token chunk's one (64 x 4 x 34).
   EXPECT_EQ(r.attention_scratch, 64u * 4 * 34 * 4);
-  EXPECT_EQ(r.logits, 512u * 4);
+  EXPECT_EQ(r.logits, 512u * 4 + 128 * 12 + 4);  // and the greedy ids' partials and id
   EXPECT_EQ(r.fixed, 8 * kMiB);
   EXPECT_EQ(r.pcie_read_tables, 0u);
   EXPECT_EQ(r.decode_upload, 0u);
-  EXPECT_EQ(r.runtime(), 262144u + 33792 + 34816 + 2048 + 8 * kMiB);
+  EXPECT_EQ(r.runtime(), 262144u + 33792 + 34816 + 2048 + 1540 + 8 * kMiB);
   EXPECT_EQ(r.total(), r.runtime());
   const uint64_t before = ledger.arena() + 16 + ledger.buffers().bytes();
   EXPECT_EQ(ledger.before_slots(), before);
@@ -211,7 +211,7 @@ TEST(VramLedger, ReserveArenaAndSlotsByHand) {
   int kps = 0;
   const uint64_t rows_scratch = 3u * 4 * 34 * coli::attention_splits(3, 256, &kps) * 4;
   EXPECT_EQ(l3.reserve().attention_scratch, std::max(r.attention_scratch, rows_scratch));
-  const uint64_t more = 2 * (262144u + 33792 + 2048) + (l3.reserve().attention_scratch - r.attention_scratch);
+  const uint64_t more = 2 * (262144u + 33792 + 2048 + 128 * 12 + 4) + (l3.reserve().attention_scratch - r.attention_scratch);
   EXPECT_EQ(l3.reserve().total(), r.total() + more);
   EXPECT_EQ(l3.expert_slots(floor + 200 * kTinySlot), 200 - static_cast<long long>((more + kTinySlot - 1) / kTinySlot));
   three.sequences = 0;

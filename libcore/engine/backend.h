@@ -197,6 +197,19 @@ class Backend {
   // valid until the next chunk or step starts. Null (the default): the
   // backend keeps none; pass a buffer.
   virtual const float* kept_logits() const { return nullptr; }
+  // Greedy ids where the logits are computed (a greedy decode step hands
+  // the host an id a row, not a vocabulary of floats). greedy_only(true)
+  // on a backend that runs whole chunks: every chunk or rows step from now
+  // on computes, for each logits row, the id of its largest logit (ties to
+  // the lower id: Sampler::sample at temperature 0 without penalties) into
+  // kept_greedy()'s [logit_rows] and copies no logits (the logits argument
+  // and kept_logits() are not written), until greedy_only(false). A code
+  // below 0 marks a row that is not finite (-1: no logit above -Inf; -2 - i:
+  // id i is NaN or +Inf). Not between start_chunk and finish_chunk. Returns
+  // whether the backend does it (the default: false, nothing changes).
+  virtual bool greedy_only(bool on) { return false; }
+  // The ids of the last chunk or rows step taken greedy_only; null when none.
+  virtual const int* kept_greedy() const { return nullptr; }
   // The expert tier's counters (zeros for a backend without one).
   virtual TierStats tier_stats() const { return {}; }
   // Where construction's time went: named phases in milliseconds, in order

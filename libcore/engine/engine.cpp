@@ -172,14 +172,47 @@ std::span<const float> Engine::forward_rows_view(std::span<Session* const> sessi
   return {logits.data(), n};
 }
 
-const float* Engine::rows_step(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits, bool view) {
-  const int S = static_cast<int>(sessions.size()), V = spec_.vocab_size;
+void Engine::check_rows(std::span<Session* const> sessions, std::span<const int> ids) const {
+  const int S = static_cast<int>(sessions.size());
   if (S == 0 || ids.size() != sessions.size()) throw Error("forward_rows: " + std::to_string(ids.size()) + " ids for " + std::to_string(S) + " sessions");
   check_ids(ids);
   for (int i = 0; i < S; ++i) {
     for (int j = 0; j < i; ++j)
       if (sessions[i] == sessions[j]) throw Error("forward_rows: a session appears twice (internal)");
   }
+}
+
+bool Engine::forward_rows_greedy(std::span<Session* const> sessions, std::span<const int> ids, std::vector<int>& greedy) {
+  check_rows(sessions, ids);
+  const int S = static_cast<int>(sessions.size());
+  if (!backend_.runs_whole_chunks() || (heat_ && !device_heat_) || !backend_.greedy_only(true)) return false;
+  struct Off {  // whatever happens, later chunks get their logits again
+    Backend& b;
+    ~Off() { b.greedy_only(false); }
+  } off{backend_};
+  const auto t0 = std::chrono::steady_clock::now();
+  if (S == 1) {  // forward_chunk's decode step
+    Session& s = *sessions[0];
+    backend_.start_chunk(*s.state, ids.data(), 1, s.n_past, 1);
+    backend_.finish_chunk(*s.state, nullptr);
+  } else {
+    std::vector<BackendState*> states;
+    std::vector<int> positions;
+    for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
+    if (!backend_.step_rows(states.data(), ids.data(), positions.data(), S, nullptr)) return false;
+  }
+  if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (heat_) heat_->add_tokens(S);
+  for (Session* s : sessions) s->n_past += 1;
+  const int* g = backend_.kept_greedy();
+  if (!g) throw Error("forward_rows_greedy: the backend kept no greedy ids (internal)");
+  greedy.assign(g, g + S);
+  return true;
+}
+
+const float* Engine::rows_step(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits, bool view) {
+  const int S = static_cast<int>(sessions.size()), V = spec_.vocab_size;
+  check_rows(sessions, ids);
   std::vector<BackendState*> states;
   std::vector<int> positions;
   for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);

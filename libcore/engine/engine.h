@@ -92,6 +92,13 @@ class Engine {
   // The span is valid until the next call into the engine or a change of
   // logits.
   std::span<const float> forward_rows_view(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits);
+  // The same step for rows that only need their greedy token (temperature
+  // 0, no penalties): greedy[i] (resized to S) is the id of row i's largest
+  // logit, ties to the lower id, found where the backend computed the
+  // logits (Backend::greedy_only: no logits cross to the host); a code
+  // below 0 marks a row that is not finite (check_greedy_id). Returns false,
+  // nothing done, where the backend cannot (then forward_rows_view).
+  bool forward_rows_greedy(std::span<Session* const> sessions, std::span<const int> ids, std::vector<int>& greedy);
 
   const ModelSpec& spec() const { return spec_; }
   // Per-stage timing (adds a clock read around each backend call).
@@ -113,6 +120,8 @@ class Engine {
   // forward_rows and forward_rows_view: the backend's kept rows (view and
   // a backend that keeps them), else null with the rows in logits.
   const float* rows_step(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits, bool view);
+  // The ids and sessions of a rows step checked (count, vocabulary, distinct).
+  void check_rows(std::span<Session* const> sessions, std::span<const int> ids) const;
   enum class Logits { kNone, kLast, kAll };
   // Checks the ids, then runs them chunk by chunk; last-token or all
   // logits, and every token's hidden row appended to hidden when given.

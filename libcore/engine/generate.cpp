@@ -55,6 +55,12 @@ void check_logits_finite(std::span<const float> logits, const std::string& step)
   if (!any) not_finite(logits, step);
 }
 
+int check_greedy_id(int code, const std::string& step) {
+  if (code >= 0) return code;
+  throw Error(step + ": the logits are not finite (" + (code == -1 ? std::string("all -inf") : "id " + std::to_string(-2 - code) + " is nan or inf") +
+              "): the model's weights or config.json are broken");
+}
+
 std::vector<float> log_softmax(const std::vector<float>& logits, const std::string& step) { return log_softmax(std::span<const float>(logits), step); }
 
 std::vector<float> log_softmax(std::span<const float> logits, const std::string& step) {
@@ -109,10 +115,21 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
   st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   st.fed = history;
 
+  // Greedy decoding without log-probabilities takes each step's id from
+  // where the logits are computed (a GPU: no logits to the host, no scan;
+  // Engine::forward_rows_greedy), where the backend can.
+  const bool on_device = sampler.greedy() && !opt.logprobs && opt.top_logprobs <= 0;
+  std::vector<int> greedy;  // the last step's id when it came that way
   for (int i = 0; i < opt.n_predict; ++i) {
     const std::string step = i == 0 ? std::string("the prompt's forward pass") : "decode step " + std::to_string(i);
-    check_logits_finite(logits, step);
-    const TokenEvent ev = token_event(logits, sampler.sample(logits, history), opt, stops, step);
+    int id = 0;
+    if (!greedy.empty()) {
+      id = check_greedy_id(greedy[0], step);
+    } else {
+      check_logits_finite(logits, step);
+      id = sampler.sample(logits, history);
+    }
+    const TokenEvent ev = token_event(logits, id, opt, stops, step);
     on_token(ev);
     ++st.n_generated;
     history.push_back(ev.id);
@@ -128,7 +145,13 @@ GenerateStats generate(Engine& engine, Session& session, std::span<const int> pr
     }
     const int tok = ev.id;
     auto t1 = clock::now();
-    logits = engine.forward(session, std::span<const int>(&tok, 1));
+    Session* one = &session;
+    if (on_device && engine.forward_rows_greedy(std::span<Session* const>(&one, 1), std::span<const int>(&tok, 1), greedy)) {
+      logits.clear();
+    } else {
+      greedy.clear();
+      logits = engine.forward(session, std::span<const int>(&tok, 1));
+    }
     st.decode_seconds += std::chrono::duration<double>(clock::now() - t1).count();
     ++st.n_decode_steps;
     st.fed.push_back(tok);

@@ -87,5 +87,8 @@ std::vector<float> log_softmax(std::span<const float> logits, const std::string&
 // coli::Error naming `step` and the first such id (-Inf is a legal "never").
 void check_logits_finite(const std::vector<float>& logits, const std::string& step);
 void check_logits_finite(std::span<const float> logits, const std::string& step);  // a row of a batch, in place
+// A greedy id found on the device (Engine::forward_rows_greedy's code):
+// the id, or the coli::Error check_logits_finite throws for its row.
+int check_greedy_id(int code, const std::string& step);
 
 }  // namespace coli

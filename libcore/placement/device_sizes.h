@@ -36,6 +36,11 @@ constexpr int kRewindTokens = 9;
 // group costs (a few launches and events) at every chunk size measured.
 constexpr int kPrefillRingSlots = 16;
 
+// Greedy ids on the device (greedy.cu): a logits row's partials (at most
+// kGreedyMaxSlices of 12 bytes) and its id, in bytes.
+constexpr int kGreedyMaxSlices = 128;
+constexpr uint64_t greedy_row_bytes() { return uint64_t(kGreedyMaxSlices) * 12 + 4; }
+
 // Split-KV attention (online softmax over splits of the cache) exists for
 // head sizes of 32, 64, 128 and 256; others take the score-buffer kernel.
 bool attention_split_supported(int head_dim);

@@ -173,7 +173,7 @@ RuntimeReserve runtime_reserve(const ModelSpec& s, const VramSettings& run, uint
                       : std::max(scratch, t * s.num_heads * n_ctx);
     r.attention_scratch = scratch * 4;
   }
-  r.logits = seqs * s.vocab_size * 4;  // the last row's; a rows step's, one a sequence
+  r.logits = seqs * (s.vocab_size * 4 + greedy_row_bytes());  // the last row's; a rows step's, one a sequence; their greedy ids
   r.fixed = uint64_t(8) << 20;  // decode graphs (measured 0.7 MiB), the allocations after the slots, rounding
   if (run.mtp && s.mtp_layers > 0) {
     const uint64_t cd = s.linear_conv_dim(), nv = s.linear_num_value_heads;

@@ -34,6 +34,9 @@ class Sampler {
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { check_sampling_params(p); }
   // history: prompt and generated ids so far (for the penalties).
   int sample(std::span<const float> logits, std::span<const int> history);
+  // Whether sample() is the logits' first largest alone (temperature 0, no
+  // penalties): what a backend's greedy ids give (Backend::greedy_only).
+  bool greedy() const { return p_.temperature <= 0 && p_.repeat_penalty == 1.0f && p_.presence_penalty == 0.0f; }
   // The probability of each candidate left after the filters, for tests:
   // (id, p) sorted by p descending; empty when greedy.
   std::vector<std::pair<int, float>> distribution(std::span<const float> logits, std::span<const int> history) const;

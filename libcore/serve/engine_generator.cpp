@@ -283,20 +283,36 @@ void EngineGenerator::decode_step() {
   // before the engine is called again: the lock stays held while they are.
   const Clock::time_point t = Clock::now();
   std::unique_lock<std::mutex> engine_lock(engine_mu_);
-  const std::span<const float> logits = engine_.forward_rows_view(sessions, ids, rows_logits_);
-  const Clock::time_point t_sample = Clock::now();
-  // The rows' scans of their logits at once (each its own slot's sampler
-  // and history); then, in order, what they hand out. A row that fails
-  // fails the step where its turn comes, as one by one.
+  // Rows that are all greedy take their ids from where the logits are (a
+  // GPU: no logits to the host, no scans); else each row's sampler scans
+  // its logits.
+  const bool greedy = std::all_of(rows.begin(), rows.end(), [](const Slot* s) { return s->sampler->greedy(); });
   std::vector<int> sampled(rows.size(), -1);
   std::vector<std::exception_ptr> failed(rows.size());
-  sample_pool_.run(rows.size(), [&](std::size_t i) {
-    try {
-      sampled[i] = sample_row(*rows[i], logits, i);
-    } catch (...) {
-      failed[i] = std::current_exception();
+  Clock::time_point t_sample;
+  if (greedy && engine_.forward_rows_greedy(sessions, ids, sampled)) {
+    t_sample = Clock::now();
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      try {
+        sampled[i] = check_greedy_id(sampled[i], "decode step " + std::to_string(rows[i]->n_generated));
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
     }
-  });
+  } else {
+    const std::span<const float> logits = engine_.forward_rows_view(sessions, ids, rows_logits_);
+    t_sample = Clock::now();
+    // The rows' scans of their logits at once (each its own slot's sampler
+    // and history); then, in order, what they hand out. A row that fails
+    // fails the step where its turn comes, as one by one.
+    sample_pool_.run(rows.size(), [&](std::size_t i) {
+      try {
+        sampled[i] = sample_row(*rows[i], logits, i);
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
+    });
+  }
   engine_lock.unlock();
   // Counted before the rows' requests may end: a caller that sees its
   // reply finished sees the step that made it in the counters.

@@ -128,7 +128,7 @@ struct CudaState : BackendState {
     cudaGraphExec_t exec = nullptr;
     int cap = -1, rows = -1, T = -1;
     long gen = -1;
-    bool hidden = false;
+    bool hidden = false, greedy = false;
     uint64_t bytes = 0;  // device memory the instantiation took, charged to budget
   };
   // decode: one-token steps; window: a speculative verify chunk (T <=
@@ -194,6 +194,9 @@ class CudaBackend : public Backend {
   bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) override;
   // The pinned buffer each chunk's logits come to (null before the first).
   const float* kept_logits() const override { return h_logits_; }
+  // Greedy ids on the device (greedy.cu) after the lm_head, copied instead of the logits.
+  bool greedy_only(bool on) override;
+  const int* kept_greedy() const override { return h_greedy_; }
   bool mtp_chunk(BackendState& state, const int* ids, const float* h, int T, int pos0, int logit_rows, float* logits, float* g) override;
 
  private:
@@ -415,10 +418,16 @@ class CudaBackend : public Backend {
     bool active = false;
     int T = 0, logit_rows = 0;
     std::chrono::steady_clock::time_point t0, launched;
-    bool rows = false;  // a rows step (step_rows)
+    bool rows = false;    // a rows step (step_rows)
+    bool greedy = false;  // greedy ids copied, no logits (greedy_only)
   } pending_;
   float* h_logits_ = nullptr;
   std::size_t h_logits_n_ = 0;
+  // greedy_only: on; the ids of max_chunk rows on the device and pinned; the kernels' partials.
+  bool greedy_only_ = false;
+  DeviceArray<int> greedy_dev_;
+  int* h_greedy_ = nullptr;
+  DeviceArray<uint8_t> greedy_scratch_;
 };
 
 }  // namespace coli::cuda::detail

@@ -15,6 +15,10 @@ void CudaBackend::enqueue_logit_copies(int logit_rows) {
   // computed, while the next range is. Enqueued outside the decode graph:
   // a graph of one stream's kernels launches in a few microseconds, one
   // that forks to a second stream and back costs tens.
+  if (greedy_only_) {  // the rows' ids, after the graph's greedy kernels on the same stream
+    if (logit_rows) check(cudaMemcpyAsync(h_greedy_, greedy_dev_.get(), logit_rows * sizeof(int), cudaMemcpyDeviceToHost, stream_), "copy greedy ids");
+    return;
+  }
   const int V = s_.vocab_size;
   for (int i = 0; logit_rows && i < logit_parts_; ++i) {
     const auto [r0, r1] = logit_range(i);
@@ -61,6 +65,11 @@ void CudaBackend::ensure_logits(int logit_rows, int T, bool hidden) {
   if (logits_.size() < nlog) {
     BudgetScope scope(budget_.get(), "the logits");
     logits_.resize(nlog), ++buffer_gen_;
+  }
+  if (greedy_only_ && greedy_dev_.size() < std::size_t(logit_rows)) {
+    BudgetScope scope(budget_.get(), "the greedy ids");
+    const int rows = std::min(std::max({logit_rows, opt_.sequences, 2 * int(greedy_dev_.size())}), std::max(1, opt_.max_chunk));
+    greedy_dev_.resize(rows), greedy_scratch_.resize(greedy_scratch_bytes(rows)), ++buffer_gen_;
   }
   if (hidden && hid_.size() < std::size_t(T) * s_.hidden_size) {
     BudgetScope scope(budget_.get(), "a chunk's hidden rows (the MTP layer's input)");
@@ -149,11 +158,18 @@ void CudaBackend::launch_chunk(CudaState& st, int T, int logit_rows, std::chrono
   enqueue_logit_copies(logit_rows);
   if (chunk_timing_) check(cudaEventRecord(chunk_ev_[1], stream_), "event");
   pending_ = {true, T, logit_rows, t_start, t_launched};
+  pending_.greedy = greedy_only_;
+}
+
+bool CudaBackend::greedy_only(bool on) {
+  if (pending_.active) throw Error("CUDA backend: greedy_only between start_chunk and finish_chunk (internal)");
+  greedy_only_ = on && opt_.tuning.device_greedy;
+  return greedy_only_ || !on;
 }
 
 void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int logit_rows, bool hidden, const RowsRun* rows) {
   const int cap = rows ? rows->cap : st.cap;
-  if (!g.exec || g.cap != cap || g.rows != logit_rows || g.gen != buffer_gen_ || g.T != T || g.hidden != hidden) {
+  if (!g.exec || g.cap != cap || g.rows != logit_rows || g.gen != buffer_gen_ || g.T != T || g.hidden != hidden || g.greedy != greedy_only_) {
     const auto t_capture = std::chrono::steady_clock::now();
     if (g.exec) cudaGraphExecDestroy(g.exec), g.exec = nullptr;
     std::vector<int> journal;  // capturing runs deltanet_layer's counting: undone after
@@ -179,7 +195,7 @@ void CudaBackend::launch_graph(CudaState& st, CudaState::Graph& g, int T, int lo
     cudaMemGetInfo(&free1, &total_b);
     if (st.budget && g.bytes) st.budget->credit(g.bytes), g.bytes = 0;
     if (st.budget && free1 < free0) st.budget->charge("a captured graph", free0 - free1), g.bytes = free0 - free1;
-    g.cap = cap, g.rows = logit_rows, g.gen = buffer_gen_, g.T = T, g.hidden = hidden;
+    g.cap = cap, g.rows = logit_rows, g.gen = buffer_gen_, g.T = T, g.hidden = hidden, g.greedy = greedy_only_;
     ++captures_, capture_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_capture).count();
   }
   const bool timing = graph_timing_ && (T == 1 || rows);
@@ -199,7 +215,7 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
   tier_->stage_swaps();  // while the device runs the chunk
   // Each column range as soon as it is on the host.
   auto t_last = std::chrono::steady_clock::now();
-  for (int i = 0; p.logit_rows && i < logit_parts_; ++i) {
+  for (int i = 0; p.logit_rows && !p.greedy && i < logit_parts_; ++i) {
     check(cudaEventSynchronize(part_copied_[i]), "logits");
     t_last = std::chrono::steady_clock::now();
     if (!logits) continue;
@@ -208,6 +224,7 @@ void CudaBackend::finish_chunk(BackendState&, float* logits) {
       std::memcpy(logits + std::size_t(t) * V + r0, h_logits_ + std::size_t(t) * V + r0, (r1 - r0) * sizeof(float));
   }
   check(cudaStreamSynchronize(stream_), "forward");
+  if (p.greedy) t_last = std::chrono::steady_clock::now();  // the ids came on the stream
   tier_->end_chunk();  // rethrows a host-side failure of the chunk
   if (float* h = std::exchange(hidden_dst_, nullptr))
     check(cudaMemcpy(h, hid_.get(), std::size_t(p.T) * s_.hidden_size * sizeof(float), cudaMemcpyDeviceToHost), "copy hidden rows");

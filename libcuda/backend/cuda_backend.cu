@@ -291,6 +291,7 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   arena_.set_uploader(nullptr, 0);
   check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
   io_.resize(std::max(1, opt_.max_chunk) + 1);
+  check(cudaMallocHost(&h_greedy_, sizeof(int) * std::max(1, opt_.max_chunk)), "cudaMallocHost");
   check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   for (int i = 0; i < kMaxLogitParts; ++i) {
     check(cudaEventCreateWithFlags(&part_ready_[i], cudaEventDisableTiming), "cudaEventCreate");
@@ -398,6 +399,7 @@ CudaBackend::~CudaBackend() {
     cudaIpcCloseMemHandle(const_cast<uint8_t*>(twin_dev_));
   }
   if (h_io_) cudaFreeHost(h_io_);
+  if (h_greedy_) cudaFreeHost(h_greedy_);
   if (h_rows_) cudaFreeHost(h_rows_);
   for (CudaState::Graph& g : rows_graphs_) {
     if (g.exec) cudaGraphExecDestroy(g.exec);
@@ -518,5 +520,19 @@ bool CudaBackend::moe_quant(int l, bool* nibble) const {
 }  // namespace detail
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt) { return std::make_unique<detail::CudaBackend>(model, opt); }
+
+std::vector<int> device_greedy_ids(const float* logits, int rows, int V) {
+  std::string why;
+  if (device_count(&why) == 0) throw Error("CUDA: no usable device: " + why);
+  DeviceArray<float> d(std::size_t(rows) * V);
+  DeviceArray<int> ids(rows);
+  DeviceArray<uint8_t> scratch(greedy_scratch_bytes(rows));
+  check(cudaMemcpy(d.get(), logits, std::size_t(rows) * V * sizeof(float), cudaMemcpyHostToDevice), "copy logits");
+  pdl_wanted() = false;
+  greedy_rows(d.get(), rows, V, scratch.get(), ids.get(), nullptr);
+  std::vector<int> out(rows);
+  check(cudaMemcpy(out.data(), ids.get(), rows * sizeof(int), cudaMemcpyDeviceToHost), "copy greedy ids");
+  return out;
+}
 
 }  // namespace coli::cuda

@@ -252,6 +252,7 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const R
       check(cudaEventRecordWithFlags(part_ready_[i], stream_, cs == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault),
             "event");
     }
+    if (greedy_only_) greedy_rows(logits_.get(), logit_rows, V, greedy_scratch_.get(), greedy_dev_.get(), stream_);
   });
 }
 

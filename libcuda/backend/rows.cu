@@ -97,8 +97,8 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
     }
     else run(st0, S, S, false, &rows);
     enqueue_logit_copies(S);
-    if (graph_timing_) check(cudaEventRecord(rows_end_ev_, copy_stream_), "event");
-    pending_ = {true, S, S, t_start, std::chrono::steady_clock::now(), true};
+    if (graph_timing_) check(cudaEventRecord(rows_end_ev_, greedy_only_ ? stream_ : copy_stream_), "event");
+    pending_ = {true, S, S, t_start, std::chrono::steady_clock::now(), true, greedy_only_};
   } catch (...) {
     cudaStreamSynchronize(stream_);
     tier_->abandon_chunk();

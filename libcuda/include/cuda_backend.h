@@ -276,6 +276,11 @@ inline VramSettings vram_settings(const CudaOptions& o) {
 // (fp8 checkpoints: convert them first), or the model does not fit.
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const CudaOptions& opt = {});
 
+// Test seam: the greedy ids the backend computes on the device
+// (Backend::greedy_only) for host rows logits[rows, V], by the same
+// kernels. Throws coli::Error when no device is usable.
+std::vector<int> device_greedy_ids(const float* logits, int rows, int V);
+
 // The tools' --device: "cuda" (this backend or an error), "cpu" (nullptr:
 // the caller builds its CPU backend) or "auto" (this backend when it can be
 // made, else nullptr with *why saying why). Other values: coli::UsageError.

@@ -71,6 +71,11 @@ struct CudaTuning {
   // 2,132, coli-bench 16 sessions 142.0-142.5 ms against 144.6-144.7 for
   // 64 steps (H100, session 26).
   int pdl_rows = 16;
+  // Greedy decode steps (temperature 0, no penalties, no log-probabilities:
+  // coli-run's and coli-serve's) take each row's id from the device
+  // (Backend::greedy_only): no logits copied to the host, no host scan.
+  // 0: the logits go to the host and the sampler scans them. The same ids.
+  int device_greedy = 1;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

@@ -6,6 +6,7 @@
 //   attention.cu    gated attention: k/v into the cache, softmax over it
 //   deltanet.cu     Gated DeltaNet: causal conv, q/k norms, recurrence
 //   moe.cu          router softmax + top-k, routed experts over all pairs
+//   greedy.cu       each logits row's greedy id (no logits to the host)
 // All run on the given stream through launch() (cuda_util.cuh: PDL for
 // decode steps); positions come from device memory (d_pos: tokens already
 // in the session) so a captured decode graph stays valid.
@@ -220,5 +221,14 @@ void moe_grouped_begin(const ExpertTable& tab, const float* hn, const int* idx, 
 void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1, int E, int T, int K, const MoeScratch& sc, cudaStream_t s,
                          const QuantX& q, bool hn_in_q);
 void moe_grouped_end(const ExpertTable& tab, const float* w, int T, int K, const MoeScratch& sc, float* out, cudaStream_t s);
+
+// Greedy ids (greedy.cu): out[r] for each row r of logits [rows, V] is the
+// id of its largest logit, ties to the lower id (Sampler::sample at
+// temperature 0 without penalties); -1 where no logit is above -Inf, and
+// -2 - i where id i is the row's first NaN or +Inf. scratch: at least
+// greedy_scratch_bytes(rows) of device memory (with the ids:
+// greedy_row_bytes() a row, placement/device_sizes.h).
+std::size_t greedy_scratch_bytes(int rows);
+void greedy_rows(const float* logits, int rows, int V, void* scratch, int* out, cudaStream_t s);
 
 }  // namespace coli::cuda
