@@ -15,7 +15,9 @@
 // long prompt does not stall the replies in flight (continuous batching).
 // Each row is sampled with its own request's sampler (the rows of a step
 // at once, on helper threads): a slot's tokens are those it would get
-// alone (greedy: identical where routing is stable).
+// alone (greedy: identical where routing is stable). A step whose rows are
+// all greedy takes their ids from where the logits are computed
+// (Engine::forward_rows_greedy: a GPU copies no logits to the host).
 //
 // Prompt reuse: a request takes the free slot whose ids are the longest
 // prefix of its prompt (a chat's next turn: the earlier prompt, the reply,

@@ -236,15 +236,16 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const R
   step("lm_head", [&] {
     rms_norm(last, final_norm_, logit_rows, H, eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);
     // By column ranges: each range's logits go to the host (copy stream)
-    // while the next range is computed.
+    // while the next range is computed. Greedy ids copy no logits: one range.
     const int V = s_.vocab_size;
-    for (int i = 0; i < logit_parts_; ++i) {
-      const auto [r0, r1] = logit_range(i);
+    for (int i = 0; i < (greedy_only_ ? 1 : logit_parts_); ++i) {
+      const auto [r0, r1] = greedy_only_ ? std::pair<int, int>(0, V) : logit_range(i);
       DevMatrix part = lm_head_;
       part.data = lm_head_.data + static_cast<long long>(r0) * lm_head_.row_stride;
       part.scale_offset = lm_head_.scale_offset + static_cast<long long>(r0) * (lm_head_.scale_row_bytes - lm_head_.row_stride);
       part.rows = r1 - r0;
       matmul(part, hn_.get(), logit_rows, logits_.get() + r0, V, stream_, &qx_, hn_q);
+      if (greedy_only_) break;
       // Inside a decode graph an external record node, which the copy
       // stream's wait (enqueue_logit_copies, after the launch) can see.
       cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
