@@ -352,6 +352,31 @@ TEST(CudaRows, GreedyStepsTakeTheLogitsArgmax) {
   }
 }
 
+// A rows step's pairs that share an expert computed together
+// (CudaTuning::rows_shared, moe_rows_shared: each expert's weights read
+// once for its pairs) give the logits of the pairs one by one, bit for
+// bit: the same dots, the down outputs summed in k order. Real layouts in
+// int4 (16 experts, 4 a token: 4 rows' 16 pairs share experts), whole and
+// with half the experts on the host (misses read the zero expert).
+TEST(CudaRows, SharedExpertPairsKeepTheRowsLogits) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  for (bool budget : {false, true}) {
+    SCOPED_TRACE(budget ? "half the experts" : "whole");
+    cuda::CudaOptions o;
+    if (budget) {
+      o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
+      o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
+    }
+    o.tuning.rows_shared = 0;
+    const std::vector<float> one_by_one = rows_steps_logits(*q, o);
+    o.tuning.rows_shared = 4;
+    EXPECT_EQ(rows_steps_logits(*q, o), one_by_one) << "pairs that share an expert together";
+  }
+}
+
 // CudaOptions::batch_rows false: the backend declines (the engine then
 // steps each session alone).
 TEST(CudaRows, OffDeclines) {

@@ -76,6 +76,11 @@ struct CudaTuning {
   // (Backend::greedy_only): no logits copied to the host, no host scan.
   // 0: the logits go to the host and the sampler scans them. The same ids.
   int device_greedy = 1;
+  // Rows steps of at least this many rows (and at least 4; 0: never) whose
+  // experts go pair by pair compute the pairs that share an expert in one
+  // block, the expert's weights read once for up to 4 of them
+  // (moe_rows_shared): the same values, bit for bit.
+  int rows_shared = 4;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

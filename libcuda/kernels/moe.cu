@@ -213,6 +213,96 @@ __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float
   }
 }
 
+// ---- rows steps: the pairs that share an expert together ----------------
+
+// A rows step (coli-serve's slots, one token a session) has an expert a
+// pair or two: 16 rows' 128 pairs hold some 100 distinct experts of 256.
+// Block y of these kernels is pair y's; the block of an expert's first pair
+// computes every pair of that expert, kSharedTokens at a time, each weight
+// block loaded once for all of them (group_rows_dot_q_n); the blocks of its
+// later pairs return. Each pair's values are bit for bit those of the pair
+// by pair kernels above (the same dots; the down sums combined in k order).
+constexpr int kSharedTokens = 4;
+
+// Whether pair p leads its expert (no earlier pair of the step has it).
+__device__ __forceinline__ bool leads_expert(const int* idx, int p) {
+  const int e = idx[p];
+  for (int q = 0; q < p; ++q)
+    if (idx[q] == e) return false;
+  return true;
+}
+
+template <Kind KG, int L, int kUpRows>
+__global__ void gate_up_shared_kernel(ExpertTable tab, const int* idx, int n_pairs, int K, QuantX qx, float* act) {
+  griddep_wait();
+  constexpr int G = 32 / L, NT = kSharedTokens;
+  const int p = blockIdx.y, I = tab.gate.rows, e = idx[p];
+  if (!leads_expert(idx, p)) return;
+  DevMatrix d = tab.down;  // the expert's down matrix into L2 for down_shared_kernel, a slice per block
+  d.data = tab.down_ptrs[e];
+  prefetch_matrix_part_l2(d, blockIdx.x, gridDim.x);
+  const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kUpRows;
+  if (warp_r0 >= I) return;  // whole warps only
+  const int r0 = warp_r0 + (threadIdx.x & 31) / L * kUpRows;
+  int rows[kUpRows];
+#pragma unroll
+  for (int i = 0; i < kUpRows; ++i) rows[i] = min(r0 + i, I - 1);
+  DevMatrix W[2] = {tab.gate, tab.up};
+  W[0].data = tab.gate_ptrs[e];
+  W[1].data = tab.up_ptrs[e];
+  int ps[NT] = {}, toks[NT] = {}, c = 0;
+  auto flush = [&] {
+    float out[NT][2][kUpRows];
+    group_rows_dot_q_n<KG, 2, kUpRows, L, NT>(W, rows, qx, toks, c, out);
+    if ((threadIdx.x & (L - 1)) == 0)
+      for (int j = 0; j < c; ++j)
+#pragma unroll
+        for (int i = 0; i < kUpRows; ++i)
+          if (r0 + i < I) act[static_cast<long long>(ps[j]) * I + r0 + i] = siluf(out[j][0][i]) * out[j][1][i];
+    c = 0;
+  };
+  for (int q = p; q < n_pairs; ++q) {
+    if (idx[q] != e) continue;
+    ps[c] = q, toks[c] = q / K, ++c;
+    if (c == NT) flush();
+  }
+  if (c) flush();
+}
+
+// y[q, r] = down_e[r] . act[q] for every pair q of the expert pair p leads.
+template <Kind KD, int L, int kDownRows>
+__global__ void down_shared_kernel(ExpertTable tab, const int* idx, int n_pairs, QuantX qa, float* y) {
+  griddep_wait();
+  constexpr int G = 32 / L, NT = kSharedTokens;
+  const int p = blockIdx.y, H = tab.down.rows, e = idx[p];
+  if (!leads_expert(idx, p)) return;
+  const int warp_r0 = (blockIdx.x * kWarps + threadIdx.x / 32) * G * kDownRows;
+  if (warp_r0 >= H) return;
+  const int r0 = warp_r0 + (threadIdx.x & 31) / L * kDownRows;
+  int rows[kDownRows];
+#pragma unroll
+  for (int i = 0; i < kDownRows; ++i) rows[i] = min(r0 + i, H - 1);
+  DevMatrix W[1] = {tab.down};
+  W[0].data = tab.down_ptrs[e];
+  int ps[NT] = {}, c = 0;
+  auto flush = [&] {
+    float out[NT][1][kDownRows];
+    group_rows_dot_q_n<KD, 1, kDownRows, L, NT>(W, rows, qa, ps, c, out);  // act is quantized per pair
+    if ((threadIdx.x & (L - 1)) == 0)
+      for (int j = 0; j < c; ++j)
+#pragma unroll
+        for (int i = 0; i < kDownRows; ++i)
+          if (r0 + i < H) y[static_cast<long long>(ps[j]) * H + r0 + i] = out[j][0][i];
+    c = 0;
+  };
+  for (int q = p; q < n_pairs; ++q) {
+    if (idx[q] != e) continue;
+    ps[c++] = q;
+    if (c == NT) flush();
+  }
+  if (c) flush();
+}
+
 // ---- prefill: pairs grouped by expert ------------------------------------
 
 // Tensor cores (sm_80+, mma_tile.cuh): a block takes kMmaRows rows of one
@@ -518,6 +608,41 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
     return;
   }
   dispatch_kind(tab.gate.kind, [&]<Kind K_>() { launch(gate_up_kernel<K_, K_>, grid, block, 0, s, tab, hn, idx, K, act, lim); });
+}
+
+bool moe_rows_shared_supported(const ExpertTable& tab) { return moe_grouped_supported(tab); }
+
+void moe_rows_shared(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, float* act, float* y, float* out,
+                     cudaStream_t s, const QuantX& q, bool hn_in_q) {
+  if (!moe_rows_shared_supported(tab)) throw Error("CUDA: a rows step's shared experts need int8 / int4 experts (internal)");
+  const int n = T * K, I = tab.gate.rows, H = tab.down.rows;
+  const dim3 block(kWarps * 32);
+  if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
+  const int up_rows = launch_tuning().up_rows;
+  dispatch_lanes(tab.gate.cols, [&]<int L>() {
+    auto go = [&]<int kUpRows>() {
+      const dim3 grid((I + kWarps * (32 / L) * kUpRows - 1) / (kWarps * (32 / L) * kUpRows), n);
+      if (tab.gate.kind == Kind::kI4) launch(gate_up_shared_kernel<Kind::kI4, L, kUpRows>, grid, block, 0, s, tab, idx, n, K, q, act);
+      else launch(gate_up_shared_kernel<Kind::kI8, L, kUpRows>, grid, block, 0, s, tab, idx, n, K, q, act);
+    };
+    if (up_rows == 1) go.template operator()<1>();
+    else go.template operator()<2>();
+  });
+  check(cudaGetLastError(), "moe rows gate_up launch");
+  quantize_x(act, n, tab.down.cols, tab.down.kind == Kind::kI4, q, s);
+  const int down_rows = launch_tuning().down_rows;
+  dispatch_lanes(tab.down.cols, [&]<int L>() {
+    auto go = [&]<int kDownRows>() {
+      const dim3 grid((H + kWarps * (32 / L) * kDownRows - 1) / (kWarps * (32 / L) * kDownRows), n);
+      if (tab.down.kind == Kind::kI4) launch(down_shared_kernel<Kind::kI4, L, kDownRows>, grid, block, 0, s, tab, idx, n, q, y);
+      else launch(down_shared_kernel<Kind::kI8, L, kDownRows>, grid, block, 0, s, tab, idx, n, q, y);
+    };
+    if (down_rows == 2) go.template operator()<2>();
+    else if (down_rows == 8) go.template operator()<8>();
+    else go.template operator()<4>();
+  });
+  launch(combine_kernel, T, 256, 0, s, static_cast<const float*>(y), w, K, H, out);
+  check(cudaGetLastError(), "moe rows down launch");
 }
 
 void moe_down(const ExpertTable& tab, const float* act, const int* idx, const float* w, int T, int K, float* out, cudaStream_t s, const QuantX* q,
