@@ -224,12 +224,27 @@ __global__ void down_q_split_kernel(ExpertTable tab, const int* idx, const float
 // by pair kernels above (the same dots; the down sums combined in k order).
 constexpr int kSharedTokens = 4;
 
-// Whether pair p leads its expert (no earlier pair of the step has it).
+// Whether pair p leads its expert (no earlier pair of the step has it),
+// 32 pairs a step over the warp; every lane gets the answer.
 __device__ __forceinline__ bool leads_expert(const int* idx, int p) {
-  const int e = idx[p];
-  for (int q = 0; q < p; ++q)
-    if (idx[q] == e) return false;
+  const int e = idx[p], lane = threadIdx.x & 31;
+  for (int base = 0; base < p; base += 32)
+    if (__any_sync(0xffffffffu, base + lane < p && idx[base + lane] == e)) return false;
   return true;
+}
+
+// f(q) for each pair q >= p of expert e, in order, 32 pairs a step over the
+// warp (every lane calls f with the same q).
+template <typename F>
+__device__ __forceinline__ void for_expert_pairs(const int* idx, int p, int n_pairs, int e, F&& f) {
+  const int lane = threadIdx.x & 31;
+  for (int base = p; base < n_pairs; base += 32) {
+    unsigned bits = __ballot_sync(0xffffffffu, base + lane < n_pairs && idx[base + lane] == e);
+    while (bits) {
+      f(base + __ffs(bits) - 1);
+      bits &= bits - 1;
+    }
+  }
 }
 
 template <Kind KG, int L, int kUpRows>
@@ -261,11 +276,10 @@ __global__ void gate_up_shared_kernel(ExpertTable tab, const int* idx, int n_pai
           if (r0 + i < I) act[static_cast<long long>(ps[j]) * I + r0 + i] = siluf(out[j][0][i]) * out[j][1][i];
     c = 0;
   };
-  for (int q = p; q < n_pairs; ++q) {
-    if (idx[q] != e) continue;
+  for_expert_pairs(idx, p, n_pairs, e, [&](int q) {
     ps[c] = q, toks[c] = q / K, ++c;
     if (c == NT) flush();
-  }
+  });
   if (c) flush();
 }
 
@@ -295,11 +309,10 @@ __global__ void down_shared_kernel(ExpertTable tab, const int* idx, int n_pairs,
           if (r0 + i < H) y[static_cast<long long>(ps[j]) * H + r0 + i] = out[j][0][i];
     c = 0;
   };
-  for (int q = p; q < n_pairs; ++q) {
-    if (idx[q] != e) continue;
+  for_expert_pairs(idx, p, n_pairs, e, [&](int q) {
     ps[c++] = q;
     if (c == NT) flush();
-  }
+  });
   if (c) flush();
 }
 
