@@ -339,6 +339,7 @@ TEST(CudaRows, GreedyStepsTakeTheLogitsArgmax) {
       o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
       o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
     }
+    o.tuning.device_greedy = 1;
     const GreedyRun ref = greedy_steps(*q, o, std::vector<bool>(7, false));
     const std::vector<bool> pattern = {true, false, true, true, false, true, false};
     const GreedyRun mixed = greedy_steps(*q, o, pattern);

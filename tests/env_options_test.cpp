@@ -102,8 +102,8 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_TUNE_PCIE_ROWS_SHARE", "65", [](cuda::CudaOptions& o) { o.tuning.pcie_rows_share = 65; }},
       {"COLI_TUNE_PDL_ROWS", "16", [](cuda::CudaOptions& o) { o.tuning.pdl_rows = 16; }},
       {"COLI_TUNE_PDL_ROWS", "0", [](cuda::CudaOptions& o) { o.tuning.pdl_rows = 0; }},
-      {"COLI_TUNE_DEVICE_GREEDY", "0", [](cuda::CudaOptions& o) { o.tuning.device_greedy = 0; }},
-      {"COLI_TUNE_ROWS_SHARED", "0", [](cuda::CudaOptions& o) { o.tuning.rows_shared = 0; }},
+      {"COLI_TUNE_DEVICE_GREEDY", "1", [](cuda::CudaOptions& o) { o.tuning.device_greedy = 1; }},
+      {"COLI_TUNE_ROWS_SHARED", "4", [](cuda::CudaOptions& o) { o.tuning.rows_shared = 4; }},
       {"COLI_TUNE_ROWS_SHARED", "12", [](cuda::CudaOptions& o) { o.tuning.rows_shared = 12; }},
   };
   for (const auto& c : cases) {
