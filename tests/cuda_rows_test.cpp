@@ -144,6 +144,16 @@ std::unique_ptr<Model> real_layouts_int4(const test::TempDir& d, QuantFormat f =
   return test::convert_all(d / "synth", d / "m.coli", f);
 }
 
+// Options of the whole model, or with half of m's experts on the host.
+cuda::CudaOptions whole_or_half(const Model& m, bool half) {
+  cuda::CudaOptions o;
+  if (half) {
+    o.expert_slots = static_cast<long long>(m.spec().num_layers) * m.spec().num_experts / 2;
+    o.expert_host = std::make_shared<cpu::CpuExpertHost>(m, 2);
+  }
+  return o;
+}
+
 }  // namespace
 
 // The whole model: the tiny fixture (f32 container) with the rows as a
@@ -208,10 +218,7 @@ TEST(CudaRows, UnderABudgetMatchesEachSessionAlone) {
     SCOPED_TRACE(std::string("real layouts, half the experts, ") + format_name(f));
     test::TempDir d;
     auto q = real_layouts_int4(d, f);
-    cuda::CudaOptions o;
-    o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
-    o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
-    expect_rows_match_alone(*q, o, 1e-3f, f == QuantFormat::BF16 ? 0.0f : 0.15f);
+    expect_rows_match_alone(*q, whole_or_half(*q, true), 1e-3f, f == QuantFormat::BF16 ? 0.0f : 0.15f);
   }
 }
 
@@ -262,11 +269,7 @@ TEST(CudaRows, PdlKeepsTheRowsLogits) {
   auto q = real_layouts_int4(d);
   for (bool budget : {false, true}) {
     SCOPED_TRACE(budget ? "half the experts" : "whole");
-    cuda::CudaOptions o;
-    if (budget) {
-      o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
-      o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
-    }
+    cuda::CudaOptions o = whole_or_half(*q, budget);
     o.tuning.pdl_rows = 0;
     const std::vector<float> off = rows_steps_logits(*q, o), again = rows_steps_logits(*q, o);
     ASSERT_EQ(off, again) << "rows steps without PDL, twice";
@@ -334,11 +337,7 @@ TEST(CudaRows, GreedyStepsTakeTheLogitsArgmax) {
   auto q = real_layouts_int4(d);
   for (bool budget : {false, true}) {
     SCOPED_TRACE(budget ? "half the experts" : "whole");
-    cuda::CudaOptions o;
-    if (budget) {
-      o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
-      o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
-    }
+    cuda::CudaOptions o = whole_or_half(*q, budget);
     o.tuning.device_greedy = 1;
     const GreedyRun ref = greedy_steps(*q, o, std::vector<bool>(7, false));
     const std::vector<bool> pattern = {true, false, true, true, false, true, false};
@@ -366,11 +365,7 @@ TEST(CudaRows, SharedExpertPairsKeepTheRowsLogits) {
   auto q = real_layouts_int4(d);
   for (bool budget : {false, true}) {
     SCOPED_TRACE(budget ? "half the experts" : "whole");
-    cuda::CudaOptions o;
-    if (budget) {
-      o.expert_slots = static_cast<long long>(q->spec().num_layers) * q->spec().num_experts / 2;
-      o.expert_host = std::make_shared<cpu::CpuExpertHost>(*q, 2);
-    }
+    cuda::CudaOptions o = whole_or_half(*q, budget);
     o.tuning.rows_shared = 0;
     const std::vector<float> one_by_one = rows_steps_logits(*q, o);
     o.tuning.rows_shared = 4;

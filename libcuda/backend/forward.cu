@@ -173,7 +173,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
   // kGroupedMinTokens rows on).
   const int shared_min = opt_.tuning.rows_shared;
   const bool rows_shared = rows_step && !grouped && !x.upload && !x.lim && shared_min > 0 && T >= std::max(shared_min, kGroupedMinTokens) &&
-                           moe_rows_shared_supported(table);
+                           moe_grouped_supported(table);
   step("experts", [&] {
     if (grouped) {
       const MoeScratch sc{order_.get(), offsets_.get(), act_.get(), ey_.get()};

@@ -225,9 +225,8 @@ void moe_grouped_end(const ExpertTable& tab, const float* w, int T, int K, const
 // A rows step's routed experts (coli-serve's slots: an expert a pair or
 // two): moe_gate_up then moe_down, their values bit for bit, but the pairs
 // that share an expert computed by one block, each weight block read once
-// for up to 4 of them. int8 / int4 experts (moe_rows_shared_supported), no
-// split experts; y: scratch of [T K, H] (the per-pair down outputs).
-bool moe_rows_shared_supported(const ExpertTable& tab);
+// for up to 4 of them. The experts moe_grouped_supported takes, no split
+// experts; y: scratch of [T K, H] (the per-pair down outputs).
 void moe_rows_shared(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, float* act, float* y, float* out,
                      cudaStream_t s, const QuantX& q, bool hn_in_q);
 

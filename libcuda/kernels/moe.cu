@@ -623,11 +623,9 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
   dispatch_kind(tab.gate.kind, [&]<Kind K_>() { launch(gate_up_kernel<K_, K_>, grid, block, 0, s, tab, hn, idx, K, act, lim); });
 }
 
-bool moe_rows_shared_supported(const ExpertTable& tab) { return moe_grouped_supported(tab); }
-
 void moe_rows_shared(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, float* act, float* y, float* out,
                      cudaStream_t s, const QuantX& q, bool hn_in_q) {
-  if (!moe_rows_shared_supported(tab)) throw Error("CUDA: a rows step's shared experts need int8 / int4 experts (internal)");
+  if (!moe_grouped_supported(tab)) throw Error("CUDA: a rows step's shared experts need int8 / int4 experts (internal)");
   const int n = T * K, I = tab.gate.rows, H = tab.down.rows;
   const dim3 block(kWarps * 32);
   if (!hn_in_q) quantize_x(hn, T, tab.gate.cols, tab.gate.kind == Kind::kI4, q, s);
