@@ -102,9 +102,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_TUNE_PCIE_ROWS_SHARE", "65", [](cuda::CudaOptions& o) { o.tuning.pcie_rows_share = 65; }},
       {"COLI_TUNE_PDL_ROWS", "16", [](cuda::CudaOptions& o) { o.tuning.pdl_rows = 16; }},
       {"COLI_TUNE_PDL_ROWS", "0", [](cuda::CudaOptions& o) { o.tuning.pdl_rows = 0; }},
-      {"COLI_TUNE_DEVICE_GREEDY", "1", [](cuda::CudaOptions& o) { o.tuning.device_greedy = 1; }},
-      {"COLI_TUNE_ROWS_SHARED", "4", [](cuda::CudaOptions& o) { o.tuning.rows_shared = 4; }},
-      {"COLI_TUNE_ROWS_SHARED", "12", [](cuda::CudaOptions& o) { o.tuning.rows_shared = 12; }},
+      {"COLI_TUNE_DEVICE_GREEDY", "0", [](cuda::CudaOptions& o) { o.tuning.device_greedy = 0; }},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(std::string(c.name) + "=" + c.value);
@@ -135,7 +133,7 @@ TEST(EnvOptions, MalformedValuesAreErrorsNamingTheVariable) {
       {"COLI_TUNE_FLOAT_WARPS", "33"},    {"COLI_TUNE_GEMV_LANES", "4"},    {"COLI_TUNE_UP_ROWS", "4"},
       {"COLI_TUNE_DOWN_ROWS", "1"},       {"COLI_TUNE_LOGIT_PARTS", "9"},   {"COLI_TUNE_LOGIT_PARTS", "99999999999"}, {"COLI_TUNE_PREFILL_RING", "0"}, {"COLI_TUNE_PREFILL_RING", "5000"},
       {"COLI_TUNE_PCIE_ROWS", "0"},       {"COLI_TUNE_PCIE_ROWS", "17"},    {"COLI_TUNE_PCIE_ROWS_SHARE", "101"}, {"COLI_TUNE_PCIE_ROWS_SHARE", "0.5"},
-      {"COLI_TUNE_PDL_ROWS", "-1"},       {"COLI_TUNE_PDL_ROWS", "4097"},       {"COLI_TUNE_DEVICE_GREEDY", "2"}, {"COLI_TUNE_ROWS_SHARED", "-1"},
+      {"COLI_TUNE_PDL_ROWS", "-1"},       {"COLI_TUNE_PDL_ROWS", "4097"},       {"COLI_TUNE_DEVICE_GREEDY", "2"},
   };
   for (const auto& [name, value] : bad) {
     SCOPED_TRACE(std::string(name) + "=" + value);

@@ -34,7 +34,6 @@
 //   COLI_TUNE_PCIE_ROWS_SHARE=0..100    CudaTuning::pcie_rows_share (percent; 0: the one-token share)
 //   COLI_TUNE_PDL_ROWS=0..4096          CudaTuning::pdl_rows (0: rows steps without PDL)
 //   COLI_TUNE_DEVICE_GREEDY=0|1         CudaTuning::device_greedy (0: greedy steps' logits to the host)
-//   COLI_TUNE_ROWS_SHARED=0..4096       CudaTuning::rows_shared (0: a rows step's pairs one by one)
 //   COLI_TUNE_PREFILL_RING=1..4096      CudaOptions::prefill_ring_slots (the staging ring's least slots per area)
 //
 // An unset or empty variable leaves its field alone. Any other value outside
@@ -176,7 +175,6 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_int(get, "COLI_TUNE_PCIE_ROWS_SHARE", &t.pcie_rows_share, 0, 100);
   read_int(get, "COLI_TUNE_PDL_ROWS", &t.pdl_rows, 0, 4096);
   read_int(get, "COLI_TUNE_DEVICE_GREEDY", &t.device_greedy, 0, 1);
-  read_int(get, "COLI_TUNE_ROWS_SHARED", &t.rows_shared, 0, 4096);
   read_int(get, "COLI_TUNE_PREFILL_RING", &c.prefill_ring_slots, 1, 4096);
   return e;
 }

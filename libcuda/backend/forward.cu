@@ -168,12 +168,6 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
   // earlier groups ran meanwhile.
   const bool grouped = T >= kGroupedMinTokens && (T >= grouped_min || x.upload) && moe_grouped_supported(table);
   if (x.upload && x.groups > 1 && !grouped) throw Error("CUDA backend: a staged layer in groups needs the grouped expert kernels (internal)");
-  // A rows step's pairs that share an expert together (its weights read
-  // once for them); the per-pair down outputs in ey_ (sized from
-  // kGroupedMinTokens rows on).
-  const int shared_min = opt_.tuning.rows_shared;
-  const bool rows_shared = rows_step && !grouped && !x.upload && !x.lim && shared_min > 0 && T >= std::max(shared_min, kGroupedMinTokens) &&
-                           moe_grouped_supported(table);
   step("experts", [&] {
     if (grouped) {
       const MoeScratch sc{order_.get(), offsets_.get(), act_.get(), ey_.get()};
@@ -185,17 +179,13 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
         tier_->group_done(x, g);
       }
       moe_grouped_end(table, rw_.get(), T, K, sc, routed_.get(), stream_);
-    } else if (rows_shared) {
-      tier_->wait_group(x, 0);
-      moe_rows_shared(table, hn_.get(), ridx_.get(), rw_.get(), T, K, act_.get(), ey_.get(), routed_.get(), stream_, qx_, hn_in_q);
-      tier_->group_done(x, 0);
     } else {
       tier_->wait_group(x, 0);  // one unit: the whole layer
       moe_gate_up(table, hn_.get(), ridx_.get(), T, K, act_.get(), stream_, &qx_, hn_in_q, x.lim);
     }
   });
   if (shared) step("shared expert", [&] { shared_down(L, T); });
-  if (!grouped && !rows_shared) {
+  if (!grouped) {
     step("experts", [&] { moe_down(table, act_.get(), ridx_.get(), rw_.get(), T, K, routed_.get(), stream_, &qx_, x.lim); });
     tier_->group_done(x, 0);
   }

@@ -71,19 +71,13 @@ struct CudaTuning {
   // 2,132, coli-bench 16 sessions 142.0-142.5 ms against 144.6-144.7 for
   // 64 steps (H100, session 26).
   int pdl_rows = 16;
-  // 1: greedy decode steps (temperature 0, no penalties, no
-  // log-probabilities: coli-run's and coli-serve's) take each row's id from
-  // the device (Backend::greedy_only): no logits copied to the host, no host
-  // scan. 0: the logits go to the host and the sampler scans them. The same
-  // ids. Off until its CUDA tests and timing have run on the device (built
-  // in session 27, which got no device time: docs/perf/serve.md).
-  int device_greedy = 0;
-  // Rows steps of at least this many rows (and at least 4; 0: never) whose
-  // experts go pair by pair compute the pairs that share an expert in one
-  // block, the expert's weights read once for up to 4 of them
-  // (moe_rows_shared): the same values, bit for bit. Off (0) until its
-  // CUDA test and timing have run on the device (session 27, as above).
-  int rows_shared = 0;
+  // Greedy decode steps (temperature 0, no penalties, no log-probabilities:
+  // coli-run's and coli-serve's) take each row's id from the device
+  // (Backend::greedy_only): no logits copied to the host, no host scan.
+  // 0: the logits go to the host and the sampler scans them. The same ids.
+  // coli-serve whole GPU, 16 clients 5,418-5,473 tok/s against 4,481-4,592,
+  // one client 1,727-1,746 against 1,502-1,529 (H100, session 28).
+  int device_greedy = 1;
   // The weights' staged uploads (staged_upload.cuh): piece size (a ring of
   // 8 pinned buffers of it; small copies are packed into pieces) and the
   // smallest copy staged (smaller ones go at once, synchronously).

@@ -423,56 +423,6 @@ __device__ __forceinline__ void group_rows_dot_q(const DevMatrix (&M)[NM], const
     }
 }
 
-// group_rows_dot_q against n <= NT tokens (rows qrows[0..n) of q) at once:
-// each weight block is loaded once for all of them (an expert that several
-// of a step's rows route to, read once). Token j's out[j] is bit for bit
-// what group_rows_dot_q gives it alone: the same blocks per lane in the
-// same order, the same reduction.
-template <Kind K, int NM, int R, int L, int NT>
-__device__ __forceinline__ void group_rows_dot_q_n(const DevMatrix (&M)[NM], const int (&rows)[R], const QuantX& q, const int (&qrows)[NT], int n,
-                                                   float (&out)[NT][NM][R], int blocks_used = 1 << 30) {
-  static_assert(L == 8 || L == 16 || L == 32, "lanes per row group");
-  const int sub = threadIdx.x & (L - 1), nb = M[0].cols / 32, nbu = min(nb, blocks_used);
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int m = 0; m < NM; ++m)
-#pragma unroll
-      for (int i = 0; i < R; ++i) out[j][m][i] = 0.0f;
-#pragma unroll 2
-  for (int b = sub; b < nbu; b += L) {
-    RawBlock<K> rb[NM][R];
-#pragma unroll
-    for (int m = 0; m < NM; ++m)
-#pragma unroll
-      for (int i = 0; i < R; ++i) load_raw_block<K>(M[m], rows[i], b, rb[m][i]);
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      if (j >= n) break;
-      const long long qb = static_cast<long long>(qrows[j]) * nb + b;
-      const int4* xp = reinterpret_cast<const int4*>(q.codes + qb * 32);
-      const int4 xa = xp[0], xb = xp[1];
-      const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-      const float xs = q.scale[qb];
-      const int xsum = K == Kind::kI4 ? q.sum[qb] : 0;
-#pragma unroll
-      for (int m = 0; m < NM; ++m)
-#pragma unroll
-        for (int i = 0; i < R; ++i) out[j][m][i] = raw_block_dot<K>(M[m], rb[m][i], xw, xs, xsum, out[j][m][i]);
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int m = 0; m < NM; ++m)
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-#pragma unroll
-        for (int o = L / 2; o > 0; o >>= 1) out[j][m][i] += __shfl_xor_sync(0xffffffffu, out[j][m][i], o);
-        if (K == Kind::kI8) out[j][m][i] *= *reinterpret_cast<const float*>(M[m].data + M[m].scale_offset + static_cast<long long>(rows[i]) * M[m].scale_row_bytes);
-      }
-}
-
 // Lanes per row group for a width of cols (group_rows_dot_q): the fewest
 // that leave no lane without a 32-column block, at least 8.
 __host__ inline int lanes_per_row(int cols, int max_lanes = 32) {

@@ -222,14 +222,6 @@ void moe_grouped_experts(const ExpertTable& tab, const float* hn, int e0, int e1
                          const QuantX& q, bool hn_in_q);
 void moe_grouped_end(const ExpertTable& tab, const float* w, int T, int K, const MoeScratch& sc, float* out, cudaStream_t s);
 
-// A rows step's routed experts (coli-serve's slots: an expert a pair or
-// two): moe_gate_up then moe_down, their values bit for bit, but the pairs
-// that share an expert computed by one block, each weight block read once
-// for up to 4 of them. The experts moe_grouped_supported takes, no split
-// experts; y: scratch of [T K, H] (the per-pair down outputs).
-void moe_rows_shared(const ExpertTable& tab, const float* hn, const int* idx, const float* w, int T, int K, float* act, float* y, float* out,
-                     cudaStream_t s, const QuantX& q, bool hn_in_q);
-
 // Greedy ids (greedy.cu): out[r] for each row r of logits [rows, V] is the
 // id of its largest logit, ties to the lower id (Sampler::sample at
 // temperature 0 without penalties); -1 where no logit is above -Inf, and
