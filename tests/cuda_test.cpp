@@ -364,6 +364,32 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
   }
 }
 
+// An int4 model at hidden and value width 1,024 (a 2,048-wide checkpoint's
+// lane and tile shapes at a test's size): a prompt of 40 tokens, then three
+// steps of 3 tokens (the experts pair by pair, below grouped_min_tokens).
+struct WideLayouts {
+  test::TempDir d;
+  SynthOptions so;
+  decltype(Model::load("")) m;
+  std::vector<int> prompt;
+  WideLayouts() {
+    so.layers = 4, so.seed = 7, so.threads = 2;
+    so.vocab = 512, so.hidden = 1024, so.experts = 16, so.top_k = 4, so.moe_inter = 64, so.shared_inter = 128;
+    so.heads = 8, so.kv_heads = 2, so.head_dim = 128, so.lin_k_heads = 4, so.lin_v_heads = 8, so.lin_k_dim = 128, so.lin_v_dim = 128;
+    write_synthetic_checkpoint(d / "synth", so);
+    m = test::convert_all(d / "synth", d / "m.coli", QuantFormat::I4_G32);
+    prompt.resize(40);
+    for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 37 + 11) % so.vocab);
+  }
+  std::vector<std::vector<float>> run(Backend& be, int chunk = 12) const {
+    Engine e(m->spec(), be, chunk);
+    Session s = e.new_session();
+    std::vector<std::vector<float>> out{e.forward(s, prompt)};
+    for (int i = 0; i < 3; ++i) out.push_back(e.forward(s, std::vector<int>{static_cast<int>((i * 131 + 7) % so.vocab), 3, 5}));
+    return out;
+  }
+};
+
 // Few-token chunks (12: coli-serve's rows, verify windows) at widths where
 // the tensor-core tiles split their columns over a thread block cluster
 // (CudaTuning::mma_split: hidden and value width 1,024, 16 tiles of 64 rows
@@ -378,22 +404,9 @@ TEST(CudaBackend, RealLayoutsMatchTheCpu) {
 TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  test::TempDir d;
-  SynthOptions so;
-  so.layers = 4, so.seed = 7, so.threads = 2;
-  so.vocab = 512, so.hidden = 1024, so.experts = 16, so.top_k = 4, so.moe_inter = 64, so.shared_inter = 128;
-  so.heads = 8, so.kv_heads = 2, so.head_dim = 128, so.lin_k_heads = 4, so.lin_v_heads = 8, so.lin_k_dim = 128, so.lin_v_dim = 128;
-  write_synthetic_checkpoint(d / "synth", so);
-  auto m = test::convert_all(d / "synth", d / "m.coli", QuantFormat::I4_G32);
-  std::vector<int> prompt(40);
-  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int>((i * 37 + 11) % so.vocab);
-  auto run = [&](Backend& be, int chunk = 12) {
-    Engine e(m->spec(), be, chunk);
-    Session s = e.new_session();
-    std::vector<std::vector<float>> out{e.forward(s, prompt)};
-    for (int i = 0; i < 3; ++i) out.push_back(e.forward(s, std::vector<int>{static_cast<int>((i * 131 + 7) % so.vocab), 3, 5}));
-    return out;
-  };
+  WideLayouts w;
+  const auto& m = w.m;
+  auto run = [&](Backend& be, int chunk = 12) { return w.run(be, chunk); };
   cuda::CudaOptions off;
   off.tuning.mma_split = 0;
   cpu::CpuBackend cpu_be(*m);
@@ -417,6 +430,29 @@ TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
               e_wide, e_tiles);
   EXPECT_LT(e_small, std::max(1e-3f, 2 * e_wide));
   EXPECT_LT(e_tiles, std::max(1e-3f, 0.5f * e_wide));
+}
+
+// The experts' pair kernels (decode steps and chunks of up to 3 tokens) at
+// each launch shape CudaTuning offers them: 1, 2 and 4 rows per lane group
+// of gate+up, 32, 16 and 8 lanes per weight row (hidden 1,024: 32 blocks
+// of 32 columns, so each is taken). The shapes change the order of a dot's
+// partial sums only: every one against the CPU on the same int4 container
+// within twice the default shape's distance.
+TEST(CudaBackend, ExpertLaunchShapesMatchTheCpu) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  WideLayouts w;
+  cpu::CpuBackend cpu_be(*w.m);
+  const auto c = w.run(cpu_be);
+  const float e_default = max_step_diff(w.run(*cuda::make_cuda_backend(*w.m)), c);
+  const std::pair<int, int> shapes[] = {{1, 32}, {4, 32}, {2, 16}, {4, 16}, {2, 8}, {4, 8}};
+  for (const auto& [up_rows, lanes] : shapes) {
+    cuda::CudaOptions o;
+    o.tuning.up_rows = up_rows, o.tuning.moe_lanes = lanes;
+    const float e = max_step_diff(w.run(*cuda::make_cuda_backend(*w.m, o)), c);
+    std::printf("[ info     ] int4, hidden 1024, up_rows %d, moe_lanes %d: max |dlogit| GPU vs CPU %.2e (default shape %.2e)\n", up_rows, lanes, e, e_default);
+    EXPECT_LT(e, std::max(1e-3f, 2 * e_default)) << "up_rows " << up_rows << ", moe_lanes " << lanes;
+  }
 }
 
 // The non-default paths at the real layouts (the score-buffer attention

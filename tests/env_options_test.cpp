@@ -43,7 +43,7 @@ std::string describe(const cuda::CudaOptions& o) {
          std::to_string(o.split_kv) + " " + std::to_string(o.chunked_gdn) + " " + std::to_string(o.gemv_stream_min_rows) + " " +
          std::to_string(o.gemv_stream_rows) + " " + std::to_string(static_cast<int>(o.profile)) + " " + std::to_string(static_cast<int>(o.register_hosts)) + " " + std::to_string(o.serve_handoff_inline) + " " + std::to_string(o.split_experts) + " " + std::to_string(o.fuse_decode) + " " + std::to_string(o.batch_rows) + " " + std::to_string(o.prefill_ring_slots) + " " + std::to_string(o.prefill_cpu_by_routing) + " " + std::to_string(o.prefill_hot_pairs) + " | " + std::to_string(t.norm_cluster) + " " +
          std::to_string(t.gemv_warps) + " " + std::to_string(t.float_warps) + " " + std::to_string(t.gemv_lanes) + " " +
-         std::to_string(t.up_rows) + " " + std::to_string(t.down_rows) + " " + std::to_string(t.logit_parts) + " " + std::to_string(t.mma_min_tokens) + " " +
+         std::to_string(t.up_rows) + " " + std::to_string(t.down_rows) + " " + std::to_string(t.moe_lanes) + " " + std::to_string(t.logit_parts) + " " + std::to_string(t.mma_min_tokens) + " " +
          std::to_string(t.mma_small) + " " + std::to_string(t.grouped_min_tokens) + " " + std::to_string(t.grouped_min_rows) + " " + std::to_string(t.mma_split) +
          " " + std::to_string(t.pcie_rows_max) + " " + std::to_string(t.pcie_rows_share);
 }
@@ -89,6 +89,8 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_TUNE_FLOAT_WARPS", "2", [](cuda::CudaOptions& o) { o.tuning.float_warps = 2; }},
       {"COLI_TUNE_GEMV_LANES", "16", [](cuda::CudaOptions& o) { o.tuning.gemv_lanes = 16; }},
       {"COLI_TUNE_UP_ROWS", "1", [](cuda::CudaOptions& o) { o.tuning.up_rows = 1; }},
+      {"COLI_TUNE_UP_ROWS", "4", [](cuda::CudaOptions& o) { o.tuning.up_rows = 4; }},
+      {"COLI_TUNE_MOE_LANES", "16", [](cuda::CudaOptions& o) { o.tuning.moe_lanes = 16; }},
       {"COLI_TUNE_DOWN_ROWS", "8", [](cuda::CudaOptions& o) { o.tuning.down_rows = 8; }},
       {"COLI_TUNE_LOGIT_PARTS", "2", [](cuda::CudaOptions& o) { o.tuning.logit_parts = 2; }},
       {"COLI_TUNE_PREFILL_RING", "48", [](cuda::CudaOptions& o) { o.prefill_ring_slots = 48; }},
@@ -130,10 +132,10 @@ TEST(EnvOptions, MalformedValuesAreErrorsNamingTheVariable) {
       {"COLI_CUDA_SPLIT_KV", "2"},        {"COLI_CUDA_GDN_CHUNK", "yes"},   {"COLI_CUDA_PROFILE", "graphs"}, {"COLI_CUDA_REGISTER", "yes"}, {"COLI_CUDA_HANDOFF", "sync"}, {"COLI_CUDA_SPLIT_EXPERTS", "on"}, {"COLI_CUDA_FUSE", "no"}, {"COLI_CUDA_ROWS", "off"}, {"COLI_CUDA_PREFILL_ORDER", "heat"}, {"COLI_CUDA_PREFILL_HOT", "-1"}, {"COLI_CUDA_PREFILL_HOT", "9999999999"}, {"COLI_CUDA_PREFILL_HOT", "on"},
       {"COLI_TUNE_STREAM_MIN_ROWS", "-1"}, {"COLI_TUNE_STREAM_MIN_ROWS", "2k"}, {"COLI_TUNE_STREAM_ROWS", "3"},
       {"COLI_TUNE_NORM_CLUSTER", "3"},    {"COLI_TUNE_GEMV_WARPS", "0"},    {"COLI_TUNE_GEMV_WARPS", " 4"},
-      {"COLI_TUNE_FLOAT_WARPS", "33"},    {"COLI_TUNE_GEMV_LANES", "4"},    {"COLI_TUNE_UP_ROWS", "4"},
+      {"COLI_TUNE_FLOAT_WARPS", "33"},    {"COLI_TUNE_GEMV_LANES", "4"},    {"COLI_TUNE_UP_ROWS", "3"},
       {"COLI_TUNE_DOWN_ROWS", "1"},       {"COLI_TUNE_LOGIT_PARTS", "9"},   {"COLI_TUNE_LOGIT_PARTS", "99999999999"}, {"COLI_TUNE_PREFILL_RING", "0"}, {"COLI_TUNE_PREFILL_RING", "5000"},
       {"COLI_TUNE_PCIE_ROWS", "0"},       {"COLI_TUNE_PCIE_ROWS", "17"},    {"COLI_TUNE_PCIE_ROWS_SHARE", "101"}, {"COLI_TUNE_PCIE_ROWS_SHARE", "0.5"},
-      {"COLI_TUNE_PDL_ROWS", "-1"},       {"COLI_TUNE_PDL_ROWS", "4097"},       {"COLI_TUNE_DEVICE_GREEDY", "2"},
+      {"COLI_TUNE_PDL_ROWS", "-1"},       {"COLI_TUNE_PDL_ROWS", "4097"},       {"COLI_TUNE_DEVICE_GREEDY", "2"}, {"COLI_TUNE_MOE_LANES", "4"},
   };
   for (const auto& [name, value] : bad) {
     SCOPED_TRACE(std::string(name) + "=" + value);

@@ -22,7 +22,8 @@
 //   COLI_TUNE_GEMV_WARPS=1..32          CudaTuning::gemv_warps
 //   COLI_TUNE_FLOAT_WARPS=1..32         CudaTuning::float_warps
 //   COLI_TUNE_GEMV_LANES=8|16|32        CudaTuning::gemv_lanes
-//   COLI_TUNE_UP_ROWS=1|2               CudaTuning::up_rows
+//   COLI_TUNE_UP_ROWS=1|2|4             CudaTuning::up_rows
+//   COLI_TUNE_MOE_LANES=8|16|32         CudaTuning::moe_lanes
 //   COLI_TUNE_DOWN_ROWS=2|4|8           CudaTuning::down_rows
 //   COLI_TUNE_LOGIT_PARTS=1..8          CudaTuning::logit_parts
 //   COLI_TUNE_MMA_MIN=2..65             CudaTuning::mma_min_tokens
@@ -163,7 +164,8 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_int(get, "COLI_TUNE_GEMV_WARPS", &t.gemv_warps, 1, 32);
   read_int(get, "COLI_TUNE_FLOAT_WARPS", &t.float_warps, 1, 32);
   read_int(get, "COLI_TUNE_GEMV_LANES", &t.gemv_lanes, 8, 32, {8, 16, 32}, "8, 16 or 32");
-  read_int(get, "COLI_TUNE_UP_ROWS", &t.up_rows, 1, 2, {}, "1 or 2");
+  read_int(get, "COLI_TUNE_UP_ROWS", &t.up_rows, 1, 4, {1, 2, 4}, "1, 2 or 4");
+  read_int(get, "COLI_TUNE_MOE_LANES", &t.moe_lanes, 8, 32, {8, 16, 32}, "8, 16 or 32");
   read_int(get, "COLI_TUNE_DOWN_ROWS", &t.down_rows, 2, 8, {2, 4, 8}, "2, 4 or 8");
   read_int(get, "COLI_TUNE_LOGIT_PARTS", &t.logit_parts, 1, 8);
   read_int(get, "COLI_TUNE_MMA_MIN", &t.mma_min_tokens, 2, 65);

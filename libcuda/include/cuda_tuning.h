@@ -14,8 +14,9 @@ struct CudaTuning {
   int gemv_warps = 4;    // warps per block of the one-token int8-activation matmuls
   int float_warps = 4;   // the same for float-format matrices
   int gemv_lanes = 32;   // lanes per weight row there (32, 16 or 8)
-  int up_rows = 2;       // rows per lane group of the experts' gate+up (1 or 2)
+  int up_rows = 2;       // rows per lane group of the experts' gate+up (1, 2 or 4)
   int down_rows = 4;     // the same for their down (2, 4 or 8)
+  int moe_lanes = 32;    // most lanes per weight row in the experts' pair kernels (32, 16 or 8)
   int logit_parts = 4;   // column ranges the logits come back in (1 to 8)
   // int4 / int8 matmuls of chunks of mma_min_tokens or more tokens run on
   // tensor cores (mma_tile.cuh), fewer on dp4a row dots; of those, chunks

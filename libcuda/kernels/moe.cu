@@ -512,8 +512,9 @@ void moe_gate_up(const ExpertTable& tab, const float* hn, const int* idx, int T,
         else launch(gate_up_rows_kernel<Kind::kI8, L, kUpRows>, rgrid, block, 0, s, tab, idx, K, *q, act, lim);
       };
       if (up_rows == 1) go.template operator()<1>();
+      else if (up_rows == 4) go.template operator()<4>();
       else go.template operator()<2>();
-    });
+    }, launch_tuning().moe_lanes);
     check(cudaGetLastError(), "moe gate_up launch");
     return;
   }
@@ -538,7 +539,7 @@ void moe_down(const ExpertTable& tab, const float* act, const int* idx, const fl
         if (down_rows == 2) go.template operator()<2>();
         else if (down_rows == 8) go.template operator()<8>();
         else go.template operator()<4>();
-      });
+      }, launch_tuning().moe_lanes);
     } else if (tab.down.kind == Kind::kI4) {
       launch(down_q_kernel<Kind::kI4>, grid, block, 0, s, tab, idx, w, K, *q, out);
     } else {
