@@ -405,12 +405,10 @@ TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
   std::string why;
   if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   WideLayouts w;
-  const auto& m = w.m;
-  auto run = [&](Backend& be, int chunk = 12) { return w.run(be, chunk); };
   cuda::CudaOptions off;
   off.tuning.mma_split = 0;
-  cpu::CpuBackend cpu_be(*m);
-  const auto split = run(*cuda::make_cuda_backend(*m)), unsplit = run(*cuda::make_cuda_backend(*m, off)), c = run(cpu_be);
+  cpu::CpuBackend cpu_be(*w.m);
+  const auto split = w.run(*cuda::make_cuda_backend(*w.m)), unsplit = w.run(*cuda::make_cuda_backend(*w.m, off)), c = w.run(cpu_be);
   float top = 0;
   for (const auto& l : c)
     for (float v : l) top = std::max(top, std::fabs(v));
@@ -424,7 +422,7 @@ TEST(CudaBackend, SplitFewTokenTilesMatchUnsplit) {
   // 64-token tiles (mma_small 16) and the CPU.
   cuda::CudaOptions wide;
   wide.tuning.mma_small = 16;
-  const auto small40 = run(*cuda::make_cuda_backend(*m), 40), wide40 = run(*cuda::make_cuda_backend(*m, wide), 40), c40 = run(cpu_be, 40);
+  const auto small40 = w.run(*cuda::make_cuda_backend(*w.m), 40), wide40 = w.run(*cuda::make_cuda_backend(*w.m, wide), 40), c40 = w.run(cpu_be, 40);
   const float e_small = max_step_diff(small40, c40), e_wide = max_step_diff(wide40, c40), e_tiles = max_step_diff(small40, wide40);
   std::printf("[ info     ] int4, hidden 1024, a chunk of 40: 16-token tiles vs CPU %.2e, 64-token tiles vs CPU %.2e, vs each other %.2e\n", e_small,
               e_wide, e_tiles);
