@@ -352,6 +352,136 @@ TEST(CudaRows, GreedyStepsTakeTheLogitsArgmax) {
   }
 }
 
+namespace {
+
+// Rows and prompt chunks of four sessions in one pass (Backend::step_segments,
+// coli-serve's mixed steps) against twin sessions fed the same ids alone:
+// rows first, then chunks of 7 and 12; a chunk first, a row after it; a
+// row after a chunk between rows; and 2 rows with a chunk of 70 ids (past
+// CudaTuning::segments_host_max: a prompt chunk's placement). Each
+// segment's logits are its last token's, compared as in
+// expect_rows_match_alone; the step must be taken. Then
+// Engine::forward_segments_greedy: each id the argmax of the twin's logits
+// (where their top two are apart), the positions as the twins'.
+void expect_segments_match_alone(const Model& m, const cuda::CudaOptions& opt, float tol, float rel = 0) {
+  auto gpu = cuda::make_cuda_backend(m, opt);
+  Engine e(m.spec(), *gpu, 128);
+  const int V = m.spec().vocab_size;
+  std::vector<Session> seg, alone;
+  std::vector<std::vector<int>> prompt(4);
+  std::vector<std::size_t> at(4, 0);
+  std::vector<int> next(4, 0);
+  for (int p = 0; p < 4; ++p) {
+    prompt[p].resize(130);
+    for (std::size_t i = 0; i < prompt[p].size(); ++i) prompt[p][i] = static_cast<int>((i * 7919 + 131 * p + 13) % V);
+    seg.push_back(e.new_session()), alone.push_back(e.new_session());
+    at[p] = 3 + 5 * p;  // sessions 0, 1 fed 3 and 8 ids, then decoding; 2, 3 reading on from 13 and 18
+    const std::vector<int> first(prompt[p].begin(), prompt[p].begin() + static_cast<std::ptrdiff_t>(at[p]));
+    const std::vector<float> a = e.forward(seg.back(), first), b = e.forward(alone.back(), first);
+    ASSERT_EQ(a, b) << "the same prompt on the same backend";
+    next[p] = argmax(a.data(), V);
+  }
+  // (session, ids: 1 = its next token, more = its prompt's next ids)
+  const std::vector<std::vector<std::pair<int, int>>> shapes = {
+      {{0, 1}, {1, 1}, {2, 7}, {3, 12}}, {{2, 9}, {0, 1}, {3, 3}}, {{1, 1}, {3, 5}, {0, 1}, {2, 1}}, {{0, 1}, {1, 1}, {2, 70}}};
+  float worst = 0, range = 0;
+  int close = 0;
+  auto compare = [&](const float* row, int i, const std::vector<int>& fed, const std::string& what) {
+    const std::vector<float> solo = e.forward(alone[i], fed);
+    float d = 0, top = 0, second = -INFINITY;
+    for (int v = 0; v < V; ++v) d = std::max(d, std::fabs(row[v] - solo[v])), top = std::max(top, std::fabs(solo[v]));
+    worst = std::max(worst, d), range = std::max(range, top);
+    EXPECT_LT(d, tol + rel * top) << what << " session " << i;
+    const int b = argmax(solo.data(), V);
+    for (int v = 0; v < V; ++v)
+      if (v != b) second = std::max(second, solo[v]);
+    if (solo[b] - second > 2 * d) {
+      EXPECT_EQ(argmax(row, V), b) << what << " session " << i;
+    } else {
+      ++close;
+    }
+    EXPECT_EQ(seg[i].n_past, alone[i].n_past) << what << " session " << i;
+  };
+  auto pieces_of = [&](const std::vector<std::pair<int, int>>& shape, std::vector<BackendState*>& states, std::vector<int>& ids,
+                       std::vector<int>& positions, std::vector<int>& lens, std::vector<std::vector<int>>& fed) {
+    for (const auto& [i, n] : shape) {
+      std::vector<int> piece;
+      if (n == 1 && i < 2) piece = {next[i]};
+      else piece.assign(prompt[i].begin() + static_cast<std::ptrdiff_t>(at[i]), prompt[i].begin() + static_cast<std::ptrdiff_t>(at[i] + n)), at[i] += n;
+      states.push_back(seg[i].state.get()), positions.push_back(seg[i].n_past), lens.push_back(n);
+      ids.insert(ids.end(), piece.begin(), piece.end());
+      fed.push_back(piece);
+    }
+  };
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    std::vector<BackendState*> states;
+    std::vector<int> ids, positions, lens;
+    std::vector<std::vector<int>> fed;
+    pieces_of(shapes[k], states, ids, positions, lens, fed);
+    const int n = static_cast<int>(lens.size());
+    std::vector<float> l(static_cast<std::size_t>(n) * V);
+    ASSERT_TRUE(gpu->step_segments(states.data(), ids.data(), positions.data(), lens.data(), n, l.data())) << "shape " << k << ": the step is taken";
+    for (int j = 0; j < n; ++j) {
+      const int i = shapes[k][j].first;
+      seg[i].n_past += lens[j];
+      compare(l.data() + static_cast<std::size_t>(j) * V, i, fed[j], "shape " + std::to_string(k));
+      next[i] = argmax(l.data() + static_cast<std::size_t>(j) * V, V);
+    }
+  }
+  // Through the engine, greedy ids found on the device.
+  std::vector<BackendState*> states;
+  std::vector<int> ids, positions, lens, got;
+  std::vector<std::vector<int>> fed;
+  const std::vector<std::pair<int, int>> shape = {{0, 1}, {1, 1}, {3, 6}};
+  pieces_of(shape, states, ids, positions, lens, fed);
+  std::vector<Session*> sessions = {&seg[0], &seg[1], &seg[3]};
+  ASSERT_TRUE(e.forward_segments_greedy(sessions, lens, ids, got));
+  ASSERT_EQ(got.size(), 3u);
+  for (int j = 0; j < 3; ++j) {
+    const int i = shape[j].first;
+    const std::vector<float> solo = e.forward(alone[i], fed[j]);
+    float second = -INFINITY;
+    const int b = argmax(solo.data(), V);
+    for (int v = 0; v < V; ++v)
+      if (v != b) second = std::max(second, solo[v]);
+    if (solo[b] - second > 2 * (tol + rel * std::fabs(solo[b]))) {
+      EXPECT_EQ(got[j], b) << "greedy, session " << i;
+    }
+    EXPECT_EQ(seg[i].n_past, alone[i].n_past) << "greedy, session " << i;
+  }
+  std::printf("[ info     ] segments step vs each session alone: max |dlogit| %.2e of logits up to %.2e; %d row(s) with their top two too close to compare\n",
+              worst, range, close);
+}
+
+}  // namespace
+
+// Segments steps: the tiny fixture whole (no graph: a segments step runs
+// its kernels one by one) and with a quarter of its experts on the host;
+// the real layouts in int4 whole and with half on the host (tolerances as
+// the rows tests', for the same reasons).
+TEST(CudaRows, SegmentsMatchEachSessionAlone) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
+  {
+    SCOPED_TRACE("tiny, whole");
+    expect_segments_match_alone(*m, {}, 1e-3f);
+  }
+  {
+    SCOPED_TRACE("tiny, a quarter of the experts");
+    cuda::CudaOptions o;
+    o.expert_slots = all / 4, o.expert_host = std::make_shared<cpu::CpuExpertHost>(*m, 2);
+    expect_segments_match_alone(*m, o, 1e-3f);
+  }
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  for (bool half : {false, true}) {
+    SCOPED_TRACE(half ? "real layouts, int4, half the experts" : "real layouts, int4, whole");
+    expect_segments_match_alone(*q, whole_or_half(*q, half), 1e-3f, half ? 0.15f : 0.1f);
+  }
+}
+
 // CudaOptions::batch_rows false: the backend declines (the engine then
 // steps each session alone).
 TEST(CudaRows, OffDeclines) {
@@ -368,4 +498,6 @@ TEST(CudaRows, OffDeclines) {
   const std::vector<int> ids = {4, 5}, positions = {2, 1};
   std::vector<float> l(2 * static_cast<std::size_t>(m->spec().vocab_size));
   EXPECT_FALSE(gpu->step_rows(states.data(), ids.data(), positions.data(), 2, l.data()));
+  const std::vector<int> lens = {1, 2}, more = {4, 5, 6};
+  EXPECT_FALSE(gpu->step_segments(states.data(), more.data(), positions.data(), lens.data(), 2, l.data()));
 }

@@ -45,7 +45,7 @@ std::string describe(const cuda::CudaOptions& o) {
          std::to_string(t.gemv_warps) + " " + std::to_string(t.float_warps) + " " + std::to_string(t.gemv_lanes) + " " +
          std::to_string(t.up_rows) + " " + std::to_string(t.down_rows) + " " + std::to_string(t.moe_lanes) + " " + std::to_string(t.logit_parts) + " " + std::to_string(t.mma_min_tokens) + " " +
          std::to_string(t.mma_small) + " " + std::to_string(t.grouped_min_tokens) + " " + std::to_string(t.grouped_min_rows) + " " + std::to_string(t.mma_split) +
-         " " + std::to_string(t.pcie_rows_max) + " " + std::to_string(t.pcie_rows_share);
+         " " + std::to_string(t.pcie_rows_max) + " " + std::to_string(t.pcie_rows_share) + " " + std::to_string(t.segments_host_max);
 }
 
 }  // namespace
@@ -104,6 +104,7 @@ TEST(EnvOptions, EachVariableSetsItsFieldOnly) {
       {"COLI_TUNE_PCIE_ROWS_SHARE", "65", [](cuda::CudaOptions& o) { o.tuning.pcie_rows_share = 65; }},
       {"COLI_TUNE_PDL_ROWS", "16", [](cuda::CudaOptions& o) { o.tuning.pdl_rows = 16; }},
       {"COLI_TUNE_PDL_ROWS", "0", [](cuda::CudaOptions& o) { o.tuning.pdl_rows = 0; }},
+      {"COLI_TUNE_SEGMENTS_HOST", "0", [](cuda::CudaOptions& o) { o.tuning.segments_host_max = 0; }},
       {"COLI_TUNE_DEVICE_GREEDY", "0", [](cuda::CudaOptions& o) { o.tuning.device_greedy = 0; }},
   };
   for (const auto& c : cases) {
@@ -135,7 +136,7 @@ TEST(EnvOptions, MalformedValuesAreErrorsNamingTheVariable) {
       {"COLI_TUNE_FLOAT_WARPS", "33"},    {"COLI_TUNE_GEMV_LANES", "4"},    {"COLI_TUNE_UP_ROWS", "3"},
       {"COLI_TUNE_DOWN_ROWS", "1"},       {"COLI_TUNE_LOGIT_PARTS", "9"},   {"COLI_TUNE_LOGIT_PARTS", "99999999999"}, {"COLI_TUNE_PREFILL_RING", "0"}, {"COLI_TUNE_PREFILL_RING", "5000"},
       {"COLI_TUNE_PCIE_ROWS", "0"},       {"COLI_TUNE_PCIE_ROWS", "17"},    {"COLI_TUNE_PCIE_ROWS_SHARE", "101"}, {"COLI_TUNE_PCIE_ROWS_SHARE", "0.5"},
-      {"COLI_TUNE_PDL_ROWS", "-1"},       {"COLI_TUNE_PDL_ROWS", "4097"},       {"COLI_TUNE_DEVICE_GREEDY", "2"}, {"COLI_TUNE_MOE_LANES", "4"},
+      {"COLI_TUNE_PDL_ROWS", "-1"},       {"COLI_TUNE_PDL_ROWS", "4097"},       {"COLI_TUNE_DEVICE_GREEDY", "2"}, {"COLI_TUNE_MOE_LANES", "4"}, {"COLI_TUNE_SEGMENTS_HOST", "4097"},
   };
   for (const auto& [name, value] : bad) {
     SCOPED_TRACE(std::string(name) + "=" + value);

@@ -197,6 +197,92 @@ TEST_P(Fixture, ForwardRowsMatchesEachSessionAlone) {
   EXPECT_THROW(engine_->forward_rows_greedy(twice, std::vector<int>{1, 2}, got), Error);
 }
 
+// Decode rows and prompt chunks of several sessions in one pass
+// (Engine::forward_segments, coli-serve's mixed steps): four sessions, two
+// decoding, one reading its prompt in pieces, one taking a continuation,
+// step together in three shapes (rows first, a row after a chunk, a chunk
+// first); each segment's row is the logits of its session fed the same ids
+// alone: bit for bit on the scalar reference, within float rounding on the
+// fast backend (many-row kernels), with the same greedy tokens.
+TEST_P(Fixture, ForwardSegmentsMatchesEachSessionAlone) {
+  cpu::CpuOptions fast_opt;
+  fast_opt.threads = 2, fast_opt.fast = true;
+  cpu::CpuBackend fast(*model_, fast_opt);
+  Engine fast_engine(model_->spec(), fast);
+  const int V = model_->spec().vocab_size;
+  const std::vector<int> p0 = goldens()["prompts"][0]["ids"], p1 = goldens()["prompts"][1]["ids"], p2 = goldens()["prompts"][2]["ids"];
+  ASSERT_GE(p2.size(), 20u);
+  for (Engine* e : {engine_.get(), &fast_engine}) {
+    const bool ref = e == engine_.get();
+    SCOPED_TRACE(ref ? "reference" : "fast");
+    std::vector<Session> batch, solo;
+    for (int i = 0; i < 4; ++i) batch.push_back(e->new_session()), solo.push_back(e->new_session());
+    std::vector<int> next(4, 0);
+    for (Session* s : {&batch[0], &solo[0]}) e->forward(*s, p0);
+    for (Session* s : {&batch[1], &solo[1]}) e->forward(*s, p1);
+    for (Session* s : {&batch[3], &solo[3]}) e->forward(*s, std::span<const int>(p2.data(), 5));
+    next[0] = 11, next[1] = 12;
+    std::size_t at2 = 0, at3 = 5;  // where sessions 2 and 3 are in p2
+    // Segment shapes: session, ids (decode rows take next[i], the others the prompt's next ids).
+    struct Shape {
+      std::vector<int> order, lens;
+    };
+    const std::vector<Shape> shapes = {{{0, 1, 2, 3}, {1, 1, 7, 6}}, {{2, 0, 3}, {9, 1, 3}}, {{3, 2, 1, 0}, {1, 4, 1, 1}}};
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      const Shape& sh = shapes[k];
+      std::vector<Session*> sessions;
+      std::vector<int> ids;
+      std::vector<std::vector<int>> fed;
+      for (std::size_t j = 0; j < sh.order.size(); ++j) {
+        const int i = sh.order[j], n = sh.lens[j];
+        std::vector<int> piece;
+        if (i == 2) piece.assign(p2.begin() + static_cast<std::ptrdiff_t>(at2), p2.begin() + static_cast<std::ptrdiff_t>(at2 + n)), at2 += n;
+        else if (i == 3 && n > 1) piece.assign(p2.begin() + static_cast<std::ptrdiff_t>(at3), p2.begin() + static_cast<std::ptrdiff_t>(at3 + n)), at3 += n;
+        else piece.assign(n, next[i]);
+        sessions.push_back(&batch[i]);
+        ids.insert(ids.end(), piece.begin(), piece.end());
+        fed.push_back(piece);
+      }
+      std::vector<float> buf;
+      const std::span<const float> l = e->forward_segments_view(sessions, sh.lens, ids, buf);
+      ASSERT_EQ(l.size(), sh.order.size() * V) << "shape " << k;
+      for (std::size_t j = 0; j < sh.order.size(); ++j) {
+        const int i = sh.order[j];
+        const std::vector<float> alone = e->forward(solo[i], fed[j]);
+        const std::vector<float> row(l.begin() + static_cast<std::ptrdiff_t>(j * V), l.begin() + static_cast<std::ptrdiff_t>((j + 1) * V));
+        if (ref) {
+          ASSERT_EQ(row, alone) << "shape " << k << " session " << i;
+        } else {
+          float m = 0;
+          for (int v = 0; v < V; ++v) m = std::max(m, std::fabs(row[v] - alone[v]));
+          ASSERT_LT(m, 1e-3f) << "shape " << k << " session " << i;
+        }
+        const int a = static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
+        ASSERT_EQ(a, static_cast<int>(std::max_element(alone.begin(), alone.end()) - alone.begin())) << "shape " << k << " session " << i;
+        next[i] = a;
+        EXPECT_EQ(batch[i].n_past, solo[i].n_past) << "shape " << k << " session " << i;
+      }
+    }
+  }
+  // Bad segments throw before anything is stepped.
+  Session a = engine_->new_session(), b = engine_->new_session();
+  std::vector<Session*> ab = {&a, &b}, aa = {&a, &a};
+  std::vector<float> buf;
+  EXPECT_THROW(engine_->forward_segments_view(ab, std::vector<int>{1}, std::vector<int>{1, 2}, buf), Error);        // a length missing
+  EXPECT_THROW(engine_->forward_segments_view(ab, std::vector<int>{0, 2}, std::vector<int>{1, 2}, buf), Error);     // an empty segment
+  EXPECT_THROW(engine_->forward_segments_view(ab, std::vector<int>{2, 2}, std::vector<int>{1, 2, 3}, buf), Error);  // ids short
+  EXPECT_THROW(engine_->forward_segments_view(aa, std::vector<int>{2, 1}, std::vector<int>{1, 2, 3}, buf), Error);  // a session twice
+  EXPECT_THROW(engine_->forward_segments_view(ab, std::vector<int>{2, 1}, std::vector<int>{1, V, 3}, buf), Error);  // outside the vocabulary
+  Engine small(model_->spec(), *backend_, 4);
+  EXPECT_THROW(small.forward_segments_view(ab, std::vector<int>{3, 2}, std::vector<int>{1, 2, 3, 4, 5}, buf), Error);  // over the chunk
+  EXPECT_EQ(a.n_past, 0);
+  EXPECT_EQ(b.n_past, 0);
+  // The CPU backend keeps its logits on the host: no greedy ids of its own, nothing stepped.
+  std::vector<int> got;
+  EXPECT_FALSE(engine_->forward_segments_greedy(ab, std::vector<int>{2, 1}, std::vector<int>{1, 2, 3}, got));
+  EXPECT_EQ(a.n_past, 0);
+}
+
 TEST_P(Fixture, StateSizeIsConstantExceptTheKvCache) {
   // Decode cost per token grows only with the attention layers' KV reads:
   // the Gated DeltaNet state has a fixed size, the KV cache one row per token.

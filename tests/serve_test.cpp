@@ -325,52 +325,67 @@ TEST(Serve, ParallelSlotsGiveEachRequestItsOwnReply) {
 }
 
 // The scheduler's batching, made certain: four requests wait while the
-// engine is held, then run together: prompts one chunk at a time between
-// decode steps, whose rows grow to all four (more rows than steps), and
-// each greedy reply is the one the request gets alone. A request's
-// sampling errors come back to its caller, not to the others.
+// engine is held, then run together: the first prompt whole, the others'
+// in chunks of 3 ids riding along with the decode steps (mixed; without,
+// one chunk a turn between decode steps), whose rows grow to all four
+// (more rows than steps), and each greedy reply is the one the request
+// gets alone. A request's sampling errors come back to its caller, not to
+// the others.
 TEST(Serve, DecodeStepsOfTheSlotsRunAsOneBatch) {
   Fixture solo;
   std::unique_ptr<Model> m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
   cpu::CpuBackend backend{*m};
   Engine engine{m->spec(), backend};
-  serve::EngineGenerator gen{engine, *solo.tok, 256, 4, 3};
   const std::vector<std::string> prompts = {"Once upon a time", "Hello there", "The quick brown fox jumps", "1 2 3"};
   auto request_of = [](const std::string& p) {
     serve::GenerationRequest r;
     r.prompt = p, r.max_tokens = 12, r.sampling.temperature = 0;
     return r;
   };
-  std::vector<std::string> alone, got(prompts.size());
+  std::vector<std::string> alone;
   for (const std::string& p : prompts) {
     const serve::GenerationRequest r = request_of(p);
     std::string text;
     solo.gen.run(r, solo.gen.prompt_ids(r), [&](const std::string& s) { return text += s, true; });
     alone.push_back(text);
   }
-  std::vector<std::thread> ts;
-  gen.with_engine([&] {
-    for (std::size_t i = 0; i < prompts.size(); ++i)
-      ts.emplace_back([&, i] {
-        const serve::GenerationRequest r = request_of(prompts[i]);
-        const serve::GenerationResult g = gen.run(r, gen.prompt_ids(r), [&](const std::string& s) { return got[i] += s, true; });
-        EXPECT_EQ(g.usage.completion_tokens, 12);
-        EXPECT_EQ(g.finish_reason, "length");
-      });
-    while (gen.in_flight() < static_cast<int>(prompts.size())) std::this_thread::yield();
-  });
-  for (auto& t : ts) t.join();
-  for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], alone[i]) << "request " << i;
-  const long long steps = gen.decode_steps(), rows = gen.decode_rows();
-  std::printf("[ info     ] 4 slots: %lld decode steps carried %lld rows\n", steps, rows);
-  EXPECT_EQ(rows, 4 * 11) << "each request's 11 decode steps (its first token comes from the prompt)";
-  EXPECT_LT(steps, rows) << "steps carried several rows";
-  long long chunks = 0;  // prompt chunks of 3 ids: one a scheduler turn, each turn one decode step
-  for (const std::string& p : prompts) chunks += (static_cast<long long>(solo.tok->encode(p).size()) + 2) / 3;
-  EXPECT_LE(steps, 11 + chunks) << "the four requests' decode steps overlapped once their prompts were in";
-  serve::GenerationRequest bad = request_of("Once");
-  bad.sampling.temperature = -1;
-  EXPECT_THROW(gen.run(bad, gen.prompt_ids(request_of("Once")), [](const std::string&) { return true; }), Error);
+  for (const bool mixed : {true, false}) {
+    SCOPED_TRACE(mixed ? "prompt chunks along with the decode steps" : "prompt chunks apart");
+    serve::EngineGenerator gen{engine, *solo.tok, 256, 4, 3, mixed};
+    std::vector<std::string> got(prompts.size());
+    std::vector<std::thread> ts;
+    gen.with_engine([&] {
+      for (std::size_t i = 0; i < prompts.size(); ++i)
+        ts.emplace_back([&, i] {
+          const serve::GenerationRequest r = request_of(prompts[i]);
+          const serve::GenerationResult g = gen.run(r, gen.prompt_ids(r), [&](const std::string& s) { return got[i] += s, true; });
+          EXPECT_EQ(g.usage.completion_tokens, 12);
+          EXPECT_EQ(g.finish_reason, "length");
+        });
+      while (gen.in_flight() < static_cast<int>(prompts.size())) std::this_thread::yield();
+    });
+    for (auto& t : ts) t.join();
+    for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], alone[i]) << "request " << i;
+    const long long steps = gen.decode_steps(), rows = gen.decode_rows(), along = gen.step_prompt_ids();
+    std::printf("[ info     ] 4 slots%s: %lld decode steps carried %lld rows and %lld prompt ids\n", mixed ? ", mixed" : "", steps, rows, along);
+    EXPECT_EQ(rows, 4 * 11) << "each request's 11 decode steps (its first token comes from the prompt)";
+    EXPECT_LT(steps, rows) << "steps carried several rows";
+    long long chunks = 0, ids = 0;  // prompt chunks of 3 ids: one a scheduler turn, each turn one decode step
+    for (const std::string& p : prompts) {
+      const long long n = static_cast<long long>(solo.tok->encode(p).size());
+      chunks += (n + 2) / 3, ids += n;
+    }
+    EXPECT_LE(steps, 11 + chunks) << "the four requests' decode steps overlapped once their prompts were in";
+    if (mixed) {
+      EXPECT_GT(along, 0) << "prompt ids rode along with decode steps";
+      EXPECT_LT(along, ids) << "the first prompt went whole, alone";
+    } else {
+      EXPECT_EQ(along, 0);
+    }
+    serve::GenerationRequest bad = request_of("Once");
+    bad.sampling.temperature = -1;
+    EXPECT_THROW(gen.run(bad, gen.prompt_ids(request_of("Once")), [](const std::string&) { return true; }), Error);
+  }
 }
 
 // Slots hold their conversations: a request takes the slot whose ids are

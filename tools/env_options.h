@@ -34,6 +34,7 @@
 //   COLI_TUNE_PCIE_ROWS=1..16           CudaTuning::pcie_rows_max (1: one-token steps only)
 //   COLI_TUNE_PCIE_ROWS_SHARE=0..100    CudaTuning::pcie_rows_share (percent; 0: the one-token share)
 //   COLI_TUNE_PDL_ROWS=0..4096          CudaTuning::pdl_rows (0: rows steps without PDL)
+//   COLI_TUNE_SEGMENTS_HOST=0..4096     CudaTuning::segments_host_max (0: segments steps upload as prompt chunks)
 //   COLI_TUNE_DEVICE_GREEDY=0|1         CudaTuning::device_greedy (0: greedy steps' logits to the host)
 //   COLI_TUNE_PREFILL_RING=1..4096      CudaOptions::prefill_ring_slots (the staging ring's least slots per area)
 //
@@ -176,6 +177,7 @@ inline EnvSettings read_environment(const EnvLookup& get, const cuda::CudaOption
   read_int(get, "COLI_TUNE_PCIE_ROWS", &t.pcie_rows_max, 1, 16);
   read_int(get, "COLI_TUNE_PCIE_ROWS_SHARE", &t.pcie_rows_share, 0, 100);
   read_int(get, "COLI_TUNE_PDL_ROWS", &t.pdl_rows, 0, 4096);
+  read_int(get, "COLI_TUNE_SEGMENTS_HOST", &t.segments_host_max, 0, 4096);
   read_int(get, "COLI_TUNE_DEVICE_GREEDY", &t.device_greedy, 0, 1);
   read_int(get, "COLI_TUNE_PREFILL_RING", &c.prefill_ring_slots, 1, 4096);
   return e;

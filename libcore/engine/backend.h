@@ -190,6 +190,15 @@ class Backend {
   // logits may be null where kept_logits() is not: the rows then stay in
   // the backend's own host buffer.
   virtual bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) { return false; }
+  // The same for segments of n sessions (Engine::forward_segments: decode
+  // rows and prompt chunks in one pass): segment i is the lens[i] tokens
+  // ids[off_i ..) (the segments' ids one after another) at positions
+  // positions[i].. of *states[i]; its last token's logits are row i of
+  // logits[n, V] (or of kept_logits(); kept_greedy() with greedy_only).
+  // false: not taken, nothing done (the engine's per-layer path runs it).
+  virtual bool step_segments(BackendState* const* states, const int* ids, const int* positions, const int* lens, int n, float* logits) {
+    return false;
+  }
   // The host buffer a backend that runs whole chunks copies each chunk's
   // logits into (pinned memory on a GPU) before finish_chunk or step_rows
   // writes them to the caller's: after a step_rows or finish_chunk given

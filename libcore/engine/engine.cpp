@@ -252,6 +252,94 @@ const float* Engine::rows_step(std::span<Session* const> sessions, std::span<con
   return nullptr;
 }
 
+int Engine::check_segments(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids) const {
+  const int n = static_cast<int>(sessions.size());
+  if (n == 0 || lens.size() != sessions.size())
+    throw Error("forward_segments: " + std::to_string(lens.size()) + " lengths for " + std::to_string(n) + " sessions");
+  long long T = 0;
+  for (int len : lens) {
+    if (len < 1) throw Error("forward_segments: a segment of " + std::to_string(len) + " tokens (internal)");
+    T += len;
+  }
+  if (T != static_cast<long long>(ids.size())) throw Error("forward_segments: " + std::to_string(ids.size()) + " ids for segments of " + std::to_string(T));
+  if (T > prefill_chunk_) throw Error("forward_segments: " + std::to_string(T) + " ids exceed the chunk of " + std::to_string(prefill_chunk_) + " (internal)");
+  check_ids(ids);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < i; ++j)
+      if (sessions[i] == sessions[j]) throw Error("forward_segments: a session appears twice (internal)");
+  return static_cast<int>(T);
+}
+
+std::span<const float> Engine::forward_segments_view(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids,
+                                                     std::vector<float>& logits) {
+  const int T = check_segments(sessions, lens, ids), n = static_cast<int>(sessions.size()), V = spec_.vocab_size, H = spec_.hidden_size;
+  if (T == n) return forward_rows_view(sessions, ids, logits);  // one token each: a rows step
+  std::vector<BackendState*> states;
+  std::vector<int> positions;
+  for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
+  auto advance = [&] {
+    if (heat_) heat_->add_tokens(T);
+    for (int i = 0; i < n; ++i) sessions[i]->n_past += lens[i];
+  };
+  const bool chunks = backend_.runs_whole_chunks() && (!heat_ || device_heat_);
+  const float* kept = chunks ? backend_.kept_logits() : nullptr;
+  if (!kept) logits.resize(static_cast<std::size_t>(n) * V);
+  if (chunks) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (backend_.step_segments(states.data(), ids.data(), positions.data(), lens.data(), n, kept ? nullptr : logits.data())) {
+      if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      advance();
+      if (kept) return {backend_.kept_logits(), static_cast<std::size_t>(n) * V};  // the step may have moved its buffer
+      return {logits.data(), static_cast<std::size_t>(n) * V};
+    }
+    logits.resize(static_cast<std::size_t>(n) * V);
+  }
+  // The per-layer path: the leading one-token segments' trunk steps as
+  // rows (trunk_rows), each longer one's as its session's chunk; the MoE
+  // blocks over every token at once.
+  int rows = 0;
+  while (rows < n && lens[rows] == 1) ++rows;
+  std::vector<int> off(n + 1, 0);
+  for (int i = 0; i < n; ++i) off[i + 1] = off[i] + lens[i];
+  if (heat_) heat_->add_tokens(T);
+  Buffer<float> x(static_cast<std::size_t>(T) * H);
+  timed(&StageTimes::embed, [&] { backend_.embed(ids.data(), T, x.data()); });
+  Scratch scratch(T, H, spec_.num_experts_per_tok);
+  const TrunkStep trunk = [&](int l, float* xl) {
+    if (rows) backend_.trunk_rows(l, states.data(), positions.data(), rows, H, xl);
+    for (int i = rows; i < n; ++i) backend_.trunk_step(l, *states[i], positions[i], lens[i], xl + static_cast<std::size_t>(off[i]) * H);
+  };
+  for (int l = 0; l < spec_.num_layers; ++l) run_layer(l, T, x.data(), trunk, {}, scratch);
+  Buffer<float> last(static_cast<std::size_t>(n) * H);
+  for (int i = 0; i < n; ++i)
+    std::copy_n(x.data() + static_cast<std::size_t>(off[i + 1] - 1) * H, H, last.data() + static_cast<std::size_t>(i) * H);
+  timed(&StageTimes::lm_head, [&] { backend_.logits(n, last.data(), logits.data()); });
+  for (int i = 0; i < n; ++i) sessions[i]->n_past += lens[i];
+  return {logits.data(), static_cast<std::size_t>(n) * V};
+}
+
+bool Engine::forward_segments_greedy(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids, std::vector<int>& greedy) {
+  const int T = check_segments(sessions, lens, ids), n = static_cast<int>(sessions.size());
+  if (T == n) return forward_rows_greedy(sessions, ids, greedy);
+  if (!backend_.runs_whole_chunks() || (heat_ && !device_heat_) || !backend_.greedy_only(true)) return false;
+  struct Off {  // whatever happens, later chunks get their logits again
+    Backend& b;
+    ~Off() { b.greedy_only(false); }
+  } off{backend_};
+  std::vector<BackendState*> states;
+  std::vector<int> positions;
+  for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!backend_.step_segments(states.data(), ids.data(), positions.data(), lens.data(), n, nullptr)) return false;
+  if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (heat_) heat_->add_tokens(T);
+  for (int i = 0; i < n; ++i) sessions[i]->n_past += lens[i];
+  const int* g = backend_.kept_greedy();
+  if (!g) throw Error("forward_segments_greedy: the backend kept no greedy ids (internal)");
+  greedy.assign(g, g + n);
+  return true;
+}
+
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe, std::vector<float>* hidden) {
   if (heat_) heat_->add_tokens(T);
   const int rows = want == Logits::kAll ? T : want == Logits::kLast ? 1 : 0;

@@ -99,6 +99,25 @@ class Engine {
   // below 0 marks a row that is not finite (check_greedy_id). Returns false,
   // nothing done, where the backend cannot (then forward_rows_view).
   bool forward_rows_greedy(std::span<Session* const> sessions, std::span<const int> ids, std::vector<int>& greedy);
+  // Segments of several sessions in one pass (coli-serve's step: the
+  // generating slots' decode rows and the prompt chunks of slots reading
+  // theirs): segment i appends the lens[i] ids that follow the earlier
+  // segments' in ids to *sessions[i] (distinct sessions, lens >= 1, at most
+  // prefill_chunk() ids in all). Row i of the logits ([segments, vocab]) is
+  // the last token's of segment i, what forward(*sessions[i], its ids)
+  // alone gives up to the backend's rounding of many-row kernels. The
+  // trunk's weights and the routed experts are read once for all the
+  // tokens: a prompt chunk rides along with the decode rows instead of
+  // reading every expert again in a pass of its own. One-token segments
+  // first let a device step them as rows. The span as forward_rows_view's.
+  std::span<const float> forward_segments_view(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids,
+                                               std::vector<float>& logits);
+  // The same for segments that only need their last token's greedy id
+  // (forward_rows_greedy's contract); false, nothing done, where the
+  // backend cannot.
+  bool forward_segments_greedy(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids, std::vector<int>& greedy);
+  // Most tokens one forward call takes at once (the engine's prompt chunk).
+  int prefill_chunk() const { return prefill_chunk_; }
 
   const ModelSpec& spec() const { return spec_; }
   // Per-stage timing (adds a clock read around each backend call).
@@ -122,6 +141,8 @@ class Engine {
   const float* rows_step(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits, bool view);
   // The ids and sessions of a rows step checked (count, vocabulary, distinct).
   void check_rows(std::span<Session* const> sessions, std::span<const int> ids) const;
+  // The same for segments; returns their ids in all.
+  int check_segments(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids) const;
   enum class Logits { kNone, kLast, kAll };
   // Checks the ids, then runs them chunk by chunk; last-token or all
   // logits, and every token's hidden row appended to hidden when given.

@@ -43,12 +43,13 @@ struct EngineGenerator::Slot {
   bool generating() const { return job && pending >= 0; }
 };
 
-EngineGenerator::EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx, int parallel, int prompt_chunk)
+EngineGenerator::EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx, int parallel, int prompt_chunk, bool mixed)
     : engine_(engine),
       tok_(tok),
       style_(chat_style_of(tok.chat_template())),
       n_ctx_(n_ctx),
       prompt_chunk_(prompt_chunk),
+      mixed_(mixed),
       sample_pool_(sample_helpers(parallel)) {
   if (n_ctx_ < 2) throw Error("coli-serve: the context must hold at least 2 tokens");
   if (parallel < 1) throw Error("coli-serve: --parallel must be at least 1");
@@ -152,6 +153,11 @@ long long EngineGenerator::decode_rows() const {
   return rows_;
 }
 
+long long EngineGenerator::step_prompt_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return step_prompt_ids_;
+}
+
 EngineGenerator::PhaseSeconds EngineGenerator::phase_seconds() const {
   std::lock_guard<std::mutex> lock(mu_);
   return phases_;
@@ -185,9 +191,13 @@ void EngineGenerator::loop() {
       }
     }
     try {
-      // One prompt chunk of one slot reading its prompt (round robin), then
-      // one decode step of every generating slot.
-      for (std::size_t k = 0; k < slots_.size(); ++k) {
+      // Mixed: prompt chunks ride along with the decode rows (decode_step);
+      // with no slot generating, one prompt whole. Else one prompt chunk of
+      // one slot reading its prompt (round robin), then one decode step of
+      // every generating slot.
+      const auto generating = std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s->generating(); });
+      const bool along = mixed_ && generating > 0 && generating < std::min(prompt_chunk_, engine_.prefill_chunk());
+      for (std::size_t k = 0; k < slots_.size() && !along; ++k) {
         Slot& s = *slots_[(next_prefill_ + k) % slots_.size()];
         if (!s.reading()) continue;
         next_prefill_ = (next_prefill_ + k + 1) % slots_.size();
@@ -276,9 +286,43 @@ void EngineGenerator::decode_step() {
     rows.push_back(s.get());
   }
   if (rows.empty()) return;
+  // Prompt chunks along (mixed): up to prompt_chunk ids in all, as many
+  // slots reading their prompts as they cover, round robin.
+  struct Piece {
+    Slot* slot;
+    std::size_t n;
+  };
+  std::vector<Piece> pieces;
+  if (mixed_) {  // (the loop took a chunk apart where no room is left)
+    std::size_t room = static_cast<std::size_t>(std::max(0, std::min(prompt_chunk_, engine_.prefill_chunk() - static_cast<int>(rows.size()))));
+    const std::size_t first = next_prefill_;
+    for (std::size_t k = 0; k < slots_.size() && room > 0; ++k) {
+      Slot& s = *slots_[(first + k) % slots_.size()];
+      if (!s.reading()) continue;
+      if (s.job->cancel) {
+        finish(s, "");
+        continue;
+      }
+      const std::size_t n = std::min(room, s.job->prompt.size() - s.prompt_at);
+      pieces.push_back({&s, n});
+      room -= n;
+      next_prefill_ = (first + k + 1) % slots_.size();
+    }
+  }
+  const std::size_t R = rows.size(), n = R + pieces.size();
   std::vector<Session*> sessions;
-  std::vector<int> ids;
-  for (Slot* s : rows) sessions.push_back(&s->session), ids.push_back(s->pending);
+  std::vector<int> ids, lens;
+  for (Slot* s : rows) sessions.push_back(&s->session), ids.push_back(s->pending), lens.push_back(1);
+  for (const Piece& p : pieces) {
+    const std::vector<int>& prompt = p.slot->job->prompt;
+    sessions.push_back(&p.slot->session), lens.push_back(static_cast<int>(p.n));
+    ids.insert(ids.end(), prompt.begin() + static_cast<std::ptrdiff_t>(p.slot->prompt_at), prompt.begin() + static_cast<std::ptrdiff_t>(p.slot->prompt_at + p.n));
+  }
+  // Which rows get a token: every decode row, and a prompt chunk that ends its prompt.
+  std::vector<Slot*> out(n, nullptr);
+  for (std::size_t i = 0; i < R; ++i) out[i] = rows[i];
+  for (std::size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k].slot->prompt_at + pieces[k].n == pieces[k].slot->job->prompt.size()) out[R + k] = pieces[k].slot;
   // The rows where the backend left them (a GPU's pinned buffer), read
   // before the engine is called again: the lock stays held while they are.
   const Clock::time_point t = Clock::now();
@@ -286,28 +330,33 @@ void EngineGenerator::decode_step() {
   // Rows that are all greedy take their ids from where the logits are (a
   // GPU: no logits to the host, no scans); else each row's sampler scans
   // its logits.
-  const bool greedy = std::all_of(rows.begin(), rows.end(), [](const Slot* s) { return s->sampler->greedy(); });
-  std::vector<int> sampled(rows.size(), -1);
-  std::vector<std::exception_ptr> failed(rows.size());
+  const bool greedy = std::all_of(out.begin(), out.end(), [](const Slot* s) { return !s || s->sampler->greedy(); });
+  std::vector<int> sampled(n, -1);
+  std::vector<std::exception_ptr> failed(n);
   Clock::time_point t_sample;
-  if (greedy && engine_.forward_rows_greedy(sessions, ids, sampled)) {
+  const bool mixed = !pieces.empty();
+  if (greedy && (mixed ? engine_.forward_segments_greedy(sessions, lens, ids, sampled) : engine_.forward_rows_greedy(sessions, ids, sampled))) {
     t_sample = Clock::now();
-    for (std::size_t i = 0; i < rows.size(); ++i) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!out[i]) continue;
       try {
-        sampled[i] = check_greedy_id(sampled[i], "decode step " + std::to_string(rows[i]->n_generated));
+        sampled[i] = check_greedy_id(sampled[i], out[i]->n_generated == 0 ? std::string("the prompt's forward pass")
+                                                                          : "decode step " + std::to_string(out[i]->n_generated));
       } catch (...) {
         failed[i] = std::current_exception();
       }
     }
   } else {
-    const std::span<const float> logits = engine_.forward_rows_view(sessions, ids, rows_logits_);
+    const std::span<const float> logits =
+        mixed ? engine_.forward_segments_view(sessions, lens, ids, rows_logits_) : engine_.forward_rows_view(sessions, ids, rows_logits_);
     t_sample = Clock::now();
     // The rows' scans of their logits at once (each its own slot's sampler
     // and history); then, in order, what they hand out. A row that fails
     // fails the step where its turn comes, as one by one.
-    sample_pool_.run(rows.size(), [&](std::size_t i) {
+    sample_pool_.run(n, [&](std::size_t i) {
+      if (!out[i]) return;
       try {
-        sampled[i] = sample_row(*rows[i], logits, i);
+        sampled[i] = sample_row(*out[i], logits, i);
       } catch (...) {
         failed[i] = std::current_exception();
       }
@@ -318,16 +367,26 @@ void EngineGenerator::decode_step() {
   // reply finished sees the step that made it in the counters.
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++steps_, rows_ += static_cast<long long>(rows.size());
+    ++steps_, rows_ += static_cast<long long>(R), step_prompt_ids_ += static_cast<long long>(ids.size() - R);
     phases_.decode_forward += std::chrono::duration<double>(t_sample - t).count();
     phases_.decode_sample += seconds_since(t_sample);
   }
-  for (std::size_t i = 0; i < rows.size(); ++i) {
+  for (std::size_t i = 0; i < R; ++i) {
     Slot& s = *rows[i];
     s.fed.push_back(s.pending);
     s.pending = -1;
     if (failed[i]) std::rethrow_exception(failed[i]);
     take(s, sampled[i]);
+  }
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    Slot& s = *pieces[k].slot;
+    const std::vector<int>& p = s.job->prompt;
+    s.fed.insert(s.fed.end(), p.begin() + static_cast<std::ptrdiff_t>(s.prompt_at), p.begin() + static_cast<std::ptrdiff_t>(s.prompt_at + pieces[k].n));
+    s.prompt_at += pieces[k].n;
+    if (!out[R + k]) continue;
+    s.t_first = Clock::now();
+    if (failed[R + k]) std::rethrow_exception(failed[R + k]);
+    take(s, sampled[R + k]);
   }
 }
 

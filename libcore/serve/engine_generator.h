@@ -7,12 +7,15 @@
 // the caller's callback returns false (a client gone).
 //
 // Slots (`parallel` of them): each holds a session and the ids in it. One
-// scheduler thread owns the engine and runs, in turn: one prompt chunk (at
-// most prompt_chunk ids while other slots are generating; else the whole
-// prompt) of a slot still reading its prompt, then one decode step of every
-// slot that is generating, as one batched forward
-// (Engine::forward_rows: the routed experts of all rows read once), so a
-// long prompt does not stall the replies in flight (continuous batching).
+// scheduler thread owns the engine and runs steps. While slots are
+// generating, each step is one batched forward of their decode rows and of
+// up to prompt_chunk prompt ids of slots still reading theirs, round robin
+// (Engine::forward_segments: the trunk and the routed experts read once
+// for all of them), so a long prompt does not stall the replies in flight
+// and a new request's prompt costs the others little (continuous batching
+// with chunked prefill, as llama-server's). With no slot generating, a
+// prompt goes whole as a pass of its own. mixed false: every prompt chunk
+// is a pass of its own, between the decode steps (Engine::forward_rows).
 // Each row is sampled with its own request's sampler (the rows of a step
 // at once, on helper threads): a slot's tokens are those it would get
 // alone (greedy: identical where routing is stable). A step whose rows are
@@ -61,9 +64,9 @@ struct GenerationResult {
 class EngineGenerator {
  public:
   // n_ctx: the context in tokens (prompt + reply) of each slot; > 1.
-  // parallel: slots (>= 1). prompt_chunk: most prompt ids fed between two
-  // decode steps of the other slots (>= 1).
-  EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx, int parallel = 1, int prompt_chunk = 256);
+  // parallel: slots (>= 1). prompt_chunk: most prompt ids a decode step of
+  // the other slots takes along, or feeds between two of them (>= 1).
+  EngineGenerator(Engine& engine, const Tokenizer& tok, int n_ctx, int parallel = 1, int prompt_chunk = 256, bool mixed = true);
   ~EngineGenerator();
   EngineGenerator(const EngineGenerator&) = delete;
   EngineGenerator& operator=(const EngineGenerator&) = delete;
@@ -84,6 +87,8 @@ class EngineGenerator {
   // Decode steps run and the rows they carried (rows / steps: the batch).
   long long decode_steps() const;
   long long decode_rows() const;
+  // Prompt ids those steps took along (mixed).
+  long long step_prompt_ids() const;
   // Requests inside run(): waiting for a slot or in one.
   int in_flight() const;
   // Where the scheduler's time went, in seconds since the start: prompt
@@ -101,6 +106,8 @@ class EngineGenerator {
   void loop();
   void admit(Job* job);
   void prefill_chunk(Slot& s);
+  // The generating slots' decode rows and (mixed) prompt chunks of slots
+  // reading theirs, as one forward.
   void decode_step();
   int sample_row(Slot& s, std::span<const float> logits, std::size_t row);
   void take(Slot& s, int id);
@@ -112,6 +119,7 @@ class EngineGenerator {
   const Tokenizer& tok_;
   ChatStyle style_;
   int n_ctx_, prompt_chunk_;
+  bool mixed_;
   std::vector<int> stop_ids_;  // the model's end-of-sequence ids and the tokenizer's
   std::vector<std::unique_ptr<Slot>> slots_;  // the scheduler's
   std::size_t next_prefill_ = 0;              // round robin over slots reading their prompts
@@ -121,7 +129,7 @@ class EngineGenerator {
   std::condition_variable cv_;
   std::deque<Job*> queue_;
   bool stop_ = false;
-  long long steps_ = 0, rows_ = 0;
+  long long steps_ = 0, rows_ = 0, step_prompt_ids_ = 0;
   PhaseSeconds phases_;
   int in_flight_ = 0;
   std::mutex engine_mu_;  // held by the scheduler around each engine call; with_engine takes it

@@ -105,6 +105,20 @@ struct RowsRun {
   KvRows kv(int l) const { return {first(l), second(l), pos}; }
 };
 
+struct CudaState;
+// A segments step's pieces (CudaBackend::step_segments): the first `rows`
+// tokens are rows (a RowsRun), then each segment is tokens [off, off +
+// len) of one session, at positions *pos, *pos + 1, .. (device memory).
+struct SegmentsRun {
+  int rows = 0;
+  struct Segment {
+    CudaState* st;
+    int off, len;
+    const int* pos;
+  };
+  std::vector<Segment> segs;
+};
+
 // Per-session state on the device.
 struct CudaState : BackendState {
   std::shared_ptr<DeviceBudget> budget;  // first: outlives the arrays charged to it
@@ -192,6 +206,12 @@ class CudaBackend : public Backend {
   // the chunk's kernels over S rows, each row's mixer on its own cache or
   // state through a RowsRun; on the whole model a captured graph per S.
   bool step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) override;
+  // Rows and prompt chunks of several sessions as one pass (rows.cu): the
+  // leading one-token segments as a rows step's rows, each longer one
+  // through the chunk's mixer kernels on its session; every matmul and the
+  // routed experts over all the tokens. No graph; under a budget the misses
+  // go to the host as a rows step's do.
+  bool step_segments(BackendState* const* states, const int* ids, const int* positions, const int* lens, int n, float* logits) override;
   // The pinned buffer each chunk's logits come to (null before the first).
   const float* kept_logits() const override { return h_logits_; }
   // Greedy ids on the device (greedy.cu) after the lm_head, copied instead of the logits.
@@ -253,23 +273,31 @@ class CudaBackend : public Backend {
   uint8_t* h_rows_ = nullptr;
   DeviceArray<uint8_t> rows_dev_;
   std::vector<CudaState::Graph> rows_graphs_;  // [S]
+  // The rows' table for states[0..S) (grown as needed) in h_rows_, copied
+  // to rows_dev_ on the stream; the RowsRun over it.
+  RowsRun rows_table(BackendState* const* states, const int* positions, int S, int cap);
   std::size_t rows_bytes(int stride) const { return device_padded(std::size_t(stride) * 4) + std::size_t(2) * s_.num_layers * stride * sizeof(float*); }
   // Buffers, KV cache and attention scratch for T tokens at positions pos0.. (T <= max_chunk).
   void prepare(CudaState& st, int T, int pos0);
   // The forward pass of T tokens whose position and ids are in io_.
   // hidden: also every row's final-normed hidden into hid_ (chunk_hidden).
   // rows: a rows step (step_rows), st then one of its sessions (not read).
-  void run(CudaState& st, int T, int logit_rows, bool hidden = false, const RowsRun* rows = nullptr);
+  // seg: a segments step (step_segments): its rows through rows, then each
+  // segment on its own session's cache and state; logit_rows is then the
+  // rows' and segments' count, each segment's last token's logits.
+  void run(CudaState& st, int T, int logit_rows, bool hidden = false, const RowsRun* rows = nullptr, const SegmentsRun* seg = nullptr);
   // A Gated DeltaNet layer's conv, q/k norm and recurrence over the conv
   // inputs in proj_ and the beta / decay inputs in b_, a_ (deltanet_layer;
   // rewind_state replays them from the journal); whether the output is in qx_.
-  bool gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q, const RowsRun* rows = nullptr, int l = 0);
+  // off: the T tokens from token off on of the step's buffers (a segments step's piece).
+  bool gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q, const RowsRun* rows = nullptr, int l = 0, int off = 0);
   // Throws unless the MTP module is on the device.
   void need_mtp(const char* step) const;
   // hn_q: the norm before left hn quantized for this step's int8 readers.
   // rows (a rows step, layer l): each row's cache or state instead of st's.
-  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap, KvRows rows = {});
-  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, const RowsRun* rows = nullptr, int l = 0);
+  // seg (a segments step, layer l): its rows as above, each segment on its session's.
+  void attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap, KvRows rows = {}, const SegmentsRun* seg = nullptr, int l = 0);
+  void deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, const RowsRun* rows = nullptr, int l = 0, const SegmentsRun* seg = nullptr);
   // Returns whether the host's part is still to be joined: a one-token
   // step's join goes into the residual add and norm after the block
   // (CudaOptions::fuse_decode; ExpertTier::join_norm).
@@ -402,7 +430,7 @@ class CudaBackend : public Backend {
     prof_pending_.push_back({name, {a, b}});
   }
   void collect_profile();
-  // The chunk's position then its ids, pinned on the host and on the device (one copy).
+  // The chunk's position then its ids (then a segments step's positions), pinned on the host and on the device (one copy).
   int* h_io_ = nullptr;
   DeviceArray<int> io_;
   const int* d_pos() const { return io_.get(); }

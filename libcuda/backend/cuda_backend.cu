@@ -289,8 +289,9 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt) : s_(model.
   phase(("upload " + std::to_string(staged >> 20) + " MiB").c_str());
   if (twin_dev_) start_phases_.push_back({"twin read in place " + std::to_string(twin_shared_ >> 10) + " KiB", 0.0});
   arena_.set_uploader(nullptr, 0);
-  check(cudaMallocHost(&h_io_, sizeof(int) * (std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
-  io_.resize(std::max(1, opt_.max_chunk) + 1);
+  // A position, max_chunk ids, and a segments step's first positions (step_segments).
+  check(cudaMallocHost(&h_io_, sizeof(int) * (2 * std::max(1, opt_.max_chunk) + 1)), "cudaMallocHost");
+  io_.resize(2 * std::max(1, opt_.max_chunk) + 1);
   check(cudaMallocHost(&h_greedy_, sizeof(int) * std::max(1, opt_.max_chunk)), "cudaMallocHost");
   check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   for (int i = 0; i < kMaxLogitParts; ++i) {

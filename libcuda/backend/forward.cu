@@ -9,7 +9,7 @@
 
 namespace coli::cuda::detail {
 
-void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap, KvRows rows) {
+void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, int cap, KvRows rows, const SegmentsRun* seg, int l) {
   const int H = s_.hidden_size, hd = s_.head_dim, nh = s_.num_heads, nkv = s_.num_kv_heads;
   const AttnForm form{s_.norm_plus_one, s_.attention_output_gate};
   const int qg_w = nh * hd * (form.gated ? 2 : 1);
@@ -17,27 +17,47 @@ void CudaBackend::attention_layer(const DevLayer& L, CudaState::Layer& st, int T
     const MatmulOut outs[] = {{L.q_proj, proj_.get(), qg_w}, {L.k_proj, k_.get(), nkv * hd}, {L.v_proj, v_.get(), nkv * hd}};
     matmul_many(outs, 3, hn_.get(), T, stream_, &qx_, hn_q);
   });
-  // The attention kernel quantizes its output for an int8 o_proj.
-  const bool out_q = takes_int8_x(L.o_proj) && hd % 32 == 0;
-  step("attention", [&] {
-    attn_store_kv(k_.get(), v_.get(), L.k_norm, T, d_pos(), nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, st.k.get(), st.v.get(),
-                  stream_, form, rows);
+  // The attention kernel quantizes its output for an int8 o_proj (one
+  // launch: not in a segments step, whose pieces come one after another).
+  const bool out_q = !seg && takes_int8_x(L.o_proj) && hd % 32 == 0;
+  // n tokens from token off on: their K / V stored, their attention over
+  // cache kc / vc at positions *pos.. (or each row's own: rows).
+  auto core = [&](float* kc, float* vc, int off, int n, const int* pos, int cap_n, KvRows kv) {
+    const std::size_t kv_off = std::size_t(off) * nkv * hd;
+    attn_store_kv(k_.get() + kv_off, v_.get() + kv_off, L.k_norm, n, pos, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, kc, vc, stream_,
+                  form, kv);
+    const float* q = proj_.get() + std::size_t(off) * qg_w;
+    float* out = heads_out_.get() + std::size_t(off) * nh * hd;
     if (split_kv_)
-      attention_split(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, cap,
-                      part_.get(), heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form, rows);
+      attention_split(q, L.q_norm, kc, vc, n, pos, nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, cap_n, part_.get(), out, stream_,
+                      out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form, kv);
     else
-      attention(proj_.get(), L.q_norm, st.k.get(), st.v.get(), T, d_pos(), nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps,
-                scores_.get(), scores_cap_, heads_out_.get(), stream_, out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form, rows);
+      attention(q, L.q_norm, kc, vc, n, pos, nh, nkv, hd, s_.rotary_dim, inv_freq_.get(), s_.rms_norm_eps, scores_.get(), scores_cap_, out, stream_,
+                out_q ? &qx_ : nullptr, L.o_proj.kind == Kind::kI4, form, kv);
+  };
+  step("attention", [&] {
+    if (!seg) return core(st.k.get(), st.v.get(), 0, T, d_pos(), cap, rows);
+    if (seg->rows) core(st.k.get(), st.v.get(), 0, seg->rows, d_pos(), cap, rows);
+    for (const SegmentsRun::Segment& g : seg->segs) {
+      CudaState::Layer& y = g.st->layers[l];
+      core(y.k.get(), y.v.get(), g.off, g.len, g.pos, g.st->cap, {});
+    }
   });
   step("attn proj", [&] { matmul(L.o_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
 
-void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, const RowsRun* rows, int l) {
+void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T, bool hn_q, const RowsRun* rows, int l, const SegmentsRun* seg) {
   const int H = s_.hidden_size, cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
   step("gdn proj", [&] {
     const MatmulOut outs[] = {{L.in_qkv, proj_.get(), cd}, {L.in_z, z_.get(), s_.linear_value_dim()}, {L.in_b, b_.get(), nv}, {L.in_a, a_.get(), nv}};
     matmul_many(outs, 4, hn_.get(), T, stream_, &qx_, hn_q);
   });
+  if (seg) {  // the rows on their sessions' windows and states, then each segment on its session's (no journal: step_segments)
+    if (seg->rows) gdn_conv_recurrence(L, st, seg->rows, false, rows, l);
+    for (const SegmentsRun::Segment& g : seg->segs) gdn_conv_recurrence(L, g.st->layers[l], g.len, false, nullptr, l, g.off);
+    step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, false); });
+    return;
+  }
   if (!rows && st.j_proj.get() && st.journal >= 0) {  // a speculative window: what rewind_state replays
     if (st.journal + T > kRewindTokens)
       throw Error("CUDA backend: more than " + std::to_string(kRewindTokens) + " tokens fed between mark_state and rewind_state");
@@ -50,27 +70,34 @@ void CudaBackend::deltanet_layer(const DevLayer& L, CudaState::Layer& st, int T,
   step("gdn proj", [&] { matmul(L.out_proj, heads_out_.get(), T, mix_.get(), H, stream_, &qx_, out_q); });
 }
 
-bool CudaBackend::gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q, const RowsRun* rows, int l) {
-  const int cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads;
+bool CudaBackend::gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, int T, bool want_q, const RowsRun* rows, int l, int off) {
+  const int cd = s_.linear_conv_dim(), nv = s_.linear_num_value_heads, vd = s_.linear_value_dim();
+  // Tokens [off, off + T) of the step's buffers (a segments step's piece; else off 0).
+  float* const proj = proj_.get() + std::size_t(off) * cd;
+  float* const conv_out = conv_out_.get() + std::size_t(off) * cd;
+  const float* const z = z_.get() + std::size_t(off) * vd;
+  const float* const b = b_.get() + std::size_t(off) * nv;
+  const float* const a = a_.get() + std::size_t(off) * nv;
+  float* const out = heads_out_.get() + std::size_t(off) * vd;
   if (rows) {  // each row's conv window and state its session's (rows_supported_: the one-token kernels take this model's heads)
     step("gdn conv+norm", [&] {
-      gdn_conv_norm_step(proj_.get(), L.conv1d, nullptr, cd, s_.linear_conv_kernel, s_.linear_num_key_heads, s_.linear_key_head_dim, conv_out_.get(),
-                         stream_, T, rows->first(l));
+      gdn_conv_norm_step(proj, L.conv1d, nullptr, cd, s_.linear_conv_kernel, s_.linear_num_key_heads, s_.linear_key_head_dim, conv_out, stream_, T,
+                         rows->first(l));
     });
     bool out_q = false;
     step("gdn recurrence", [&] {
-      out_q = gdn_recurrence_rows(rows->second(l), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T,
-                                  s_.linear_num_key_heads, nv, s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(),
-                                  stream_, want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4);
+      out_q = gdn_recurrence_rows(rows->second(l), conv_out, z, b, a, L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
+                                  s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, out, stream_, want_q ? &qx_ : nullptr,
+                                  L.out_proj.kind == Kind::kI4);
     });
     return out_q;
   }
   step("gdn conv+norm", [&] {
-    if (T == 1 && gdn_conv_norm_step(proj_.get(), L.conv1d, st.conv.get(), cd, s_.linear_conv_kernel, s_.linear_num_key_heads,
-                                     s_.linear_key_head_dim, conv_out_.get(), stream_))
+    if (T == 1 && gdn_conv_norm_step(proj, L.conv1d, st.conv.get(), cd, s_.linear_conv_kernel, s_.linear_num_key_heads, s_.linear_key_head_dim,
+                                     conv_out, stream_))
       return;
-    gdn_conv(proj_.get(), L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out_.get(), stream_);
-    gdn_qk_norm(conv_out_.get(), T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
+    gdn_conv(proj, L.conv1d, st.conv.get(), T, cd, s_.linear_conv_kernel, conv_out, stream_);
+    gdn_qk_norm(conv_out, T, cd, s_.linear_num_key_heads, s_.linear_key_head_dim, stream_);
   });
   // The gated norm quantizes its output for an int8 out projection. Short
   // chunks (a speculative verify window, its replay) token by token: the
@@ -78,9 +105,9 @@ bool CudaBackend::gdn_conv_recurrence(const DevLayer& L, CudaState::Layer& st, i
   // decode steps' arithmetic.
   bool out_q = false;
   step("gdn recurrence", [&] {
-    out_q = gdn_recurrence(st.S.get(), conv_out_.get(), z_.get(), b_.get(), a_.get(), L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv,
-                           s_.linear_key_head_dim, s_.linear_value_head_dim, cd, s_.rms_norm_eps, heads_out_.get(), stream_,
-                           want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4, chunked_gdn_ && T > kRewindTokens ? gdn_work_.get() : nullptr);
+    out_q = gdn_recurrence(st.S.get(), conv_out, z, b, a, L.A_log, L.dt_bias, L.gdn_norm, T, s_.linear_num_key_heads, nv, s_.linear_key_head_dim,
+                           s_.linear_value_head_dim, cd, s_.rms_norm_eps, out, stream_, want_q ? &qx_ : nullptr, L.out_proj.kind == Kind::kI4,
+                           chunked_gdn_ && T > kRewindTokens ? gdn_work_.get() : nullptr);
   });
   return out_q;
 }
@@ -193,7 +220,7 @@ bool CudaBackend::moe_layer(const DevLayer& L, int l, int T, bool hn_q, bool row
   return join_later;
 }
 
-void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const RowsRun* rows) {
+void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const RowsRun* rows, const SegmentsRun* seg) {
   const int H = s_.hidden_size;
   const float eps = s_.rms_norm_eps;
   tier_->start_pass(T);  // a prompt chunk's first uploaded layer, while the trunk starts
@@ -207,13 +234,13 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const R
   step("norms+adds", [&] { rms_norm(x_.get(), layers_[0].input_norm, T, H, eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble); });
   for (int l = 0; l < s_.num_layers; ++l) {
     const DevLayer& L = layers_[l];
-    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q, rows ? rows->cap : st.cap, rows ? rows->kv(l) : KvRows{});
-    else deltanet_layer(L, st.layers[l], T, hn_q, rows, l);
+    if (L.kind == LayerKind::kFullAttention) attention_layer(L, st.layers[l], T, hn_q, rows ? rows->cap : st.cap, rows ? rows->kv(l) : KvRows{}, seg, l);
+    else deltanet_layer(L, st.layers[l], T, hn_q, rows, l, seg);
     hn_q = moe_quant(l, &nibble);
     step("norms+adds", [&] {
       add_rms_norm(x_.get(), mix_.get(), nullptr, nullptr, L.post_norm, T, H, eps, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble, s_.norm_plus_one);
     });
-    const bool join_in_norm = moe_layer(L, l, T, hn_q, rows != nullptr);
+    const bool join_in_norm = moe_layer(L, l, T, hn_q, rows != nullptr || seg != nullptr);
     const bool last = l + 1 == s_.num_layers;
     hn_q = !last && mixer_quant(l + 1, &nibble);
     // routed_ holds the shared expert too (folded), or there is none (qwen3_moe); a dense layer's MLP is in sh_, ungated.
@@ -231,7 +258,14 @@ void CudaBackend::run(CudaState& st, int T, int logit_rows, bool hidden, const R
   }
   if (hidden) step("lm_head", [&] { rms_norm(x_.get(), final_norm_, T, H, eps, s_.norm_plus_one, hid_.get(), stream_); });
   if (logit_rows == 0) return;
-  const float* last = x_.get() + std::size_t(T - logit_rows) * H;
+  if (seg)  // each segment's last token next to the rows, in the segments' order (a row never lies past the one it takes)
+    for (std::size_t k = 0; k < seg->segs.size(); ++k) {
+      const SegmentsRun::Segment& g = seg->segs[k];
+      float* to = x_.get() + (std::size_t(seg->rows) + k) * H;
+      const float* from = x_.get() + std::size_t(g.off + g.len - 1) * H;
+      if (to != from) check(cudaMemcpyAsync(to, from, std::size_t(H) * sizeof(float), cudaMemcpyDeviceToDevice, stream_), "gather logit rows");
+    }
+  const float* last = x_.get() + (seg ? 0 : std::size_t(T - logit_rows) * H);
   hn_q = quantize_for({&lm_head_}, &nibble);
   step("lm_head", [&] {
     rms_norm(last, final_norm_, logit_rows, H, eps, s_.norm_plus_one, hn_.get(), stream_, hn_q ? &qx_ : nullptr, nibble);

@@ -72,6 +72,12 @@ struct CudaTuning {
   // 2,132, coli-bench 16 sessions 142.0-142.5 ms against 144.6-144.7 for
   // 64 steps (H100, session 26).
   int pdl_rows = 16;
+  // A segments step (coli-serve's decode rows with prompt chunks riding
+  // along, Backend::step_segments) of up to this many tokens hands its
+  // misses to the host as a rows step does; a longer one uploads them as
+  // a prompt chunk (with the CPU as third place). Where each expert runs
+  // changes no result beyond the placements' own rounding.
+  int segments_host_max = 64;
   // Greedy decode steps (temperature 0, no penalties, no log-probabilities:
   // coli-run's and coli-serve's) take each row's id from the device
   // (Backend::greedy_only): no logits copied to the host, no host scan.

@@ -53,7 +53,9 @@ po::options_description options() {
       ("parallel", po::value<int>()->default_value(1), "generation slots: requests served at once, their decode steps run as one batch")
       ("queue", po::value<int>()->default_value(16), "requests that may wait for a slot; more get 503")
       ("max-body", po::value<int>()->default_value(4 << 20), "largest request body in bytes; larger get 413")
-      ("prefill-chunk", po::value<int>(), "prompt tokens per forward chunk (default: the run setup's)");
+      ("prefill-chunk", po::value<int>(), "prompt tokens per forward chunk (default: the run setup's)")
+      ("step-prompt", po::value<int>()->default_value(256),
+       "prompt tokens a decode step of the other slots takes along (0: prompt chunks run as passes of their own)");
   cli::add_flags(opts, cli::Tool::kRun, cli::kTierFlags);
   cli::add_flags(opts, cli::Tool::kRun, {cli::Flag::kDevice, cli::Flag::kThreads, cli::Flag::kReference});
   return opts;
@@ -83,6 +85,8 @@ int run(int argc, char** argv) {
   if (max_body < 1) throw coli::UsageError("--max-body must be at least 1");
   if (n_predict < 0) throw coli::UsageError("--n-predict must be >= 0");
   if (vm.count("prefill-chunk") && vm["prefill-chunk"].as<int>() < 1) throw coli::UsageError("--prefill-chunk must be at least 1");
+  const int step_prompt = vm["step-prompt"].as<int>();
+  if (step_prompt < 0) throw coli::UsageError("--step-prompt must be >= 0");
   const int threads = coli::check_thread_count(vm["threads"].as<int>(), "-t/--threads");
   const coli::cli::RunFlags flags = coli::cli::read_run_flags(vm, coli::cli::Tool::kRun);
 
@@ -112,7 +116,7 @@ int run(int argc, char** argv) {
   coli::cli::RunSetup s = coli::cli::setup_run(r);
   if (const std::string line = coli::cli::notice(s); !line.empty()) std::fprintf(stderr, "coli-serve: %s\n", line.c_str());
   coli::Engine engine(spec, *s.backend, s.chunk);
-  coli::serve::EngineGenerator gen(engine, *tok, n_ctx, parallel);
+  coli::serve::EngineGenerator gen(engine, *tok, n_ctx, parallel, step_prompt > 0 ? step_prompt : 256, step_prompt > 0);
 
   coli::serve::ServerOptions so;
   so.host = vm["host"].as<std::string>(), so.port = port, so.queue = queue, so.max_body = static_cast<std::size_t>(max_body);
