@@ -565,8 +565,9 @@ TEST(VramLedgerCuda, TheBackendHoldsTheLedgersSlots) {
         EXPECT_TRUE(f.fits);
         const coli::TierStats ts = b->tier_stats();
         EXPECT_EQ(ts.resident, f.plan.count);
-        // After the slots: the expert tables and flags, the ids, the heat and the router's ticket (route.cuh).
-        const uint64_t expected = ledger.before_slots() + f.slot_array + L * E + L * 3 * 8 * E + (run.max_chunk + 1) * 4 + L * E * 8 + 4 +
+        // After the slots: the expert tables and flags, the ids (a position, max_chunk ids, a segments
+        // step's positions), the heat and the router's ticket (route.cuh).
+        const uint64_t expected = ledger.before_slots() + f.slot_array + L * E + L * 3 * 8 * E + (2 * run.max_chunk + 1) * 4 + L * E * 8 + 4 +
                                   (f.prefill ? f.stage_bytes + f.prefill_tables : 0);
         EXPECT_EQ(ts.vram_peak, expected);
       }
