@@ -455,42 +455,46 @@ void expect_segments_match_alone(const Model& m, const cuda::CudaOptions& opt, f
 
 }  // namespace
 
+namespace {
+
+// check(model, options, tol, rel) on the tiny fixture and on the real
+// layouts in int4, whole or (budget) with a quarter / half of their experts
+// on the host; the tolerances are the rows tests', for the same reasons.
+template <class Check>
+void on_tiny_and_int4(bool budget, Check&& check) {
+  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
+  {
+    SCOPED_TRACE(budget ? "tiny, a quarter of the experts" : "tiny, whole");
+    cuda::CudaOptions o;
+    if (budget) {
+      o.expert_slots = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts / 4;
+      o.expert_host = std::make_shared<cpu::CpuExpertHost>(*m, 2);
+    }
+    check(*m, o, 1e-3f, 0.0f);
+  }
+  SCOPED_TRACE(budget ? "real layouts, int4, half the experts" : "real layouts, int4, whole");
+  test::TempDir d;
+  auto q = real_layouts_int4(d);
+  check(*q, whole_or_half(*q, budget), 1e-3f, budget ? 0.15f : 0.1f);
+}
+
+}  // namespace
+
 // Segments steps on the whole model (no graph: a segments step runs its
-// kernels one by one): the tiny fixture, and the real layouts in int4
-// (tolerances as the rows tests', for the same reasons).
+// kernels one by one).
 TEST(CudaRows, SegmentsOfTheWholeModelMatchEachSessionAlone) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
-  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
-  {
-    SCOPED_TRACE("tiny");
-    expect_segments_match_alone(*m, {}, 1e-3f);
-  }
-  SCOPED_TRACE("real layouts, int4");
-  test::TempDir d;
-  auto q = real_layouts_int4(d);
-  expect_segments_match_alone(*q, {}, 1e-3f, 0.1f);
+  on_tiny_and_int4(false, expect_segments_match_alone);
 }
 
-// Under a budget: a quarter of the tiny fixture's experts, half of the
-// real layouts' in int4; up to CudaTuning::segments_host_max tokens the
-// misses go to the host in one handoff, the 72-token step past it takes a
-// prompt chunk's placement (here too the host's: no pinned sources).
+// Under a budget: up to CudaTuning::segments_host_max tokens the misses go
+// to the host in one handoff, the 72-token step past it takes a prompt
+// chunk's placement (here too the host's: no pinned sources).
 TEST(CudaRows, SegmentsUnderABudgetMatchEachSessionAlone) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
-  auto m = Model::load(test::data_dir() + "/tiny-qwen35moe-text");
-  const long long all = static_cast<long long>(m->spec().num_layers) * m->spec().num_experts;
-  {
-    SCOPED_TRACE("tiny, a quarter of the experts");
-    cuda::CudaOptions o;
-    o.expert_slots = all / 4, o.expert_host = std::make_shared<cpu::CpuExpertHost>(*m, 2);
-    expect_segments_match_alone(*m, o, 1e-3f);
-  }
-  SCOPED_TRACE("real layouts, int4, half the experts");
-  test::TempDir d;
-  auto q = real_layouts_int4(d);
-  expect_segments_match_alone(*q, whole_or_half(*q, true), 1e-3f, 0.15f);
+  on_tiny_and_int4(true, expect_segments_match_alone);
 }
 
 // CudaOptions::batch_rows false: the backend declines (the engine then

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -273,6 +274,11 @@ class CudaBackend : public Backend {
   uint8_t* h_rows_ = nullptr;
   DeviceArray<uint8_t> rows_dev_;
   std::vector<CudaState::Graph> rows_graphs_;  // [S]
+  // A rows or segments step's launch (its kernels or graph), its logits'
+  // copies, then finish_chunk into logits; the tier's chunk abandoned
+  // where a launch throws.
+  bool launch_and_finish(CudaState& st0, int T, int logit_rows, bool rows_step, std::chrono::steady_clock::time_point t_start, float* logits,
+                         const std::function<void()>& launch);
   // The rows' table for states[0..S) (grown as needed) in h_rows_, copied
   // to rows_dev_ on the stream; the RowsRun over it.
   RowsRun rows_table(BackendState* const* states, const int* positions, int S, int cap);

@@ -10,6 +10,7 @@
 // each step.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "backend_impl.cuh"
 
@@ -89,10 +90,8 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
     ~WindowOff() { tier->speculative_window(false); }
   } window_off{tier_.get()};
   tier_->begin_chunk(S);
-  try {
+  return launch_and_finish(st0, S, S, true, t_start, logits, [&] {
     pdl_wanted() = opt_.pdl && S <= opt_.tuning.pdl_rows;
-    gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
-    launch_tuning() = opt_.tuning;
     // Graphs on the whole model only: under a budget the ledger keeps room
     // for the decode graphs alone (RuntimeReserve::fixed), and a step there
     // waits on the host's experts, not on launches.
@@ -101,9 +100,18 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
       launch_graph(st0, rows_graphs_[S], S, S, false, &rows);
     }
     else run(st0, S, S, false, &rows);
-    enqueue_logit_copies(S);
-    if (graph_timing_) check(cudaEventRecord(rows_end_ev_, greedy_only_ ? stream_ : copy_stream_), "event");
-    pending_ = {true, S, S, t_start, std::chrono::steady_clock::now(), true, greedy_only_};
+  });
+}
+
+bool CudaBackend::launch_and_finish(CudaState& st0, int T, int logit_rows, bool rows_step, std::chrono::steady_clock::time_point t_start, float* logits,
+                                    const std::function<void()>& launch) {
+  try {
+    gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
+    launch_tuning() = opt_.tuning;
+    launch();
+    enqueue_logit_copies(logit_rows);
+    if (rows_step && graph_timing_) check(cudaEventRecord(rows_end_ev_, greedy_only_ ? stream_ : copy_stream_), "event");
+    pending_ = {true, T, logit_rows, t_start, std::chrono::steady_clock::now(), rows_step, greedy_only_};
   } catch (...) {
     cudaStreamSynchronize(stream_);
     tier_->abandon_chunk();
@@ -112,10 +120,6 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
   finish_chunk(st0, logits);
   return true;
 }
-
-}  // namespace coli::cuda::detail
-
-namespace coli::cuda::detail {
 
 bool CudaBackend::step_segments(BackendState* const* states, const int* ids, const int* positions, const int* lens, int n, float* logits) {
   int T = 0, r = 0;
@@ -165,20 +169,10 @@ bool CudaBackend::step_segments(BackendState* const* states, const int* ids, con
     ~WindowOff() { tier->speculative_window(false); }
   } window_off{tier_.get()};
   tier_->begin_chunk(T);
-  try {
+  return launch_and_finish(st0, T, n, false, t_start, logits, [&] {
     pdl_wanted() = false;
-    gemv_stream_min_rows() = stream_min_rows_, gemv_stream_rows() = stream_rows_;
-    launch_tuning() = opt_.tuning;
     run(st0, T, n, false, r ? &rows : nullptr, &seg);
-    enqueue_logit_copies(n);
-    pending_ = {true, T, n, t_start, std::chrono::steady_clock::now(), false, greedy_only_};
-  } catch (...) {
-    cudaStreamSynchronize(stream_);
-    tier_->abandon_chunk();
-    throw;
-  }
-  finish_chunk(st0, logits);
-  return true;
+  });
 }
 
 }  // namespace coli::cuda::detail
