@@ -274,6 +274,11 @@ class CudaBackend : public Backend {
   uint8_t* h_rows_ = nullptr;
   DeviceArray<uint8_t> rows_dev_;
   std::vector<CudaState::Graph> rows_graphs_;  // [S]
+  // A rows or segments step's start: false (nothing done) where a session
+  // keeps a speculative window (its journal is per session: stepped
+  // alone); else a chunk started and never finished drained and a ready
+  // background pin adopted (T tokens).
+  bool begin_step(BackendState* const* states, int n, int T);
   // A rows or segments step's launch (its kernels or graph), its logits'
   // copies, then finish_chunk into logits; the tier's chunk abandoned
   // where a launch throws.

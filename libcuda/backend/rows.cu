@@ -48,12 +48,8 @@ RowsRun CudaBackend::rows_table(BackendState* const* states, const int* position
 }
 
 bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const int* positions, int S, float* logits) {
-  if (!rows_supported_ || S < 2 || S > opt_.max_chunk || hidden_next_) return false;
-  for (int i = 0; i < S; ++i)
-    if (static_cast<CudaState*>(states[i])->keeping) return false;  // a speculative window's journal is per session: stepped alone
+  if (!rows_supported_ || S < 2 || S > opt_.max_chunk || hidden_next_ || !begin_step(states, S, S)) return false;
   CudaState& st0 = *static_cast<CudaState*>(states[0]);
-  if (pending_.active) hidden_dst_ = nullptr, finish_chunk(st0, nullptr);  // a chunk started and never finished: drain it
-  adopt_pending_pin(S);
   const auto t_start = std::chrono::steady_clock::now();
   ensure_buffers(S);
   int cap = 0;
@@ -103,6 +99,14 @@ bool CudaBackend::step_rows(BackendState* const* states, const int* ids, const i
   });
 }
 
+bool CudaBackend::begin_step(BackendState* const* states, int n, int T) {
+  for (int i = 0; i < n; ++i)
+    if (static_cast<CudaState*>(states[i])->keeping) return false;  // a speculative window's journal is per session: stepped alone
+  if (pending_.active) hidden_dst_ = nullptr, finish_chunk(*states[0], nullptr);  // a chunk started and never finished: drain it
+  adopt_pending_pin(T);
+  return true;
+}
+
 bool CudaBackend::launch_and_finish(CudaState& st0, int T, int logit_rows, bool rows_step, std::chrono::steady_clock::time_point t_start, float* logits,
                                     const std::function<void()>& launch) {
   try {
@@ -126,13 +130,9 @@ bool CudaBackend::step_segments(BackendState* const* states, const int* ids, con
   for (int i = 0; i < n; ++i) T += lens[i];
   while (r < n && lens[r] == 1) ++r;
   if (r == n) return step_rows(states, ids, positions, n, logits);
-  if (!opt_.batch_rows || T > opt_.max_chunk || hidden_next_) return false;
-  for (int i = 0; i < n; ++i)
-    if (static_cast<CudaState*>(states[i])->keeping) return false;  // a speculative window's journal is per session
+  if (!opt_.batch_rows || T > opt_.max_chunk || hidden_next_ || !begin_step(states, n, T)) return false;
   if (!rows_supported_ || r < 2) r = 0;  // every segment through the chunk's kernels (one row's too)
   CudaState& st0 = *static_cast<CudaState*>(states[0]);
-  if (pending_.active) hidden_dst_ = nullptr, finish_chunk(st0, nullptr);  // a chunk started and never finished: drain it
-  adopt_pending_pin(T);
   const auto t_start = std::chrono::steady_clock::now();
   ensure_buffers(T);
   // The rows' caches as step_rows takes them (one split of cap keys a row);
