@@ -184,14 +184,18 @@ void Engine::check_rows(std::span<Session* const> sessions, std::span<const int>
 
 bool Engine::forward_rows_greedy(std::span<Session* const> sessions, std::span<const int> ids, std::vector<int>& greedy) {
   check_rows(sessions, ids);
-  const int S = static_cast<int>(sessions.size());
+  return greedy_step(sessions, std::vector<int>(sessions.size(), 1), ids, greedy);
+}
+
+bool Engine::greedy_step(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids, std::vector<int>& greedy) {
+  const int n = static_cast<int>(sessions.size()), T = static_cast<int>(ids.size());
   if (!backend_.runs_whole_chunks() || (heat_ && !device_heat_) || !backend_.greedy_only(true)) return false;
   struct Off {  // whatever happens, later chunks get their logits again
     Backend& b;
     ~Off() { b.greedy_only(false); }
   } off{backend_};
   const auto t0 = std::chrono::steady_clock::now();
-  if (S == 1) {  // forward_chunk's decode step
+  if (n == 1 && T == 1) {  // forward_chunk's decode step
     Session& s = *sessions[0];
     backend_.start_chunk(*s.state, ids.data(), 1, s.n_past, 1);
     backend_.finish_chunk(*s.state, nullptr);
@@ -199,14 +203,16 @@ bool Engine::forward_rows_greedy(std::span<Session* const> sessions, std::span<c
     std::vector<BackendState*> states;
     std::vector<int> positions;
     for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
-    if (!backend_.step_rows(states.data(), ids.data(), positions.data(), S, nullptr)) return false;
+    const bool taken = T == n ? backend_.step_rows(states.data(), ids.data(), positions.data(), n, nullptr)
+                              : backend_.step_segments(states.data(), ids.data(), positions.data(), lens.data(), n, nullptr);
+    if (!taken) return false;
   }
   if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (heat_) heat_->add_tokens(S);
-  for (Session* s : sessions) s->n_past += 1;
+  if (heat_) heat_->add_tokens(T);
+  for (int i = 0; i < n; ++i) sessions[i]->n_past += lens[i];
   const int* g = backend_.kept_greedy();
-  if (!g) throw Error("forward_rows_greedy: the backend kept no greedy ids (internal)");
-  greedy.assign(g, g + S);
+  if (!g) throw Error("greedy step: the backend kept no greedy ids (internal)");
+  greedy.assign(g, g + n);
   return true;
 }
 
@@ -262,7 +268,7 @@ int Engine::check_segments(std::span<Session* const> sessions, std::span<const i
     T += len;
   }
   if (T != static_cast<long long>(ids.size())) throw Error("forward_segments: " + std::to_string(ids.size()) + " ids for segments of " + std::to_string(T));
-  if (T > prefill_chunk_) throw Error("forward_segments: " + std::to_string(T) + " ids exceed the chunk of " + std::to_string(prefill_chunk_) + " (internal)");
+  if (T > prefill_chunk_ && T > n) throw Error("forward_segments: " + std::to_string(T) + " ids exceed the chunk of " + std::to_string(prefill_chunk_) + " (internal)");
   check_ids(ids);
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < i; ++j)
@@ -277,7 +283,7 @@ std::span<const float> Engine::forward_segments_view(std::span<Session* const> s
   std::vector<BackendState*> states;
   std::vector<int> positions;
   for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
-  auto advance = [&] {
+  auto advance = [&] {  // after the step: the sessions' positions, the heat's tokens
     if (heat_) heat_->add_tokens(T);
     for (int i = 0; i < n; ++i) sessions[i]->n_past += lens[i];
   };
@@ -301,7 +307,6 @@ std::span<const float> Engine::forward_segments_view(std::span<Session* const> s
   while (rows < n && lens[rows] == 1) ++rows;
   std::vector<int> off(n + 1, 0);
   for (int i = 0; i < n; ++i) off[i + 1] = off[i] + lens[i];
-  if (heat_) heat_->add_tokens(T);
   Buffer<float> x(static_cast<std::size_t>(T) * H);
   timed(&StageTimes::embed, [&] { backend_.embed(ids.data(), T, x.data()); });
   Scratch scratch(T, H, spec_.num_experts_per_tok);
@@ -314,30 +319,13 @@ std::span<const float> Engine::forward_segments_view(std::span<Session* const> s
   for (int i = 0; i < n; ++i)
     std::copy_n(x.data() + static_cast<std::size_t>(off[i + 1] - 1) * H, H, last.data() + static_cast<std::size_t>(i) * H);
   timed(&StageTimes::lm_head, [&] { backend_.logits(n, last.data(), logits.data()); });
-  for (int i = 0; i < n; ++i) sessions[i]->n_past += lens[i];
+  advance();
   return {logits.data(), static_cast<std::size_t>(n) * V};
 }
 
 bool Engine::forward_segments_greedy(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids, std::vector<int>& greedy) {
-  const int T = check_segments(sessions, lens, ids), n = static_cast<int>(sessions.size());
-  if (T == n) return forward_rows_greedy(sessions, ids, greedy);
-  if (!backend_.runs_whole_chunks() || (heat_ && !device_heat_) || !backend_.greedy_only(true)) return false;
-  struct Off {  // whatever happens, later chunks get their logits again
-    Backend& b;
-    ~Off() { b.greedy_only(false); }
-  } off{backend_};
-  std::vector<BackendState*> states;
-  std::vector<int> positions;
-  for (Session* s : sessions) states.push_back(s->state.get()), positions.push_back(s->n_past);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (!backend_.step_segments(states.data(), ids.data(), positions.data(), lens.data(), n, nullptr)) return false;
-  if (timing_) times_.device += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (heat_) heat_->add_tokens(T);
-  for (int i = 0; i < n; ++i) sessions[i]->n_past += lens[i];
-  const int* g = backend_.kept_greedy();
-  if (!g) throw Error("forward_segments_greedy: the backend kept no greedy ids (internal)");
-  greedy.assign(g, g + n);
-  return true;
+  check_segments(sessions, lens, ids);
+  return greedy_step(sessions, lens, ids, greedy);
 }
 
 std::vector<float> Engine::forward_chunk(Session& s, const int* ids, int T, Logits want, const RouteObserver& observe, std::vector<float>* hidden) {

@@ -102,8 +102,8 @@ class Engine {
   // Segments of several sessions in one pass (coli-serve's step: the
   // generating slots' decode rows and the prompt chunks of slots reading
   // theirs): segment i appends the lens[i] ids that follow the earlier
-  // segments' in ids to *sessions[i] (distinct sessions, lens >= 1, at most
-  // prefill_chunk() ids in all). Row i of the logits ([segments, vocab]) is
+  // segments' in ids to *sessions[i] (distinct sessions, lens >= 1; at most
+  // prefill_chunk() ids in all where a segment has more than one). Row i of the logits ([segments, vocab]) is
   // the last token's of segment i, what forward(*sessions[i], its ids)
   // alone gives up to the backend's rounding of many-row kernels. The
   // trunk's weights and the routed experts are read once for all the
@@ -141,6 +141,9 @@ class Engine {
   const float* rows_step(std::span<Session* const> sessions, std::span<const int> ids, std::vector<float>& logits, bool view);
   // The ids and sessions of a rows step checked (count, vocabulary, distinct).
   void check_rows(std::span<Session* const> sessions, std::span<const int> ids) const;
+  // forward_rows_greedy's and forward_segments_greedy's step, checked:
+  // session i takes lens[i] of ids (all 1: a rows step).
+  bool greedy_step(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids, std::vector<int>& greedy);
   // The same for segments; returns their ids in all.
   int check_segments(std::span<Session* const> sessions, std::span<const int> lens, std::span<const int> ids) const;
   enum class Logits { kNone, kLast, kAll };

@@ -334,8 +334,7 @@ void EngineGenerator::decode_step() {
   std::vector<int> sampled(n, -1);
   std::vector<std::exception_ptr> failed(n);
   Clock::time_point t_sample;
-  const bool mixed = !pieces.empty();
-  if (greedy && (mixed ? engine_.forward_segments_greedy(sessions, lens, ids, sampled) : engine_.forward_rows_greedy(sessions, ids, sampled))) {
+  if (greedy && engine_.forward_segments_greedy(sessions, lens, ids, sampled)) {  // decode rows alone: a rows step
     t_sample = Clock::now();
     for (std::size_t i = 0; i < n; ++i) {
       if (!out[i]) continue;
@@ -347,8 +346,7 @@ void EngineGenerator::decode_step() {
       }
     }
   } else {
-    const std::span<const float> logits =
-        mixed ? engine_.forward_segments_view(sessions, lens, ids, rows_logits_) : engine_.forward_rows_view(sessions, ids, rows_logits_);
+    const std::span<const float> logits = engine_.forward_segments_view(sessions, lens, ids, rows_logits_);
     t_sample = Clock::now();
     // The rows' scans of their logits at once (each its own slot's sampler
     // and history); then, in order, what they hand out. A row that fails
